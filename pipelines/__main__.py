@@ -1,0 +1,179 @@
+"""`python -m pipelines <stage> ...`: every stage runs without Airflow.
+
+Tracking and S3 come from the standard MLFLOW_TRACKING_URI and AWS_ENDPOINT_URL variables.
+Exit codes: 0 ok, 1 invalid data / refused move / rejected candidate, 2 usage or config error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_generate(a) -> int:
+    from pipelines.data.lake import Lake
+
+    lake = Lake(a.out)
+    if a.source == "movielens":
+        from tqdm import tqdm
+
+        from pipelines.data import movielens
+
+        days = list(movielens.daily_partitions())
+        if a.days:
+            days = days[:a.days]
+        for day, part in tqdm(days, desc="movielens partitions", unit="day", disable=not sys.stderr.isatty()):
+            lake.write_partition(part, day)
+        written = [d for d, _ in days]
+    else:
+        from pipelines.data import synthetic
+
+        spec = synthetic.SyntheticSpec(seed=a.seed)
+        written = synthetic.write_days(lake, spec, a.start_day, a.days or 7, a.rows_per_day, progress=True)
+    _print({"out": a.out, "source": a.source, "partitions": len(written),
+            "first": written[0] if written else None, "last": written[-1] if written else None})
+    return 0
+
+
+def cmd_validate(a) -> int:
+    from pipelines.config import load_pipeline_config
+    from pipelines.validation.stage import validate_uri
+
+    report = validate_uri(load_pipeline_config(a.config), a.data)  # raises DataValidationError -> exit 1
+    print(f"VALID {a.data}: {report['rows']} rows, {report.get('evaluated', 0)} checks passed")
+    return 0
+
+
+def cmd_train_base(a) -> int:
+    from pipelines.config import load_pipeline_config
+    from pipelines.training import base_model
+
+    cfg = load_pipeline_config(a.config)
+    trained = base_model.train(cfg, a.data or cfg.data.lake_uri, a.cutoff)
+    _print(base_model.register(cfg, trained) if a.register else trained)
+    return 0
+
+
+def cmd_train_adapter(a) -> int:
+    from pipelines.config import load_gate_policy, load_pipeline_config
+    from pipelines.evaluation.compare import evaluate
+    from pipelines.promotion import gate
+    from pipelines.registry.register import register
+    from pipelines.training import adapter
+
+    cfg = load_pipeline_config(a.config)
+    lake = a.data or cfg.data.lake_uri
+    cand = adapter.train(cfg, lake, a.end_day, a.slot)
+    if not a.register:
+        _print(cand)
+        return 0
+    reg = register(cfg, cand, evaluate(cfg, lake, cand))
+    decision = gate.run(load_gate_policy(a.policy), reg["model"], reg["version"], reg["evaluation"])
+    print(gate.format_table(decision))
+    return 0 if decision["passed"] else 1
+
+
+def cmd_promote(a) -> int:
+    from pipelines.promotion import aliases
+
+    _print(aliases.promote(a.model, a.version, reason=a.reason, actor=a.actor))
+    return 0
+
+
+def cmd_revert(a) -> int:
+    from pipelines.promotion import aliases
+
+    _print(aliases.revert(a.model, reason=a.reason, to_version=a.to_version, actor=a.actor))
+    return 0
+
+
+def cmd_history(a) -> int:
+    from pipelines.promotion import aliases
+
+    for entry in aliases.history(a.model, a.alias):
+        print(json.dumps(entry))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    sub = p.add_subparsers(dest="stage", required=True, metavar="<stage>")
+
+    g = sub.add_parser("generate", help="write click-log partitions (dt=YYYY-MM-DD) to s3:// or a directory")
+    g.add_argument("--source", choices=["synthetic", "movielens"], required=True)
+    g.add_argument("--out", required=True, help="s3://bucket/prefix or a local directory")
+    g.add_argument("--days", type=int, help="number of days (movielens: first N days; synthetic: default 7)")
+    g.add_argument("--rows-per-day", type=int, default=100_000, help="synthetic only")
+    g.add_argument("--start-day", default="2026-01-01", help="synthetic only: first day")
+    g.add_argument("--seed", type=int, default=7, help="synthetic only")
+    g.set_defaults(fn=cmd_generate)
+
+    v = sub.add_parser("validate", help="validate one partition; exit 1 with one line per failed check")
+    v.add_argument("--data", required=True, help="a partition: s3://.../dt=YYYY-MM-DD or a local directory")
+    v.add_argument("--config", help="pipeline YAML (default configs/pipeline.yaml)")
+    v.set_defaults(fn=cmd_validate)
+
+    b = sub.add_parser("train-base", help="train the base model on data up to --cutoff (and register it)")
+    b.add_argument("--cutoff", required=True, help="last day of training data, YYYY-MM-DD")
+    b.add_argument("--data", help="lake URI (default: data.lake_uri)")
+    b.add_argument("--config")
+    b.add_argument("--register", action="store_true", help="register as ctr_base and make it @champion")
+    b.set_defaults(fn=cmd_train_base)
+
+    t = sub.add_parser("train-adapter", help="train one slot's LoRA adapter (and evaluate/register/gate it)")
+    t.add_argument("--slot", required=True)
+    t.add_argument("--end-day", required=True, help="last day of the trailing window, YYYY-MM-DD")
+    t.add_argument("--data", help="lake URI (default: data.lake_uri)")
+    t.add_argument("--config")
+    t.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
+    t.add_argument("--register", action="store_true", help="evaluate, register, run the gate")
+    t.set_defaults(fn=cmd_train_adapter)
+
+    for name, fn, helptext in (("promote", cmd_promote, "make a gated version @champion"),
+                               ("revert", cmd_revert, "put the previous (or a named) champion back")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("--model", required=True)
+        if name == "promote":
+            s.add_argument("--version", required=True, type=int)
+        else:
+            s.add_argument("--to-version", type=int, help="default: the previous champion")
+        s.add_argument("--reason", required=True)
+        s.add_argument("--actor", default="cli", help="who is acting (recorded)")
+        s.set_defaults(fn=fn)
+
+    h = sub.add_parser("history", help="print the alias history as JSON lines, oldest first")
+    h.add_argument("--model", required=True)
+    h.add_argument("--alias", default="champion")
+    h.set_defaults(fn=cmd_history)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipelines.errors import ConfigError, DataValidationError, PipelineError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except DataValidationError as exc:
+        for f in exc.failures:
+            print(f"FAILED {f['check']}: {f.get('observed')} vs {f.get('expected')}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""One typed config dataclass per stage, validated in __post_init__, loaded from YAML.
+
+Unknown keys are rejected (a typo in a YAML file must not silently fall back to a default).
+`configs/pipeline.yaml` holds the sections below; `configs/gate_policy.yaml` holds GatePolicy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from pipelines.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PIPELINE_YAML = REPO_ROOT / "configs" / "pipeline.yaml"
+DEFAULT_GATE_YAML = REPO_ROOT / "configs" / "gate_policy.yaml"
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    lake_uri: str = "s3://ctr-lake/clicks"
+    slots: tuple[str, ...] = ("morning", "afternoon", "night")
+
+    def __post_init__(self):
+        _check(self.lake_uri.startswith(("s3://", "/", "./", "file://")) or "://" not in self.lake_uri,
+               f"data.lake_uri must be an s3:// URI or a local path, got {self.lake_uri!r}")
+        _check(len(self.slots) > 0 and len(set(self.slots)) == len(self.slots),
+               f"data.slots must be a non-empty list of distinct names, got {list(self.slots)}")
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    label_rate_min: float = 0.01
+    label_rate_max: float = 0.9
+    min_rows: int = 1
+    max_null_fraction_side: float = 0.05
+    max_id_length: int = 64
+
+    def __post_init__(self):
+        _check(0.0 <= self.label_rate_min < self.label_rate_max <= 1.0,
+               f"validation.label_rate_min/max must satisfy 0 <= min < max <= 1, got "
+               f"{self.label_rate_min}/{self.label_rate_max}")
+        _check(self.min_rows >= 1, f"validation.min_rows must be >= 1, got {self.min_rows}")
+        _check(0.0 <= self.max_null_fraction_side <= 1.0, "validation.max_null_fraction_side must be in [0, 1]")
+        _check(self.max_id_length >= 1, "validation.max_id_length must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embed_dim: int = 32
+    n_blocks: int = 2
+    n_heads: int = 4
+    ffn_mult: int = 2
+    dropout: float = 0.0
+    id_buckets: int = 1 << 14
+    small_buckets: int = 64
+
+    def __post_init__(self):
+        _check(self.embed_dim > 0 and self.embed_dim % self.n_heads == 0,
+               f"model.embed_dim ({self.embed_dim}) must be a positive multiple of model.n_heads ({self.n_heads})")
+        _check(self.n_blocks >= 1, "model.n_blocks must be >= 1")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout must be in [0, 1)")
+        _check(self.id_buckets >= 2 and self.small_buckets >= 2, "model.*_buckets must be >= 2")
+
+
+@dataclass(frozen=True)
+class BaseTrainConfig:
+    train_start: str = "1997-09-01"
+    epochs: int = 4
+    batch_size: int = 512
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 20
+    holdout_fraction: float = 0.1
+    seed: int = 7
+
+    def __post_init__(self):
+        _check(self.epochs >= 1 and self.batch_size >= 1, "base_training.epochs and batch_size must be >= 1")
+        _check(self.lr > 0, f"base_training.lr must be > 0, got {self.lr}")
+        _check(0.0 < self.holdout_fraction < 0.5, "base_training.holdout_fraction must be in (0, 0.5)")
+
+
+@dataclass(frozen=True)
+class LoraTrainConfig:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    epochs: int = 3
+    batch_size: int = 256
+    lr: float = 5e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    window_days: int = 28
+    holdout_fraction: float = 0.2
+    min_rows: int = 200
+    seed: int = 7
+
+    def __post_init__(self):
+        _check(self.r >= 1 and self.alpha >= 1, f"lora.r and lora.alpha must be >= 1, got {self.r}/{self.alpha}")
+        _check(0.0 <= self.dropout < 1.0, "lora.dropout must be in [0, 1)")
+        allowed = {"q_proj", "k_proj", "v_proj", "o_proj"}
+        _check(len(self.target_modules) > 0 and set(self.target_modules) <= allowed,
+               f"lora.target_modules must be a non-empty subset of {sorted(allowed)}, got {list(self.target_modules)}")
+        _check(self.epochs >= 1 and self.batch_size >= 1, "lora.epochs and lora.batch_size must be >= 1")
+        _check(self.lr > 0, f"lora.lr must be > 0, got {self.lr}")
+        _check(self.window_days >= 1, "lora.window_days must be >= 1")
+        _check(0.0 < self.holdout_fraction < 0.5, "lora.holdout_fraction must be in (0, 0.5)")
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    base_model_name: str = "ctr_base"
+    adapter_model_prefix: str = "ctr_lora_"
+    experiment: str = "ctr-lora"
+
+    def __post_init__(self):
+        _check(bool(self.base_model_name) and bool(self.adapter_model_prefix), "registry names must be non-empty")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    base_training: BaseTrainConfig = field(default_factory=BaseTrainConfig)
+    lora: LoraTrainConfig = field(default_factory=LoraTrainConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+
+    def adapter_model_name(self, slot: str) -> str:
+        return f"{self.registry.adapter_model_prefix}{slot}"
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    auc_tolerance: float = 0.0015
+    min_auc_first_run: float = 0.6
+    max_logloss_first_run: float = 0.75
+    promotion: Literal["direct"] = "direct"
+
+    def __post_init__(self):
+        _check(0.0 <= self.auc_tolerance < 0.5, f"gate.auc_tolerance must be in [0, 0.5), got {self.auc_tolerance}")
+        _check(0.5 <= self.min_auc_first_run <= 1.0, "gate.min_auc_first_run must be in [0.5, 1]")
+        _check(self.max_logloss_first_run > 0, "gate.max_logloss_first_run must be > 0")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin is tuple:
+        _check(isinstance(value, (list, tuple)), f"{where} must be a list, got {type(value).__name__}")
+        (inner, _) = typing.get_args(tp)
+        return tuple(_coerce(inner, v, f"{where}[]") for v in value)
+    if origin is Literal:
+        _check(value in typing.get_args(tp), f"{where} must be one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is str:
+        _check(isinstance(value, str), f"{where} must be a string, got {value!r}")
+        return value
+    if tp is bool:
+        _check(isinstance(value, bool), f"{where} must be true/false, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict | None, where: str = "config"):
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    data = data or {}
+    _check(isinstance(data, dict), f"{where} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    _check(not unknown, f"{where}: unknown keys {unknown} (allowed: {sorted(known)})")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _read_yaml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path) as fh:
+            return yaml.safe_load(fh) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in (over or {}).items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_pipeline_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> PipelineConfig:
+    """Load the pipeline config: file (default: $CTR_PIPELINE_CONFIG or configs/pipeline.yaml) + overrides."""
+    path = path or os.environ.get("CTR_PIPELINE_CONFIG") or DEFAULT_PIPELINE_YAML
+    return from_dict(PipelineConfig, _deep_merge(_read_yaml(path), overrides or {}), where=str(path))
+
+
+def load_gate_policy(path: str | os.PathLike | None = None, overrides: dict | None = None) -> GatePolicy:
+    path = path or os.environ.get("CTR_GATE_POLICY") or DEFAULT_GATE_YAML
+    return from_dict(GatePolicy, _deep_merge(_read_yaml(path), overrides or {}), where=str(path))
+
+
+def to_dict(cfg) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def config_hash(cfg) -> str:
+    """Stable sha256 of a config: part of every registered version's lineage."""
+    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()

