@@ -44,6 +44,7 @@ class DataConfig:
 class ValidationConfig:
     label_rate_min: float = 0.01
     label_rate_max: float = 0.9
+    label_rate_min_rows: int = 50
     min_rows: int = 1
     max_null_fraction_side: float = 0.05
     max_id_length: int = 64
@@ -53,6 +54,7 @@ class ValidationConfig:
                f"validation.label_rate_min/max must satisfy 0 <= min < max <= 1, got "
                f"{self.label_rate_min}/{self.label_rate_max}")
         _check(self.min_rows >= 1, f"validation.min_rows must be >= 1, got {self.min_rows}")
+        _check(self.label_rate_min_rows >= 0, "validation.label_rate_min_rows must be >= 0")
         _check(0.0 <= self.max_null_fraction_side <= 1.0, "validation.max_null_fraction_side must be in [0, 1]")
         _check(self.max_id_length >= 1, "validation.max_id_length must be >= 1")
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -90,9 +91,13 @@ def log_ctr_model(meta: dict, example: pd.DataFrame, base_dir: str | None = None
         for key, src in (("base", base_dir), ("adapter", adapter_dir)):
             if src:
                 artifacts[key] = str(shutil.copytree(src, Path(tmp) / key))
-        return mlflow.pyfunc.log_model(
-            name=name, python_model=CTRPyfunc(), artifacts=artifacts, input_example=example,
-            pip_requirements=pip_requirements(), code_paths=[str(REPO_ROOT / "pipelines")])
+        with warnings.catch_warnings():
+            # hour/weekday are never missing (the contract forbids nulls), so MLflow's hint about
+            # integer columns and missing values does not apply.
+            warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
+            return mlflow.pyfunc.log_model(
+                name=name, python_model=CTRPyfunc(), artifacts=artifacts, input_example=example,
+                pip_requirements=pip_requirements(), code_paths=[str(REPO_ROOT / "pipelines")])
 
 
 def register(model_uri: str, name: str, tags: dict, alias: str | None = None, run_id: str | None = None) -> str:

@@ -35,13 +35,14 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str) -> dict:
     from pipelines.registry.pyfunc import load_base_from_registry
     from pipelines.training import lora
     from pipelines.training.data import load_split
-    from pipelines.training.loop import LoopSettings, predict, train as train_loop
+    from pipelines.training.loop import LoopSettings, predict, seed_everything, train as train_loop
 
     if slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)})")
     lc = cfg.lora
     base_ref = serving_base(cfg)
     split = load_split(lake_uri, end_day, lc.holdout_fraction, days=lc.window_days, slot=slot, min_rows=lc.min_rows)
+    seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
     model = lora.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
     mcfg = model.get_base_model().cfg
     x_tr, y_tr = features.encode(split.train, mcfg), features.labels(split.train)

@@ -54,6 +54,8 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int)
     for day in wanted:
         r = validate_partition(cfg, lake, day)
         reports.append({"dt": day, "success": r["success"], "rows": r.get("rows", 0), "failures": len(r["failures"])})
+        for w in r.get("warnings", []):
+            log.warning("WARN %s @ dt=%s: %s vs %s", w["check"], day, w.get("observed"), w.get("expected"))
         for f in r["failures"]:
             failures.append({**f, "check": f"{f['check']} @ dt={day}"})
         if r["success"]:
