@@ -100,6 +100,15 @@ def cmd_history(a) -> int:
     return 0
 
 
+def cmd_status(a) -> int:
+    from pipelines.config import load_pipeline_config
+    from pipelines.registry.status import format_status, status
+
+    models = status(load_pipeline_config(a.config))
+    print(json.dumps(models, indent=2) if a.json else format_status(models))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--model", required=True)
     h.add_argument("--alias", default="champion")
     h.set_defaults(fn=cmd_history)
+
+    st = sub.add_parser("status", help="registered versions, evaluations, gate results, aliases and history")
+    st.add_argument("--config")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.set_defaults(fn=cmd_status)
     return p
 
 

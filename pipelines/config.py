@@ -70,9 +70,10 @@ class ModelConfig:
     small_buckets: int = 64
 
     def __post_init__(self):
-        _check(self.embed_dim > 0 and self.embed_dim % self.n_heads == 0,
+        _check(self.n_heads >= 1 and self.embed_dim > 0 and self.embed_dim % self.n_heads == 0,
                f"model.embed_dim ({self.embed_dim}) must be a positive multiple of model.n_heads ({self.n_heads})")
         _check(self.n_blocks >= 1, "model.n_blocks must be >= 1")
+        _check(self.ffn_mult >= 1, "model.ffn_mult must be >= 1")
         _check(0.0 <= self.dropout < 1.0, "model.dropout must be in [0, 1)")
         _check(self.id_buckets >= 2 and self.small_buckets >= 2, "model.*_buckets must be >= 2")
 
@@ -91,6 +92,8 @@ class BaseTrainConfig:
     def __post_init__(self):
         _check(self.epochs >= 1 and self.batch_size >= 1, "base_training.epochs and batch_size must be >= 1")
         _check(self.lr > 0, f"base_training.lr must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0 and self.weight_decay >= 0,
+               "base_training.warmup_steps and weight_decay must be >= 0")
         _check(0.0 < self.holdout_fraction < 0.5, "base_training.holdout_fraction must be in (0, 0.5)")
 
 
@@ -118,6 +121,7 @@ class LoraTrainConfig:
                f"lora.target_modules must be a non-empty subset of {sorted(allowed)}, got {list(self.target_modules)}")
         _check(self.epochs >= 1 and self.batch_size >= 1, "lora.epochs and lora.batch_size must be >= 1")
         _check(self.lr > 0, f"lora.lr must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0 and self.weight_decay >= 0, "lora.warmup_steps and weight_decay must be >= 0")
         _check(self.window_days >= 1, "lora.window_days must be >= 1")
         _check(0.0 < self.holdout_fraction < 0.5, "lora.holdout_fraction must be in (0, 0.5)")
 
@@ -202,11 +206,14 @@ def from_dict(cls: type, data: dict | None, where: str = "config"):
 def _read_yaml(path: str | os.PathLike) -> dict:
     try:
         with open(path) as fh:
-            return yaml.safe_load(fh) or {}
+            data = yaml.safe_load(fh) or {}
     except FileNotFoundError as exc:
         raise ConfigError(f"config file not found: {path}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must contain a mapping, got {type(data).__name__}")
+    return data
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

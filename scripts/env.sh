@@ -7,7 +7,8 @@ export AWS_ENDPOINT_URL="http://127.0.0.1:$S3_PORT" MLFLOW_S3_ENDPOINT_URL="http
 export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-demo}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-demo}"
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
 export MLFLOW_TRACKING_URI="sqlite:///$DEMO_DIR/mlflow.db"
-export CTR_MLFLOW_ARTIFACT_ROOT="s3://ctr-lake/mlflow"
+# Artifacts on local disk so `mlflow ui` can show them after the demo has stopped the S3 server.
+export CTR_MLFLOW_ARTIFACT_ROOT="$DEMO_DIR/mlartifacts"
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false
 export AIRFLOW_HOME="$DEMO_DIR/airflow"
 export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags" AIRFLOW__CORE__PLUGINS_FOLDER="$ROOT/plugins"

@@ -17,9 +17,14 @@ def _check(name: str, value, threshold, passed: bool, reason: str) -> dict:
     return {"name": name, "value": value, "threshold": threshold, "passed": bool(passed), "reason": reason}
 
 
-def decide(policy: GatePolicy, evaluation: dict) -> dict:
+def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> dict:
+    """`base` = {"candidate": fingerprint the adapter was trained on, "serving": ctr_base@champion's}."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
     checks = []
+    if base is not None:
+        checks.append(_check("base_compatible", (base.get("candidate") or "")[:12], (base.get("serving") or "")[:12],
+                             bool(base.get("candidate")) and base.get("candidate") == base.get("serving"),
+                             "the adapter's base fingerprint must equal the serving base's"))
     c_auc = cand.get("auc")
     if champ is None:
         checks.append(_check("auc_floor", c_auc, policy.min_auc_first_run,
@@ -59,9 +64,11 @@ def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: s
     from pipelines.promotion import aliases
     from pipelines.registry import mlflow_io
 
-    decision = decide(policy, evaluation)
     c = mlflow_io.client()
     mv = c.get_model_version(model, version)
+    serving = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
+    decision = decide(policy, evaluation, base={"candidate": mv.tags.get("base.fingerprint"),
+                                                "serving": serving.tags.get("fingerprint") if serving else None})
     c.set_model_version_tag(model, version, "gate.passed", "true" if decision["passed"] else "false")
     c.set_model_version_tag(model, version, "gate.first_run", str(decision["first_run"]).lower())
     c.set_model_version_tag(model, version, "gate.checks", json.dumps(

@@ -60,7 +60,9 @@ def register(cfg: PipelineConfig, trained: dict, actor: str = "cli") -> dict:
     tags = {"fingerprint": trained["fingerprint"], "config.hash": trained["config_hash"],
             "code.version": mlflow_io.code_version(), "data.first": trained["data"]["first"],
             "data.last": trained["data"]["last"], "data.sha256": trained["data"]["sha256"],
-            "holdout.auc": trained["metrics"]["auc"], "gate.passed": "true"}
+            "holdout.auc": trained["metrics"]["auc"],
+            # The base is promoted on training (no gate yet); gate.passed lets revert accept it.
+            "gate.passed": "true", "gate.kind": "direct"}
     version = mlflow_io.register(trained["model_uri"], name, tags, run_id=trained["run_id"])
     move = aliases.move_alias(name, "champion", version, kind="promote", actor=actor,
                               reason=f"base model trained up to {trained['cutoff']}")

@@ -1,0 +1,61 @@
+"""What is registered and serving: per model, every version's evaluation and gate result, the
+current aliases, and the champion history. Used by `python -m pipelines status` and the demo."""
+from __future__ import annotations
+
+import json
+
+from pipelines.config import PipelineConfig
+
+
+def model_status(name: str) -> dict:
+    from pipelines.promotion import aliases
+    from pipelines.registry import mlflow_io
+
+    c = mlflow_io.client()
+    rm = c.get_registered_model(name)
+    versions = []
+    for mv in sorted(c.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version)):
+        t = mv.tags
+        cand = json.loads(t["eval.candidate"]) if t.get("eval.candidate") else {}
+        champ = json.loads(t["eval.champion"]) if t.get("eval.champion") not in (None, "", "null") else None
+        versions.append({"version": str(mv.version), "data_last": t.get("data.last"),
+                         "candidate_auc": cand.get("auc", _float(t.get("holdout.auc"))),
+                         "champion_auc": champ.get("auc") if champ else None,
+                         "vs_version": t.get("eval.champion_version") or None,
+                         "gate": {"true": "passed", "false": "rejected"}.get(t.get("gate.passed"), t.get("gate.passed")),
+                         "first_run": t.get("gate.first_run") == "true"})
+        if t.get("gate.kind") == "direct":
+            versions[-1]["gate"] = "direct (no gate)"
+    return {"model": name, "aliases": dict(sorted(rm.aliases.items())) if rm.aliases else {},
+            "versions": versions, "history": aliases.history(name)}
+
+
+def _float(v):
+    return None if v in (None, "") else float(v)
+
+
+def status(cfg: PipelineConfig) -> list[dict]:
+    from pipelines.registry import mlflow_io
+
+    names = [cfg.registry.base_model_name] + [cfg.adapter_model_name(s) for s in cfg.data.slots]
+    known = {m.name for m in mlflow_io.client().search_registered_models()}
+    return [model_status(n) for n in names if n in known]
+
+
+def format_status(models: list[dict]) -> str:
+    def f(v):
+        return "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
+
+    out = []
+    for m in models:
+        al = ", ".join(f"@{a}=v{v}" for a, v in m["aliases"].items()) or "no aliases"
+        out.append(f"{m['model']}  ({al})")
+        out.append(f"  {'ver':>3}  {'data to':10}  {'cand AUC':>8}  {'champ AUC':>9}  {'vs':>3}  gate")
+        for v in m["versions"]:
+            gate = (v["gate"] or "-") + (" (first run)" if v["first_run"] else "")
+            out.append(f"  {v['version']:>3}  {f(v['data_last']):10}  {f(v['candidate_auc']):>8}  "
+                       f"{f(v['champion_auc']):>9}  {f(v['vs_version']):>3}  {gate}")
+        for h in m["history"]:
+            out.append(f"  history: {h['at']}  {h['kind']:8} v{h['from_version'] or '-'} -> v{h['to_version']}  "
+                       f"by {h['actor']}: {h['reason']}")
+    return "\n".join(out)

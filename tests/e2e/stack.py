@@ -1,0 +1,95 @@
+"""A throwaway Airflow + MLflow stack for end-to-end tests.
+
+Metadata stores: PostgreSQL at 127.0.0.1:5432 (fresh databases, dropped afterwards) when reachable,
+SQLite otherwise. With CTR_REQUIRE_POSTGRES=1 (set by .ci/run) an unreachable PostgreSQL is a
+failure, so CI always covers the production-like store. S3 is moto's HTTP server.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3)
+
+
+def postgres_available() -> bool:
+    try:
+        import psycopg2
+
+        psycopg2.connect(**PG).close()
+        return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def metadata_stores(tmp: Path):
+    """Yield (airflow_sql_alchemy_conn, mlflow_tracking_uri, kind)."""
+    if postgres_available():
+        import psycopg2
+
+        tag = uuid.uuid4().hex[:10]
+        names = [f"ctr_e2e_airflow_{tag}", f"ctr_e2e_mlflow_{tag}"]
+        conn = psycopg2.connect(**PG)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for n in names:
+                cur.execute(f'CREATE DATABASE "{n}"')
+        try:
+            yield (f"postgresql+psycopg2://postgres@127.0.0.1:5432/{names[0]}",
+                   f"postgresql://postgres@127.0.0.1:5432/{names[1]}", "postgresql")
+        finally:
+            with conn.cursor() as cur:
+                for n in names:
+                    cur.execute(f'DROP DATABASE IF EXISTS "{n}" WITH (FORCE)')
+            conn.close()
+    elif os.environ.get("CTR_REQUIRE_POSTGRES") == "1":
+        pytest.fail("CTR_REQUIRE_POSTGRES=1 but PostgreSQL at 127.0.0.1:5432 is not reachable")
+    else:
+        yield (f"sqlite:///{tmp}/airflow.db", f"sqlite:///{tmp}/mlflow.db", "sqlite")
+
+
+@dataclass
+class Stack:
+    env: dict
+    kind: str
+    tmp: Path
+    runs: list = field(default_factory=list)
+
+    def airflow(self, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+        cmd = [str(Path(sys.executable).with_name("airflow")), *args]
+        proc = subprocess.run(cmd, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        self.runs.append((args, proc.returncode))
+        if check and proc.returncode != 0:
+            raise AssertionError(f"airflow {' '.join(args)} exited {proc.returncode}:\n"
+                                 f"{(proc.stdout + proc.stderr)[-6000:]}")
+        return proc
+
+    def pipelines(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipelines", *args], env=self.env, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+
+
+def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, artifact_root: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "MLFLOW_TRACKING"))}
+    env.update({
+        "AIRFLOW_HOME": str(tmp / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_conn,
+        "MLFLOW_TRACKING_URI": mlflow_uri,
+        "CTR_MLFLOW_ARTIFACT_ROOT": artifact_root,
+        "CTR_PIPELINE_CONFIG": str(config_path),
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
+    })
+    return env

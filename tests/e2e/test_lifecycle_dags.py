@@ -1,0 +1,154 @@
+"""End to end through real Airflow DAG runs (`airflow dags test`): base model, two daily retrains
+(the second gated against the first's champion), revert, and a bad partition that must stop the
+run at validation without touching the registry."""
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.e2e.stack import Stack, make_env, metadata_stores
+
+pytestmark = pytest.mark.slow
+
+DAY1, DAY2, BAD_DAY = "1998-03-01", "1998-03-02", "1998-03-03"
+SLOTS = ("morning", "afternoon", "night")
+LINEAGE_TAGS = ("data.first", "data.last", "data.partitions", "data.sha256", "config.hash", "code.version",
+                "base.name", "base.version", "base.fingerprint", "training.run_id")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, s3_endpoint):
+    import boto3
+    import mlflow
+
+    from pipelines.data import movielens
+    from pipelines.data.lake import Lake
+
+    tmp = tmp_path_factory.mktemp("e2e")
+    bucket = "e2e-lake"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    lake = Lake(f"s3://{bucket}/clicks")
+    for day, part in movielens.daily_partitions():
+        if "1997-11-01" <= day <= DAY2:
+            lake.write_partition(part, day)
+    # The shipped defaults, made smaller where only the run time changes (fewer epochs, shorter base window).
+    cfg = yaml.safe_load(open("configs/pipeline.yaml"))
+    cfg["data"]["lake_uri"] = lake.uri
+    cfg["base_training"].update(train_start="1997-11-01", epochs=2)
+    cfg["lora"].update(epochs=2, window_days=21)
+    (tmp / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
+    with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
+        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, tmp / "pipeline.yaml", f"s3://{bucket}/mlflow"), kind, tmp)
+        st.airflow("db", "migrate")
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(mlflow_uri)
+        try:
+            yield st
+        finally:
+            mlflow.set_tracking_uri(previous)
+
+
+def versions(name: str) -> list:
+    from mlflow import MlflowClient
+
+    return sorted(MlflowClient().search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
+
+
+def champion(name: str) -> str | None:
+    from pipelines.promotion.aliases import current
+
+    return current(name)
+
+
+def test_base_model_dag_registers_the_serving_base(stack):
+    stack.airflow("dags", "test", "ctr_base_model", "1997-12-31")
+    (v1,) = versions("ctr_base")
+    assert champion("ctr_base") == "1"
+    assert len(v1.tags["fingerprint"]) == 64
+    assert v1.tags["data.first"] == "1997-11-01" and v1.tags["data.last"] == "1997-12-31"
+
+
+def test_retrain_two_days_gates_against_the_previous_champion(stack):
+    stack.airflow("dags", "test", "ctr_lora_retrain", DAY1)
+    for slot in SLOTS:
+        (v1,) = versions(f"ctr_lora_{slot}")
+        assert v1.tags["gate.passed"] == "true" and v1.tags["gate.first_run"] == "true"
+        assert champion(f"ctr_lora_{slot}") == "1"
+
+    proc = stack.airflow("dags", "test", "ctr_lora_retrain", DAY2)
+    base = versions("ctr_base")[0]
+    for slot in SLOTS:
+        name = f"ctr_lora_{slot}"
+        v1, v2 = versions(name)
+        for tag in LINEAGE_TAGS:
+            assert v2.tags.get(tag), f"{name} v2 lacks lineage tag {tag}"
+        assert v2.tags["base.fingerprint"] == base.tags["fingerprint"] and v2.tags["base.version"] == "1"
+        assert v2.tags["data.last"] == DAY2 and v1.tags["data.last"] == DAY1
+        assert v1.tags["data.sha256"] != v2.tags["data.sha256"]
+        # Gated against the serving champion (v1), on the same rows, and the alias follows the decision.
+        assert v2.tags["eval.champion_version"] == "1"
+        assert json.loads(v2.tags["eval.champion"])["rows"] == json.loads(v2.tags["eval.candidate"])["rows"]
+        assert v2.tags["gate.first_run"] == "false"
+        passed = v2.tags["gate.passed"] == "true"
+        assert champion(name) == ("2" if passed else "1")
+        from pipelines.promotion.aliases import history
+
+        kinds = [(h["kind"], h["from_version"], h["to_version"]) for h in history(name)]
+        assert kinds == [("promote", "", "1")] + ([("promote", "1", "2")] if passed else [])
+    assert "gate PASSED" in proc.stdout + proc.stderr
+
+
+def test_revert_dag_puts_the_first_days_version_back(stack):
+    from pipelines.promotion.aliases import history
+
+    moved = [f"ctr_lora_{s}" for s in SLOTS if champion(f"ctr_lora_{s}") == "2"]
+    assert moved, "no candidate passed the gate on day 2; the revert path would be untested"
+    for name in moved:
+        conf = json.dumps({"action": "revert", "model": name, "reason": "e2e: revert to day 1"})
+        stack.airflow("dags", "test", "ctr_model_ops", "-c", conf)
+        assert champion(name) == "1"
+        entries = history(name)
+        assert [(h["kind"], h["from_version"], h["to_version"]) for h in entries] == [
+            ("promote", "", "1"), ("promote", "1", "2"), ("revert", "2", "1")]
+        assert entries[-1]["reason"] == "e2e: revert to day 1" and "ctr_model_ops" in entries[-1]["actor"]
+        # The same history through the CLI, as JSON lines.
+        out = stack.pipelines("history", "--model", name)
+        assert out.returncode == 0, out.stderr
+        assert [json.loads(line)["kind"] for line in out.stdout.splitlines()] == ["promote", "promote", "revert"]
+
+    # A second revert has no earlier champion to go to: refused, alias and history untouched.
+    name = moved[0]
+    conf = json.dumps({"action": "revert", "model": name, "reason": "e2e: one revert too many"})
+    proc = stack.airflow("dags", "test", "ctr_model_ops", "-c", conf, check=False)
+    assert proc.returncode != 0
+    assert "no earlier champion" in proc.stdout + proc.stderr
+    assert champion(name) == "1" and len(history(name)) == 3
+
+
+def test_bad_partition_stops_the_run_at_validation(stack):
+    import boto3
+
+    from pipelines.data import movielens
+
+    frame = next(p for d, p in movielens.daily_partitions() if d == BAD_DAY).drop(columns=["slot"])
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
+    boto3.client("s3").put_object(Bucket="e2e-lake", Key=f"clicks/dt={BAD_DAY}/part-00000.parquet", Body=buf.getvalue())
+
+    before = {s: (len(versions(f"ctr_lora_{s}")), champion(f"ctr_lora_{s}")) for s in SLOTS}
+    proc = stack.airflow("dags", "test", "ctr_lora_retrain", BAD_DAY, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"FAILED expect_column_to_exist(slot) @ dt={BAD_DAY}" in out
+    assert "DataValidationError" in out
+    after = {s: (len(versions(f"ctr_lora_{s}")), champion(f"ctr_lora_{s}")) for s in SLOTS}
+    assert after == before, "a failed validation must register nothing and leave @champion untouched"
+    import mlflow
+
+    trained = mlflow.search_runs(experiment_names=["ctr-lora"], filter_string=f"tags.`data.end` = '{BAD_DAY}'")
+    assert len(trained) == 0, "no adapter may train on a window with an invalid partition"

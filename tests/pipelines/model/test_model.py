@@ -1,0 +1,168 @@
+"""Feature hashing, the CTR model, its weight fingerprint and the safetensors store (real torch + PEFT)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipelines.config import LoraTrainConfig, ModelConfig
+from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.data.synthetic import SyntheticSpec, generate_day
+from pipelines.model import features, store
+from pipelines.model.base import CTRModel, fingerprint
+from pipelines.training import lora
+
+CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
+SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10,
+                     seed=7)
+
+
+@pytest.fixture(scope="module")
+def frame() -> pd.DataFrame:
+    return pd.concat(list(generate_day(SPEC, "2024-01-03", 256)), ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def tokens(frame) -> torch.Tensor:
+    return torch.from_numpy(features.encode(frame, CFG))
+
+
+def make_model(seed: int = 0) -> CTRModel:
+    torch.manual_seed(seed)
+    return CTRModel(CFG).eval()
+
+
+# ----------------------------------------------------------------------------- features
+def test_encode_shape_dtype_and_ranges(frame):
+    x = features.encode(frame, CFG)
+    assert x.shape == (len(frame), len(FEATURE_FIELDS)) and x.dtype == np.int64
+    sizes = features.field_sizes(CFG)
+    for j, f in enumerate(FEATURE_FIELDS):
+        assert x[:, j].min() >= 0 and x[:, j].max() < sizes[f], f
+    # small ints are used as-is, ids are hashed (so they spread over the table)
+    assert (x[:, FEATURE_FIELDS.index("hour")] == frame["hour"].to_numpy()).all()
+    assert (x[:, FEATURE_FIELDS.index("weekday")] == frame["weekday"].to_numpy()).all()
+    assert len(np.unique(x[:, FEATURE_FIELDS.index("user_id")])) > 20
+
+
+def test_encode_is_deterministic_and_row_wise(frame):
+    a = features.encode(frame, CFG)
+    b = features.encode(frame.copy(), CFG)
+    np.testing.assert_array_equal(a, b)
+    # a row's tokens do not depend on the other rows of the frame
+    rev = features.encode(frame.iloc[::-1].reset_index(drop=True), CFG)
+    np.testing.assert_array_equal(rev[::-1], a)
+    # Known values: pandas' hash_array uses a fixed SipHash key, so buckets are the same in every process
+    # and release; a change here would silently re-map every id a trained model has seen.
+    one = pd.DataFrame({f: ["u1"] if f == "user_id" else ([3] if f in ("hour", "weekday") else ["x"])
+                        for f in FEATURE_FIELDS})
+    assert features.encode(one, CFG).tolist() == [[893, 189, 61, 61, 61, 61, 61, 3, 3]]
+
+
+def test_unseen_ids_and_nulls_still_map_in_range(frame):
+    odd = frame.head(4).copy()
+    odd["user_id"] = pd.array(["never-seen-" + "z" * 500, "", None, "u999999999"], dtype="string")
+    odd["item_id"] = pd.array(["i-unknown", None, "ü-ñ-✓", "i0"], dtype="string")
+    odd["category"] = pd.array([None, None, "brand-new-category", "retail"], dtype="string")
+    x = features.encode(odd, CFG)
+    sizes = features.field_sizes(CFG)
+    for j, f in enumerate(FEATURE_FIELDS):
+        assert ((0 <= x[:, j]) & (x[:, j] < sizes[f])).all(), f
+    # out-of-range small ints are clipped into the table, not wrapped
+    odd2 = frame.head(2).copy()
+    odd2["hour"] = np.array([-5, 500], dtype=np.int64)
+    h = features.encode(odd2, CFG)[:, FEATURE_FIELDS.index("hour")]
+    assert list(h) == [0, CFG.small_buckets - 1]
+
+
+def test_different_ids_usually_get_different_buckets():
+    n = 200
+    df = pd.DataFrame({f: [f"{f}-{i}" for i in range(n)] if f not in ("hour", "weekday") else [1] * n
+                       for f in FEATURE_FIELDS})
+    ids = features.encode(df, CFG)[:, FEATURE_FIELDS.index("user_id")]
+    assert len(set(ids)) > 0.8 * n  # 200 ids in 1024 buckets: a few collisions at most
+
+
+def test_labels_are_float32(frame):
+    y = features.labels(frame)
+    assert y.dtype == np.float32 and set(np.unique(y)) <= {0.0, 1.0}
+
+
+# ----------------------------------------------------------------------------- model
+def test_forward_shape_and_finite_logits(tokens):
+    m = make_model()
+    with torch.no_grad():
+        out = m(tokens)
+    assert out.shape == (len(tokens),) and out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+    assert out.std() > 0  # not a constant output
+
+
+def test_attention_projections_are_named_for_lora():
+    names = {n for n, _ in make_model().named_modules()}
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert f"blocks.0.{proj}" in names
+
+
+# ----------------------------------------------------------------------------- fingerprint
+def test_fingerprint_is_stable_and_seed_dependent():
+    a, b = make_model(0), make_model(0)
+    assert fingerprint(a) == fingerprint(a) == fingerprint(b)
+    assert len(fingerprint(a)) == 64
+    assert fingerprint(make_model(1)) != fingerprint(a)
+
+
+def test_fingerprint_changes_when_one_weight_changes():
+    m = make_model()
+    before = fingerprint(m)
+    with torch.no_grad():
+        w = m.blocks[0].v_proj.weight
+        w[3, 5] = torch.nextafter(w[3, 5], torch.tensor(1.0))  # the smallest possible change
+    assert fingerprint(m) != before
+
+
+def test_fingerprint_of_peft_wrapped_base_equals_plain_base(tokens):
+    base = make_model()
+    plain = fingerprint(base)
+    wrapped = lora.attach(copy.deepcopy(base), LoraTrainConfig(r=4, alpha=8))
+    assert any("lora_" in k for k in wrapped.state_dict())  # really wrapped
+    assert fingerprint(wrapped) == plain
+    # ... but a wrapped *different* base does not match
+    other = lora.attach(make_model(1), LoraTrainConfig(r=4, alpha=8))
+    assert fingerprint(other) != plain
+
+
+# ----------------------------------------------------------------------------- store
+def test_store_round_trip_identical_outputs_and_frozen(tmp_path, tokens):
+    m = make_model()
+    meta = store.save_base(m, tmp_path / "base")
+    assert (tmp_path / "base" / store.WEIGHTS).is_file() and (tmp_path / "base" / store.CONFIG).is_file()
+    assert meta["fingerprint"] == fingerprint(m)
+    assert meta["model"]["embed_dim"] == CFG.embed_dim
+
+    loaded = store.load_base(tmp_path / "base")
+    assert loaded.cfg == CFG
+    assert not loaded.training
+    assert all(not p.requires_grad for p in loaded.parameters())
+    assert fingerprint(loaded) == meta["fingerprint"]
+    with torch.no_grad():
+        assert torch.equal(m(tokens), loaded(tokens))
+    for (ka, va), (kb, vb) in zip(m.state_dict().items(), loaded.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_store_load_refuses_a_tampered_config(tmp_path):
+    """The stored config goes through the typed loader: an unknown key is a ConfigError, not ignored."""
+    import json
+
+    from pipelines.errors import ConfigError
+
+    store.save_base(make_model(), tmp_path)
+    meta = json.loads((tmp_path / store.CONFIG).read_text())
+    meta["model"]["embed_dimm"] = 8
+    (tmp_path / store.CONFIG).write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="embed_dimm"):
+        store.load_base(tmp_path)

@@ -1,0 +1,156 @@
+"""`python -m pipelines ...` run as a real subprocess with the venv's interpreter."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines.config import REPO_ROOT
+from pipelines.data.lake import Lake
+
+STAGES = ("generate", "validate", "train-base", "train-adapter", "promote", "revert", "history")
+VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
+PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
+
+
+def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CTR_PIPELINE_CONFIG", "CTR_GATE_POLICY", "MLFLOW_TRACKING_URI")}
+    return subprocess.run([PYTHON, "-m", "pipelines", *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def no_traceback(p: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in p.stdout + p.stderr, p.stderr
+
+
+def click_frame(n: int = 300, seed: int = 0) -> pd.DataFrame:
+    """A valid partition for the default config (MovieLens slots)."""
+    rng = np.random.default_rng(seed)
+    ts = pd.date_range("2024-01-02", periods=n, freq="min", tz="UTC")
+    return pd.DataFrame({
+        "event_ts": ts,
+        "user_id": [f"u{i % 40}" for i in range(n)],
+        "item_id": [f"i{i % 60}" for i in range(n)],
+        "slot": rng.choice(["morning", "afternoon", "night"], n),
+        "label": (rng.random(n) < 0.3).astype("int8"),
+        "age_bucket": rng.choice(["18-24", "25-34"], n),
+        "gender": rng.choice(["M", "F"], n),
+        "occupation": rng.choice(["student", "engineer"], n),
+        "category": rng.choice(["Drama", "Comedy"], n),
+        "hour": ts.hour.to_numpy().astype("int8"),
+        "weekday": ts.dayofweek.to_numpy().astype("int8"),
+    })
+
+
+# ----------------------------------------------------------------------------- help / usage
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_has_help(stage):
+    p = cli(stage, "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"usage: python -m pipelines {stage}")
+    assert "--" in p.stdout
+
+
+def test_top_level_help_lists_every_stage():
+    p = cli("--help")
+    assert p.returncode == 0
+    for stage in STAGES:
+        assert stage in p.stdout
+
+
+def test_missing_stage_is_a_usage_error():
+    p = cli()
+    assert p.returncode == 2 and "usage:" in p.stderr
+
+
+# ----------------------------------------------------------------------------- validate
+def test_validate_a_valid_local_partition(tmp_path):
+    where = Lake(str(tmp_path / "lake")).write_partition(click_frame(), "2024-01-02")
+    part = str(Path(where).parent)
+    assert part.endswith("dt=2024-01-02")
+    p = cli("validate", "--data", part)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"VALID {part}: 300 rows")
+    assert "FAILED" not in p.stderr
+    no_traceback(p)
+
+
+def test_validate_a_partition_missing_the_label_column(tmp_path):
+    part = tmp_path / "lake" / "dt=2024-01-02"
+    part.mkdir(parents=True)
+    frame = click_frame().drop(columns=["label"])
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), part / "part-00000.parquet")
+    p = cli("validate", "--data", str(part))
+    assert p.returncode == 1
+    failed = [line for line in p.stderr.splitlines() if line.startswith("FAILED ")]
+    assert failed, p.stderr
+    assert any("label" in line and "missing column" in line for line in failed), failed
+    assert "VALID" not in p.stdout
+    no_traceback(p)
+
+
+def test_validate_a_non_parquet_file(tmp_path):
+    part = tmp_path / "lake" / "dt=2024-01-02"
+    part.mkdir(parents=True)
+    (part / "part-00000.parquet").write_bytes(b"this is not parquet at all\n")
+    p = cli("validate", "--data", str(part))
+    assert p.returncode == 1
+    failed = [line for line in p.stderr.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 1 and "readable_partition" in failed[0], p.stderr
+    assert "part-00000.parquet" in failed[0] and "not readable parquet" in failed[0]
+    no_traceback(p)
+
+
+def test_validate_a_missing_partition(tmp_path):
+    p = cli("validate", "--data", str(tmp_path / "nope" / "dt=2024-01-02"))
+    assert p.returncode == 1
+    assert "no .parquet files" in p.stderr and p.stderr.startswith("FAILED ")
+    no_traceback(p)
+
+
+def test_validate_with_a_bad_config_is_a_config_error(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(yaml.safe_dump({"validation": {"min_row": 5}}))
+    p = cli("validate", "--data", str(tmp_path), "--config", str(cfg))
+    assert p.returncode == 2
+    assert p.stderr.startswith("config error:") and "min_row" in p.stderr
+    no_traceback(p)
+
+
+# ----------------------------------------------------------------------------- generate
+def test_generate_synthetic_writes_dt_partitions(tmp_path):
+    out = tmp_path / "lake"
+    p = cli("generate", "--source", "synthetic", "--out", str(out), "--days", "2", "--rows-per-day", "1000")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary == {"out": str(out), "source": "synthetic", "partitions": 2,
+                       "first": "2026-01-01", "last": "2026-01-02"}
+    assert sorted(d.name for d in out.iterdir()) == ["dt=2026-01-01", "dt=2026-01-02"]
+    lake = Lake(str(out))
+    assert lake.list_partitions() == ["2026-01-01", "2026-01-02"]
+    for day in lake.list_partitions():
+        part = lake.read_partition(day)
+        assert len(part.frame) == 1000
+        assert (part.frame["event_ts"].dt.strftime("%Y-%m-%d") == day).all()
+    no_traceback(p)
+
+
+def test_generated_synthetic_data_passes_validation_with_the_synthetic_config(tmp_path):
+    out = tmp_path / "lake"
+    assert cli("generate", "--source", "synthetic", "--out", str(out), "--days", "1", "--rows-per-day", "2000").returncode == 0
+    p = cli("validate", "--data", str(out / "dt=2026-01-01"), "--config", str(REPO_ROOT / "configs" / "synthetic.yaml"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("VALID ")
+    # The MovieLens config's slots (time-of-day proxies) do not admit ad placements.
+    p = cli("validate", "--data", str(out / "dt=2026-01-01"))
+    assert p.returncode == 1 and "expect_column_values_to_be_in_set(slot)" in p.stderr
