@@ -42,7 +42,7 @@ def ctr_base_model():
         cfg = pipeline_config(context)
         day = run_day(context)
         days = (dt.date.fromisoformat(day) - dt.date.fromisoformat(cfg.base_training.train_start)).days + 1
-        return validate_window(cfg, cfg.data.lake_uri, day, days)
+        return validate_window(cfg, cfg.data.lake_uri, day, days, log_to_mlflow=True)
 
     @task
     def train(report: dict, **context) -> dict:

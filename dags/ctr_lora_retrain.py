@@ -46,7 +46,7 @@ def ctr_lora_retrain():
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        return validate_window(cfg, cfg.data.lake_uri, run_day(context), cfg.lora.window_days)
+        return validate_window(cfg, cfg.data.lake_uri, run_day(context), cfg.lora.window_days, log_to_mlflow=True)
 
     @task
     def slots(report: dict, **context) -> list[str]:

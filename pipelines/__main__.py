@@ -44,8 +44,15 @@ def cmd_validate(a) -> int:
     from pipelines.config import load_pipeline_config
     from pipelines.validation.stage import validate_uri
 
-    report = validate_uri(load_pipeline_config(a.config), a.data)  # raises DataValidationError -> exit 1
-    print(f"VALID {a.data}: {report['rows']} rows, {report.get('evaluated', 0)} checks passed")
+    report = validate_uri(load_pipeline_config(a.config), a.data, a.reference,
+                          a.report_dir)  # raises DataValidationError -> exit 1
+    print(f"VALID {a.data}: {report['rows']} rows, {report.get('evaluated', 0)} checks passed"
+          + (f", drift vs {len(a.reference)} reference partitions OK" if a.reference else ""))
+    for w in report.get("warnings", []):
+        print(f"WARN {w['check']}: {w.get('observed')} vs {w.get('expected')}")
+    unseen = (report.get("drift") or {}).get("unseen")
+    if unseen:
+        print(f"unseen ids vs reference: users {unseen['user_rate']:.1%}, items {unseen['item_rate']:.1%}")
     return 0
 
 
@@ -126,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate one partition; exit 1 with one line per failed check")
     v.add_argument("--data", required=True, help="a partition: s3://.../dt=YYYY-MM-DD or a local directory")
+    v.add_argument("--reference", nargs="+", metavar="URI",
+                   help="reference partitions (e.g. the trailing validated days): enables volume, "
+                        "label-rate-vs-reference and drift checks")
+    v.add_argument("--report-dir", help="write report.html and report.json here")
     v.add_argument("--config", help="pipeline YAML (default configs/pipeline.yaml)")
     v.set_defaults(fn=cmd_validate)
 
@@ -178,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except DataValidationError as exc:
+        if getattr(args, "report_dir", None):
+            print(f"report: {args.report_dir}/report.html", file=sys.stderr)
         for f in exc.failures:
             print(f"FAILED {f['check']}: {f.get('observed')} vs {f.get('expected')}", file=sys.stderr)
         return 1

@@ -42,12 +42,24 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ValidationConfig:
+    # absolute checks (every partition)
     label_rate_min: float = 0.01
     label_rate_max: float = 0.9
     label_rate_min_rows: int = 50
     min_rows: int = 1
     max_null_fraction_side: float = 0.05
     max_id_length: int = 64
+    max_duplicate_fraction: float = 0.01
+    unexpected_columns: Literal["fail", "warn"] = "fail"
+    # checks relative to the reference window: the trailing validated partitions
+    reference_partitions: int = 7
+    volume_ratio_min: float = 0.5
+    volume_ratio_max: float = 2.0
+    label_rate_rel_tolerance: float = 0.5
+    drift_psi_max: float = 0.2
+    drift_numeric_psi_max: float = 0.2
+    drift_min_rows: int = 500
+    drift_action: Literal["fail", "warn"] = "fail"
 
     def __post_init__(self):
         _check(0.0 <= self.label_rate_min < self.label_rate_max <= 1.0,
@@ -57,6 +69,14 @@ class ValidationConfig:
         _check(self.label_rate_min_rows >= 0, "validation.label_rate_min_rows must be >= 0")
         _check(0.0 <= self.max_null_fraction_side <= 1.0, "validation.max_null_fraction_side must be in [0, 1]")
         _check(self.max_id_length >= 1, "validation.max_id_length must be >= 1")
+        _check(0.0 <= self.max_duplicate_fraction < 1.0, "validation.max_duplicate_fraction must be in [0, 1)")
+        _check(self.reference_partitions >= 1, "validation.reference_partitions must be >= 1")
+        _check(0.0 <= self.volume_ratio_min <= 1.0 <= self.volume_ratio_max,
+               f"validation.volume_ratio_min/max must satisfy 0 <= min <= 1 <= max, got "
+               f"{self.volume_ratio_min}/{self.volume_ratio_max}")
+        _check(0.0 < self.label_rate_rel_tolerance, "validation.label_rate_rel_tolerance must be > 0")
+        _check(self.drift_psi_max > 0 and self.drift_numeric_psi_max > 0, "validation.drift_*_max must be > 0")
+        _check(self.drift_min_rows >= 0, "validation.drift_min_rows must be >= 0")
 
 
 @dataclass(frozen=True)

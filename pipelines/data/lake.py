@@ -90,7 +90,24 @@ class Lake:
                 return self.client.get_object(Bucket=bucket, Key=key_or_path)["Body"].read()
             except Exception as exc:
                 raise LakeError(f"cannot read s3://{bucket}/{key_or_path}: {exc}") from exc
-        return Path(key_or_path).read_bytes()
+        try:
+            return Path(key_or_path).read_bytes()
+        except OSError as exc:
+            raise LakeError(f"cannot read {key_or_path}: {exc}") from exc
+
+    def get_bytes(self, rel: str) -> bytes:
+        """Bytes of the object at `<lake>/<rel>`; LakeError if it does not exist or cannot be read."""
+        target = f"{self.uri}/{rel}"
+        if self.is_s3:
+            return self._get(split_s3(target)[1])
+        try:
+            return Path(target).read_bytes()
+        except OSError as exc:
+            raise LakeError(f"cannot read {target}: {exc}") from exc
+
+    def has_objects(self, day: str) -> bool:
+        """Whether anything at all exists under the partition (data or markers)."""
+        return bool(self._list(self.partition_uri(day)))
 
     def put_bytes(self, rel: str, payload: bytes) -> str:
         target = f"{self.uri}/{rel}"

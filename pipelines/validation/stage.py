@@ -1,70 +1,213 @@
-"""Stage: validate lake partitions against the click-log suite before anything trains on them.
+"""Stage: validate lake partitions before anything trains on them.
 
-Unreadable input (missing or empty partition, an object that is not parquet, files that disagree on
-schema) is a validation failure too, reported with the same typed error as a failed expectation.
-A passing partition gets a `_validation.json` marker next to it.
+Per partition: read it (unreadable input is a failure like any other), run the GX suite with the
+partition's day and the reference window (the trailing *validated* partitions), measure drift and
+the unseen-id rate against that reference, then record the outcome next to the partition:
+
+- `_validation.json`: status `passed` or `quarantined`, suite version, content hash, the report;
+- `_validation_report.html`: the human-readable report.
+
+The data itself is never deleted or rewritten. A partition already validated under the same suite
+version with the same content hash is not validated again.
 """
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+from collections import OrderedDict
+
+import pandas as pd
 
 from pipelines.config import PipelineConfig
-from pipelines.data.lake import Lake
+from pipelines.data.lake import Lake, PartitionData
 from pipelines.errors import DataValidationError, LakeError
 
 log = logging.getLogger(__name__)
 
+MARKER, REPORT_HTML = "validation", "_validation_report.html"
 
-def validate_partition(cfg: PipelineConfig, lake: Lake, day: str, where: str | None = None) -> dict:
+
+def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict | None:
+    """What the relative checks and drift need from the reference window (None: no reference yet)."""
+    from pipelines.validation.drift import profile
+
+    if not frames:
+        return None
+    ref = pd.concat([f[["label", "slot"]] for f in frames], ignore_index=True)
+    by_slot = ref.groupby("slot", observed=True)["label"].agg(["mean", "size"])
+    return {"partitions": len(partitions), "dates": partitions, "rows": int(len(ref)),
+            "label_rate": float(ref["label"].mean()),
+            "label_rate_by_slot": {str(k): float(r["mean"]) for k, r in by_slot.iterrows()},
+            "rows_by_slot": {str(k): int(r["size"]) for k, r in by_slot.iterrows()},
+            "profile": profile(frames)}
+
+
+def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | None) -> dict:
+    """GX suite + drift for one readable partition; a JSON-safe report."""
+    from pipelines.validation.drift import drift_checks
     from pipelines.validation.suite import validate_frame
 
-    where = where or lake.partition_uri(day)
+    v = cfg.validation
+    ref_public = None if reference is None else {k: reference[k] for k in ("partitions", "rows", "label_rate", "label_rate_by_slot",
+                                                                  "rows_by_slot")}
+    report = validate_frame(part.frame, v, cfg.data.slots, where=part.uri,
+                            day=None if part.dt == "-" else part.dt, reference=ref_public)
+    report.update(dt=part.dt, sha256=part.sha256, drift=None,
+                  reference=None if reference is None else {"partitions": reference["dates"], "rows": reference["rows"]})
+    if reference is not None and {"slot", "user_id", "item_id"} <= set(part.frame.columns):
+        drift = drift_checks(part.frame, reference["profile"], psi_max=v.drift_psi_max,
+                             numeric_psi_max=v.drift_numeric_psi_max)
+        report["drift"] = drift
+        # Drift measured on a few hundred rows is mostly sampling noise: below drift_min_rows it warns.
+        judged = len(part.frame) >= v.drift_min_rows and v.drift_action == "fail"
+        target = report["failures"] if judged else report["warnings"]
+        target += [{k: c[k] for k in ("check", "observed", "expected")} for c in drift["checks"] if not c["passed"]]
+        report["success"] = not report["failures"]
+    return report
+
+
+def unreadable_report(where: str, day: str, exc: Exception) -> dict:
+    return {"where": where, "dt": day, "success": False, "rows": 0, "warnings": [], "drift": None,
+            "failures": [{"check": "readable_partition", "observed": str(exc), "expected": "readable, non-empty parquet"}]}
+
+
+def record(lake: Lake, day: str, report: dict, suite_version: str) -> dict:
+    """Write the marker and the HTML report next to the partition; returns their URIs."""
+    from pipelines.validation.report import render_html
+
+    report["quarantined"] = not report["success"]
+    report["validated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    marker = {"status": "passed" if report["success"] else "quarantined", "suite_version": suite_version,
+              "sha256": report.get("sha256"), "validated_at": report["validated_at"], "report": report}
+    html_uri = lake.put_bytes(f"dt={day}/{REPORT_HTML}", render_html(report).encode())
+    marker_uri = lake.write_marker(day, MARKER, marker)
+    return {"marker": marker_uri, "html": html_uri}
+
+
+def read_marker(lake: Lake, day: str) -> dict | None:
     try:
-        part = lake.read_location(where, day)
-    except LakeError as exc:
-        return {"where": where, "success": False, "rows": 0,
-                "failures": [{"check": "readable_partition", "observed": str(exc), "expected": "readable parquet"}]}
-    report = validate_frame(part.frame, cfg.validation, cfg.data.slots, where=where)
-    report["sha256"] = part.sha256
-    return report
+        return json.loads(lake.get_bytes(f"dt={day}/_{MARKER}.json"))
+    except LakeError:
+        return None
 
 
-def validate_uri(cfg: PipelineConfig, data_uri: str) -> dict:
-    """Validate one partition given by its own URI (`.../dt=YYYY-MM-DD` or any directory of parquet)."""
-    data_uri = data_uri.rstrip("/")
-    leaf = data_uri.rpartition("/")[2]
-    report = validate_partition(cfg, Lake(data_uri), leaf[3:] if leaf.startswith("dt=") else "-", where=data_uri)
-    if not report["success"]:
-        raise DataValidationError(data_uri, report["failures"])
-    return report
+def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int, log_to_mlflow: bool = False) -> dict:
+    """Validate every partition in (end_day - days, end_day], oldest first; the run's own day must exist.
 
-
-def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int) -> dict:
-    """Validate every partition in (end_day - days, end_day]; the run's own day must exist.
-
+    Each partition is judged against the `reference_partitions` validated partitions before it.
     Raises DataValidationError listing the failures of every bad partition (all are checked, so one
     run reports everything that is wrong, not just the first problem).
     """
-    lake = Lake(lake_uri)
-    start = dt.date.fromisoformat(end_day) - dt.timedelta(days=days - 1)
-    present = [d for d in lake.list_partitions() if start <= dt.date.fromisoformat(d) <= dt.date.fromisoformat(end_day)]
-    wanted = sorted(set(present) | {end_day})
-    reports, failures = [], []
+    from pipelines.validation.report import summary_line
+    from pipelines.validation.suite import suite_version
+
+    lake, v = Lake(lake_uri), cfg.validation
+    version = suite_version(v, cfg.data.slots)
+    end = dt.date.fromisoformat(end_day)
+    start = end - dt.timedelta(days=days - 1)
+    present = lake.list_partitions()
+    wanted = sorted({d for d in present if start <= dt.date.fromisoformat(d) <= end} | {end_day})
+    # Seed the reference with the validated partitions just before the window.
+    before = [d for d in present if dt.date.fromisoformat(d) < start][-4 * v.reference_partitions:]
+    validated: OrderedDict[str, pd.DataFrame] = OrderedDict()
+    for d in before:
+        m = read_marker(lake, d)
+        if m and m.get("status") == "passed":
+            try:
+                validated[d] = lake.read_partition(d).frame
+            except LakeError:
+                continue
+    while len(validated) > v.reference_partitions:
+        validated.popitem(last=False)
+
+    reports, failures, warnings = [], [], []
     for day in wanted:
-        r = validate_partition(cfg, lake, day)
-        reports.append({"dt": day, "success": r["success"], "rows": r.get("rows", 0), "failures": len(r["failures"])})
-        for w in r.get("warnings", []):
-            log.warning("WARN %s @ dt=%s: %s vs %s", w["check"], day, w.get("observed"), w.get("expected"))
-        for f in r["failures"]:
-            failures.append({**f, "check": f"{f['check']} @ dt={day}"})
-        if r["success"]:
-            lake.write_marker(day, "validation", {"suite": r.get("suite"), "gx_version": r.get("gx_version"),
-                                                  "rows": r["rows"], "sha256": r.get("sha256"), "success": True})
-    summary = {"lake": lake_uri, "end_day": end_day, "partitions": len(wanted), "rows": sum(r["rows"] for r in reports),
-               "failed_partitions": [r["dt"] for r in reports if not r["success"]], "success": not failures}
-    log.info("validated %d partitions (%d rows) of %s ending %s: %s", summary["partitions"], summary["rows"],
-             lake_uri, end_day, "OK" if not failures else f"{len(failures)} failed checks")
+        fresh = True
+        try:
+            part = lake.read_partition(day)
+        except LakeError as exc:
+            report, part = unreadable_report(lake.partition_uri(day), day, exc), None
+        else:
+            marker = read_marker(lake, day)
+            if (marker and marker.get("status") == "passed" and marker.get("suite_version") == version
+                    and marker.get("sha256") == part.sha256):
+                report, fresh = marker["report"], False  # same data, same checks: the earlier verdict stands
+            else:
+                ref = reference_stats(list(validated.values()), list(validated)) if validated else None
+                report = check_partition(cfg, part, ref)
+        if fresh and lake.has_objects(day):  # a missing partition gets no marker (nothing to quarantine)
+            record(lake, day, report, version)
+        if report["success"] and part is not None:
+            validated[day] = part.frame
+            while len(validated) > v.reference_partitions:
+                validated.popitem(last=False)
+        else:
+            log.error("%s (report: %s)", summary_line(report), lake.partition_uri(day) + "/" + REPORT_HTML)
+        reports.append(report)
+        failures += [{**f, "check": f"{f['check']} @ dt={day}"} for f in report["failures"]]
+        warnings += [{**w, "check": f"{w['check']} @ dt={day}"} for w in report.get("warnings", [])]
+    for w in warnings:
+        log.warning("WARN %s: %s vs %s", w["check"], w.get("observed"), w.get("expected"))
+
+    newest = reports[-1]
+    summary = {"lake": lake_uri, "end_day": end_day, "partitions": len(wanted),
+               "rows": sum(r.get("rows", 0) for r in reports), "failed_partitions": [r["dt"] for r in reports if not r["success"]],
+               "warnings": len(warnings), "success": not failures, "suite_version": version,
+               "unseen": (newest.get("drift") or {}).get("unseen"),
+               "report": lake.partition_uri(end_day) + "/" + REPORT_HTML}
+    log.info("validated %d partitions (%d rows) of %s ending %s: %s; report of %s: %s", summary["partitions"],
+             summary["rows"], lake_uri, end_day, "OK" if not failures else f"{len(failures)} failed checks",
+             end_day, summary["report"])
+    if log_to_mlflow:
+        _log_to_mlflow(cfg, summary, reports)
     if failures:
         raise DataValidationError(f"{lake_uri} window ending {end_day}", failures)
     return summary
+
+
+def _log_to_mlflow(cfg: PipelineConfig, summary: dict, reports: list[dict]) -> None:
+    """One run per validation in the `ctr-data-validation` experiment: summary metrics + every report."""
+    import mlflow
+
+    from pipelines.registry import mlflow_io
+    from pipelines.validation.report import render_html
+
+    exp = mlflow_io.ensure_experiment("ctr-data-validation")
+    with mlflow.start_run(experiment_id=exp, run_name=f"validate-{summary['end_day']}", nested=mlflow.active_run() is not None):
+        mlflow.set_tags({"lake": summary["lake"], "end_day": summary["end_day"], "success": str(summary["success"]),
+                         "suite_version": summary["suite_version"]})
+        mlflow.log_metrics({"partitions": summary["partitions"], "rows": summary["rows"],
+                            "failed_partitions": len(summary["failed_partitions"]), "warnings": summary["warnings"]})
+        if summary.get("unseen"):
+            mlflow.log_metrics({f"unseen_{k}": float(x) for k, x in summary["unseen"].items() if k != "rows"})
+        for r in reports:
+            mlflow.log_text(render_html(r), f"reports/dt={r['dt']}/validation_report.html")
+        mlflow.log_dict({"summary": summary, "reports": reports}, "reports/validation.json")
+
+
+def validate_uri(cfg: PipelineConfig, data_uri: str, reference_uris: list[str] | None = None,
+                 report_dir: str | None = None) -> dict:
+    """Validate one partition given by its own URI (`.../dt=YYYY-MM-DD` or any directory of parquet),
+    against the given reference partitions. Writes report.html/report.json to `report_dir` if given."""
+    from pathlib import Path
+
+    from pipelines.validation.report import render_html
+
+    data_uri = data_uri.rstrip("/")
+    leaf = data_uri.rpartition("/")[2]
+    day = leaf[3:] if leaf.startswith("dt=") else "-"
+    try:
+        part = Lake(data_uri).read_location(data_uri, day)
+        refs = [Lake(u).read_location(u.rstrip("/"), "ref") for u in reference_uris or []]
+        reference = reference_stats([r.frame for r in refs], [r.uri for r in refs])
+        report = check_partition(cfg, part, reference)
+    except LakeError as exc:
+        report = unreadable_report(data_uri, day, exc)
+    if report_dir:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        (Path(report_dir) / "report.html").write_text(render_html(report))
+        (Path(report_dir) / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    if not report["success"]:
+        raise DataValidationError(data_uri, report["failures"])
+    return report

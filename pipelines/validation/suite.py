@@ -49,6 +49,7 @@ _COLUMNS_PARAM = "contract_columns_present"
 _INT_TYPES = [f"{p}int{b}" for p in ("", "u") for b in (8, 16, 32, 64)] + \
              [f"{p}Int{b}Dtype" for p in ("", "U") for b in (8, 16, 32, 64)]
 
+DUPLICATE_KEY = ("user_id", "item_id", "slot", "event_ts")  # one impression
 _SAMPLE = 5  # unexpected values shown per failure
 _MAX_STR = 40  # characters kept of any observed string (an id may be 10,000 characters long)
 
@@ -66,11 +67,12 @@ def _type_expectation(col: schema.Column) -> gxe.Expectation:
     raise TypeError(f"no type expectation for contract column {col.name!r} of type {t}")
 
 
-def build_suite(cfg: ValidationConfig, slots: Sequence[str]) -> gx.ExpectationSuite:
-    """The suite for `cfg` and `slots`: table checks, then one group per required contract column.
+def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: bool = False) -> gx.ExpectationSuite:
+    """The suite for `cfg` and `slots`: table checks, then one group per required contract column,
+    then the partition-date checks and, `with_reference`, the checks relative to the reference window.
 
-    The column-set check takes its set from the `contract_columns_present` parameter at run time
-    (validate_frame supplies it).
+    Values known only at run time come in as GX expectation parameters (see `_parameters`): the
+    columns present, the partition's day bounds, now, and the reference-derived bands.
     """
     slots = list(slots)
     if not slots:
@@ -111,13 +113,68 @@ def build_suite(cfg: ValidationConfig, slots: Sequence[str]) -> gx.ExpectationSu
             exps.append(domains[col.name])
     exps.append(gxe.ExpectColumnMeanToBeBetween(
         column="label", min_value=cfg.label_rate_min, max_value=cfg.label_rate_max,
-        meta={"expected": f"label rate in [{cfg.label_rate_min}, {cfg.label_rate_max}]"}))
+        meta={"expected": f"label rate in [{cfg.label_rate_min}, {cfg.label_rate_max}]", "label_rate_of": "all"}))
+    exps += [
+        gxe.ExpectColumnValuesToBeBetween(
+            column="event_ts", min_value={"$PARAMETER": "day_start"}, max_value={"$PARAMETER": "day_end"},
+            meta={"check": "event_ts_in_partition_day", "expected": "every event_ts inside the partition's UTC day"}),
+        gxe.ExpectColumnMaxToBeBetween(column="event_ts", max_value={"$PARAMETER": "now"},
+                                       meta={"check": "no_future_event_ts", "expected": "max(event_ts) <= now"}),
+        gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=list(DUPLICATE_KEY), mostly=1.0 - cfg.max_duplicate_fraction,
+            meta={"check": "duplicate_impressions",
+                  "expected": f"rows sharing {'/'.join(DUPLICATE_KEY)} <= {cfg.max_duplicate_fraction:.2%}"}),
+    ]
+    if with_reference:
+        exps.append(gxe.ExpectTableRowCountToBeBetween(
+            min_value={"$PARAMETER": "volume_min"}, max_value={"$PARAMETER": "volume_max"},
+            meta={"check": "volume_vs_reference", "relative": True, "expected": f"rows within [{cfg.volume_ratio_min}, "
+                  f"{cfg.volume_ratio_max}] x the reference's mean rows per partition"}))
+        for group in ["all", *slots]:
+            cond = {} if group == "all" else {"row_condition": f"slot=={group!r}", "condition_parser": "pandas"}
+            exps.append(gxe.ExpectColumnMeanToBeBetween(
+                column="label", min_value={"$PARAMETER": f"label_rate_min__{group}"},
+                max_value={"$PARAMETER": f"label_rate_max__{group}"}, **cond,
+                meta={"check": f"label_rate_vs_reference({group})", "label_rate_of": group, "relative": True,
+                      "expected": f"within +/-{cfg.label_rate_rel_tolerance:.0%} of the reference label rate"}))
     return gx.ExpectationSuite(name=SUITE_NAME, expectations=exps)
 
 
+def _parameters(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], day: str | None,
+                reference: dict | None) -> dict:
+    """Run-time values of the suite's parameters."""
+    if day is None:  # a bare directory: judge against the day most of its rows fall on
+        ts = pd.to_datetime(frame["event_ts"], utc=True, errors="coerce") if "event_ts" in frame else pd.Series([])
+        day = ts.dt.strftime("%Y-%m-%d").mode().iloc[0] if ts.notna().any() else "1970-01-01"
+    start = pd.Timestamp(day, tz="UTC")
+    params = {_COLUMNS_PARAM: [c for c in frame.columns if c in schema.ALL_NAMES], "day_start": start,
+              "day_end": start + pd.Timedelta(days=1) - pd.Timedelta(microseconds=1),
+              "now": pd.Timestamp.now(tz="UTC")}
+    if reference is not None:
+        per_partition = reference["rows"] / max(reference["partitions"], 1)
+        params["volume_min"] = math.floor(per_partition * cfg.volume_ratio_min)
+        params["volume_max"] = math.ceil(per_partition * cfg.volume_ratio_max)
+        tol = cfg.label_rate_rel_tolerance
+        for group in ["all", *slots]:
+            rate = reference["label_rate"] if group == "all" else reference["label_rate_by_slot"].get(group)
+            ref_rows = reference["rows"] if group == "all" else reference.get("rows_by_slot", {}).get(group, 0)
+            if ref_rows < cfg.label_rate_min_rows:  # a rate from a handful of reference rows is no yardstick
+                rate = None
+            lo, hi = (0.0, 1.0) if rate is None else (max(0.0, rate * (1 - tol)), min(1.0, rate * (1 + tol)))
+            params[f"label_rate_min__{group}"], params[f"label_rate_max__{group}"] = lo, hi
+    return params
+
+
 @functools.lru_cache(maxsize=None)
-def _cached_suite(cfg: ValidationConfig, slots: tuple[str, ...]) -> gx.ExpectationSuite:
-    return build_suite(cfg, slots)
+def _cached_suite(cfg: ValidationConfig, slots: tuple[str, ...], with_reference: bool) -> gx.ExpectationSuite:
+    return build_suite(cfg, slots, with_reference)
+
+
+def suite_version(cfg: ValidationConfig, slots: Sequence[str]) -> str:
+    """Changes whenever the checks change: a partition validated under another version is re-validated."""
+    from pipelines.config import config_hash
+
+    return f"{SUITE_NAME}@{gx.__version__}:{config_hash(cfg)[:12]}:{','.join(slots)}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -174,31 +231,50 @@ def _observed(er, columns: set) -> Any:
     return _short(res.get("observed_value"))
 
 
+def _bounds(kwargs: dict, params: dict) -> str:
+    """The run-time bounds of a parameterised check, e.g. ' = [0.1025, 0.7150]', for the message."""
+    lo, hi = kwargs.get("min_value"), kwargs.get("max_value")
+    if isinstance(lo, dict) or isinstance(hi, dict):  # not yet substituted by GX
+        lo, hi = (params.get(b["$PARAMETER"]) if isinstance(b, dict) else b for b in (lo, hi))
+    return f" = [{_short(lo)}, {_short(hi)}]"
+
+
 def _check_name(config) -> str:
-    """e.g. expect_column_values_to_be_in_set(slot); unique within the suite (one per type per column)."""
-    return f"{config.type}({config.kwargs.get('column') or 'table'})"
+    """e.g. expect_column_values_to_be_in_set(slot), or the explicit meta name of a derived check."""
+    return (config.meta or {}).get("check") or f"{config.type}({config.kwargs.get('column') or 'table'})"
 
 
-def validate_frame(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], where: str = "frame") -> dict:
-    """Validate `frame` against the contract suite; return a JSON-safe report (never raises on bad data)."""
-    suite = _cached_suite(cfg, tuple(slots))
+def validate_frame(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], where: str = "frame",
+                   day: str | None = None, reference: dict | None = None) -> dict:
+    """Validate `frame` against the contract suite; return a JSON-safe report (never raises on bad data).
+
+    `day` is the partition's date (default: the date most rows fall on); `reference` holds the
+    reference window's stats (see stage.reference_stats) and enables the relative checks.
+    """
+    suite = _cached_suite(cfg, tuple(slots), reference is not None)
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
-    present = [c for c in frame.columns if c in schema.ALL_NAMES]
+    params = _parameters(frame, cfg, slots, day, reference)
     result = batch.validate(suite, result_format={"result_format": "BASIC", "partial_unexpected_count": _SAMPLE},
-                            expectation_parameters={_COLUMNS_PARAM: present})
+                            expectation_parameters=params)
     # GX returns results in its own metric-graph order; report them in suite order (table, then columns).
     order = {_check_name(e.configuration): i for i, e in enumerate(suite.expectations)}
     failed = sorted((r for r in result.results if not r.success),
                     key=lambda r: order.get(_check_name(r.expectation_config), len(order)))
     columns = set(frame.columns)
-    failures = [{"check": _check_name(r.expectation_config), "observed": _observed(r, columns),
-                 "expected": (r.expectation_config.meta or {}).get("expected", "")} for r in failed]
-    # A label rate measured on a handful of rows says nothing (one MovieLens day has a single
-    # impression): below label_rate_min_rows it is a warning, recorded but not failing.
-    warnings = []
-    if len(frame) < cfg.label_rate_min_rows:
-        warnings = [f for f in failures if f["check"].startswith("expect_column_mean_to_be_between(label)")]
-        failures = [f for f in failures if f not in warnings]
+    failures, warnings = [], []
+    group_rows = frame["slot"].value_counts().to_dict() if "slot" in columns else {}
+    for r in failed:
+        meta = r.expectation_config.meta or {}
+        entry = {"check": _check_name(r.expectation_config), "observed": _observed(r, columns),
+                 "expected": meta.get("expected", "") + (_bounds(r.expectation_config.kwargs, params)
+                                                          if meta.get("relative") else "")}
+        # A label rate measured on a handful of rows says nothing (one MovieLens day has a single
+        # impression): below label_rate_min_rows it is a warning, recorded but not failing.
+        group = meta.get("label_rate_of")
+        rows = len(frame) if group == "all" else group_rows.get(group, 0)
+        soft = (group is not None and rows < cfg.label_rate_min_rows) or (
+            entry["check"].startswith("expect_table_columns_to_match_set") and cfg.unexpected_columns == "warn")
+        (warnings if soft else failures).append(entry)
     return {"where": where, "success": not failures, "rows": int(len(frame)),
             "suite": SUITE_NAME, "gx_version": gx.__version__, "evaluated": len(result.results),
             "failures": failures, "warnings": warnings}
