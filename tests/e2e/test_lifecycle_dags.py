@@ -81,6 +81,8 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
         assert champion(f"ctr_lora_{slot}") == "1"
 
     proc = stack.airflow("dags", "test", "ctr_lora_retrain", DAY2)
+    out = proc.stdout + proc.stderr
+    assert f"validated 21 partitions" in out and f"dt={DAY2}/_validation_report.html" in out
     base = versions("ctr_base")[0]
     for slot in SLOTS:
         name = f"ctr_lora_{slot}"
@@ -138,7 +140,9 @@ def test_bad_partition_stops_the_run_at_validation(stack):
     frame = next(p for d, p in movielens.daily_partitions() if d == BAD_DAY).drop(columns=["slot"])
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
-    boto3.client("s3").put_object(Bucket="e2e-lake", Key=f"clicks/dt={BAD_DAY}/part-00000.parquet", Body=buf.getvalue())
+    s3 = boto3.client("s3")
+    key = f"clicks/dt={BAD_DAY}/part-00000.parquet"
+    s3.put_object(Bucket="e2e-lake", Key=key, Body=buf.getvalue())
 
     before = {s: (len(versions(f"ctr_lora_{s}")), champion(f"ctr_lora_{s}")) for s in SLOTS}
     proc = stack.airflow("dags", "test", "ctr_lora_retrain", BAD_DAY, check=False)
@@ -152,3 +156,16 @@ def test_bad_partition_stops_the_run_at_validation(stack):
 
     trained = mlflow.search_runs(experiment_names=["ctr-lora"], filter_string=f"tags.`data.end` = '{BAD_DAY}'")
     assert len(trained) == 0, "no adapter may train on a window with an invalid partition"
+
+    # Quarantined, not deleted or rewritten; the report sits next to the partition and in MLflow.
+    assert s3.get_object(Bucket="e2e-lake", Key=key)["Body"].read() == buf.getvalue()
+    marker = json.loads(s3.get_object(Bucket="e2e-lake", Key=f"clicks/dt={BAD_DAY}/_validation.json")["Body"].read())
+    assert marker["status"] == "quarantined"
+    assert any(f["check"] == "expect_column_to_exist(slot)" for f in marker["report"]["failures"])
+    html = s3.get_object(Bucket="e2e-lake", Key=f"clicks/dt={BAD_DAY}/_validation_report.html")["Body"].read().decode()
+    assert "FAILED" in html and "expect_column_to_exist(slot)" in html
+    runs = mlflow.search_runs(experiment_names=["ctr-data-validation"], filter_string=f"tags.end_day = '{BAD_DAY}'",
+                              output_format="list")
+    assert len(runs) == 1 and runs[0].data.tags["success"] == "False"
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id, f"reports/dt={BAD_DAY}")}
+    assert f"reports/dt={BAD_DAY}/validation_report.html" in arts
