@@ -1,0 +1,509 @@
+"""Bad-input corpus: the real validation stage (`validate_window`, real Great Expectations, the
+production-like thresholds of configs/synthetic.yaml) on a lake holding a healthy window of synthetic
+days plus ONE corrupted partition for the run's day.
+
+Every corruption must
+- fail the run with DataValidationError naming the right check at the right partition date,
+- leave the input untouched (quarantine only adds `_validation.json` / `_validation_report.html`),
+- quarantine the partition (marker status "quarantined" + HTML report) while the healthy days stay
+  "passed" (their markers are reused, not rewritten),
+- leave the model registry alone (no new version, @champion still v1).
+
+And the stage must not cry wolf: a clean next day, a mildly shifted day, a re-run and a fixed
+partition all pass.
+
+Sizes: 20,000 rows a day. At the synthetic.yaml thresholds (label rate within +/-30 % of the reference
+per slot once a slot has >= 500 rows) smaller days are too noisy: the splash slot (10 % of traffic,
+~1.5 % CTR, so ~30 clicks a day at 20k rows) trips label_rate_vs_reference(splash) on roughly one
+healthy day in six at 20k rows and one in four at 12k. The data is seeded and the dates fixed, so the
+healthy days below pass deterministically; at the CLI's default 100k rows/day no healthy day trips it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.config import REPO_ROOT, load_pipeline_config
+from pipelines.data import schema
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import SyntheticSpec, generate_day, write_days
+from pipelines.errors import DataValidationError
+from pipelines.promotion import aliases
+from pipelines.validation.stage import MARKER, REPORT_HTML, read_marker, validate_window
+
+MODEL = "ctr_lora_feed"
+ROWS = 20_000
+FIRST, REF_DAYS = "2026-06-01", 8
+HEALTHY = [(dt.date.fromisoformat(FIRST) + dt.timedelta(days=i)).isoformat() for i in range(REF_DAYS)]
+DAY = "2026-06-09"          # the run's day: the partition that gets corrupted
+WINDOW = REF_DAYS + 1       # validate_window covers the healthy days and the run's day
+MARKER_JSON = f"_{MARKER}.json"
+ADDED_BY_VALIDATION = {MARKER_JSON, REPORT_HTML}
+SPEC = SyntheticSpec()
+
+
+def config(lake_uri: str):
+    return load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": lake_uri}})
+
+
+def tomorrow() -> str:
+    return (dt.datetime.now(dt.timezone.utc).date() + dt.timedelta(days=1)).isoformat()
+
+
+def synthetic(day: str, rows: int = ROWS, spec: SyntheticSpec = SPEC) -> pd.DataFrame:
+    return pd.concat(list(generate_day(spec, day, rows)), ignore_index=True)
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def template_lake(tmp_path_factory) -> Path:
+    """The healthy window, generated (2 part files a day) and validated once: every day "passed"."""
+    root = tmp_path_factory.mktemp("lake-template") / "lake"
+    write_days(Lake(str(root)), SPEC, FIRST, REF_DAYS, ROWS, chunk_rows=ROWS // 2)
+    summary = validate_window(config(str(root)), str(root), HEALTHY[-1], REF_DAYS)
+    assert summary["success"] and summary["partitions"] == REF_DAYS and summary["rows"] == REF_DAYS * ROWS
+    for d in HEALTHY:
+        assert read_marker(Lake(str(root)), d)["status"] == "passed"
+    return root
+
+
+@pytest.fixture(scope="module")
+def healthy_next_day() -> pd.DataFrame:
+    """The run day's rows as the generator makes them (each corruption starts from a copy)."""
+    return synthetic(DAY)
+
+
+@pytest.fixture
+def lake(template_lake, tmp_path) -> Path:
+    """A private copy of the validated window (copy2 keeps the markers' mtimes)."""
+    root = tmp_path / "lake"
+    shutil.copytree(template_lake, root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory) -> Path:
+    """An MLflow SQLite store holding ctr_lora_feed v1 (gate passed) promoted to @champion."""
+    d = tmp_path_factory.mktemp("mlflow-template")
+    uri = f"sqlite:///{d / 'mlflow.db'}"
+    old_cwd, old_env = Path.cwd(), os.environ.get("MLFLOW_TRACKING_URI")
+    os.chdir(d)  # the promotion-history experiment's default artifact root lands here
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    mlflow.set_tracking_uri(uri)
+    try:
+        c = MlflowClient()
+        c.create_registered_model(MODEL)
+        v = c.create_model_version(MODEL, source="file:///tmp/x", tags={"gate.passed": "true"}).version
+        assert str(v) == "1"
+        aliases.promote(MODEL, "1", reason="initial champion", actor="test")
+    finally:
+        os.chdir(old_cwd)
+        if old_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_env
+        mlflow.set_tracking_uri(None)
+    return d / "mlflow.db"
+
+
+@pytest.fixture
+def registry(template_db, tmp_path, monkeypatch):
+    """A fresh copy of the store per test, as the tracking + registry server of the run."""
+    db = tmp_path / "mlflow.db"
+    shutil.copy(template_db, db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CTR_MLFLOW_ARTIFACT_ROOT", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    assert registry_state() == (["1"], "1", 1)
+    yield uri
+    mlflow.set_tracking_uri(None)
+
+
+def registry_state() -> tuple[list[str], str | None, int]:
+    """(versions of the model, @champion, number of alias moves), and nothing else registered."""
+    c = MlflowClient()
+    assert [m.name for m in c.search_registered_models()] == [MODEL]
+    versions = sorted(str(v.version) for v in c.search_model_versions(f"name='{MODEL}'"))
+    return versions, aliases.current(MODEL), len(aliases.history(MODEL))
+
+
+# ----------------------------------------------------------------------------- lake helpers
+def parquet_bytes(frame: pd.DataFrame | pa.Table) -> bytes:
+    """Parquet of `frame` as it is: no contract conform, so wrong dtypes and extra columns survive."""
+    table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def put_frame(lk: Lake, day: str, frame, part: int = 0) -> None:
+    lk.put_bytes(f"dt={day}/part-{part:05d}.parquet", parquet_bytes(frame))
+
+
+def objects(lk: Lake, day: str) -> dict[str, bytes]:
+    """Every object under the partition: name relative to the partition -> bytes."""
+    prefix = lk.partition_uri(day)
+    if lk.is_s3:
+        bucket, key = prefix[len("s3://"):].split("/", 1)
+        pages = lk.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
+        keys = [o["Key"] for p in pages for o in p.get("Contents", [])]
+        return {k[len(key) + 1:]: lk.client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+    root = Path(prefix)
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
+
+
+def mtimes(root: Path, days: list[str]) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns
+            for d in days for p in (root / f"dt={d}").rglob("*") if p.is_file()}
+
+
+def failed_checks(exc: DataValidationError) -> list[str]:
+    return [f["check"] for f in exc.failures]
+
+
+# ----------------------------------------------------------------------------- the corpus
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    corrupt: Callable[[Lake, str, pd.DataFrame], None]  # (lake, day, healthy rows of the day) -> writes the day
+    expect: tuple[str, ...]                              # check names that must be among the day's failures
+    readable: bool = True
+    day: Callable[[], str] = lambda: DAY
+
+
+def frame_case(edit: Callable[[pd.DataFrame], pd.DataFrame]):
+    """A corruption that edits a copy of the healthy rows and writes them as the day's only part file."""
+    def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+        put_frame(lk, day, edit(healthy.copy()))
+    return corrupt
+
+
+def rows_mask(frame: pd.DataFrame, fraction: float, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).random(len(frame)) < fraction
+
+
+def _assign(frame: pd.DataFrame, col: str, fraction: float, value, dtype=None) -> pd.DataFrame:
+    s = frame[col].astype(dtype) if dtype else frame[col]
+    frame[col] = s.mask(rows_mask(frame, fraction), value)
+    return frame
+
+
+def _label_float(f):
+    f["label"] = 0.5
+    return f
+
+
+def _hour_strings(f):
+    f["hour"] = f["hour"].astype(int).map(lambda h: f"{h:02d}h")
+    return f
+
+
+def _naive_ts(f):
+    f["event_ts"] = f["event_ts"].dt.tz_localize(None)
+    return f
+
+
+def _extra_column(f):
+    f["debug_payload"] = "x"
+    return f
+
+
+def _label_const(value: int):
+    def edit(f):
+        f["label"] = np.int8(value)
+        return f
+    return edit
+
+
+def _nan_hour(f):
+    f["hour"] = f["hour"].astype("float64").mask(rows_mask(f, 0.01), np.nan)
+    return f
+
+
+def _long_ids(f):
+    f["user_id"] = f["user_id"].astype(object)
+    f.loc[f.index[::1000], "user_id"] = "u" * 10_000  # 20 rows with 10 KB ids
+    return f
+
+
+def _duplicated_flood(f):
+    dup = f[rows_mask(f, 0.2)]
+    return pd.concat([f, dup], ignore_index=True).sort_values("event_ts", kind="stable", ignore_index=True)
+
+
+def _other_day(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    """Yesterday's rows written again under today's date (a wrong dt= in the writer)."""
+    put_frame(lk, day, synthetic(HEALTHY[-1]))
+
+
+def _future_day(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    """Tomorrow's partition, already full of rows: a clock or replay bug upstream."""
+    put_frame(lk, day, synthetic(day))
+
+
+def _gender_shift(f):
+    f["gender"] = f["gender"].mask(rows_mask(f, 0.9), "F").mask(~rows_mask(f, 0.9), "M")
+    return f
+
+
+def _slot_mix_shift(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    """Same world, but traffic moved to the splash screen (0.6/0.3/0.1 -> 0.2/0.3/0.5)."""
+    put_frame(lk, day, synthetic(day, spec=dataclasses.replace(SPEC, slot_mix=(0.2, 0.3, 0.5))))
+
+
+def _weekday_sunday0(f):
+    f["weekday"] = ((f["weekday"].astype(int) + 1) % 7).astype("int8")  # Sunday=0 convention upstream
+    return f
+
+
+def _search_clicks_lost(f):
+    lost = (f["slot"] == "search").to_numpy() & (f["label"] == 1).to_numpy() & rows_mask(f, 0.6)
+    f.loc[lost, "label"] = 0  # click tracking broken on search: 60 % of its clicks never arrive
+    return f
+
+
+def _volume(fraction: float):
+    def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+        put_frame(lk, day, synthetic(day, rows=int(ROWS * fraction)))
+    return corrupt
+
+
+def _missing_partition(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    pass  # the upstream export never ran
+
+
+def _empty_partition(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    put_frame(lk, day, schema.to_arrow(healthy).slice(0, 0))
+
+
+def _not_parquet(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    lk.put_bytes(f"dt={day}/part-00000.parquet", healthy.head(100).to_csv(index=False).encode())
+
+
+def _truncated(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    payload = parquet_bytes(schema.to_arrow(healthy))
+    lk.put_bytes(f"dt={day}/part-00000.parquet", payload[: len(payload) // 2])
+
+
+def _mixed_schemas(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    """Two writers: part 0 follows the contract, part 1 wrote hour/weekday as int64 and no advertiser_id."""
+    half = len(healthy) // 2
+    put_frame(lk, day, schema.to_arrow(healthy.iloc[:half]), part=0)
+    second = healthy.iloc[half:].drop(columns=["advertiser_id"]).astype({"hour": "int64", "weekday": "int64"})
+    put_frame(lk, day, second, part=1)
+
+
+CASES = [
+    # -- structure and types
+    Case("missing_column_label", frame_case(lambda f: f.drop(columns=["label"])), ("expect_column_to_exist(label)",)),
+    Case("missing_column_gender", frame_case(lambda f: f.drop(columns=["gender"])), ("expect_column_to_exist(gender)",)),
+    Case("missing_column_hour", frame_case(lambda f: f.drop(columns=["hour"])), ("expect_column_to_exist(hour)",)),
+    Case("label_float_half", frame_case(_label_float),
+         ("expect_column_values_to_be_in_type_list(label)", "expect_column_values_to_be_in_set(label)")),
+    Case("hour_strings", frame_case(_hour_strings), ("expect_column_values_to_be_in_type_list(hour)",)),
+    Case("event_ts_tz_naive", frame_case(_naive_ts), ("expect_column_values_to_be_of_type(event_ts)",)),
+    Case("unexpected_extra_column", frame_case(_extra_column), ("expect_table_columns_to_match_set(table)",)),
+    # -- nulls and domains
+    Case("null_user_id", frame_case(lambda f: _assign(f, "user_id", 0.01, None)),
+         ("expect_column_values_to_not_be_null(user_id)",)),
+    Case("side_feature_nulls_over_max", frame_case(lambda f: _assign(f, "gender", 0.2, None)),
+         ("expect_column_values_to_not_be_null(gender)",)),
+    Case("label_all_zero", frame_case(_label_const(0)),
+         ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
+    Case("label_all_one", frame_case(_label_const(1)),
+         ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
+    Case("label_value_2", frame_case(lambda f: _assign(f, "label", 0.01, 2)), ("expect_column_values_to_be_in_set(label)",)),
+    Case("unseen_slot", frame_case(lambda f: _assign(f, "slot", 0.02, "banner")), ("expect_column_values_to_be_in_set(slot)",)),
+    Case("hour_24", frame_case(lambda f: _assign(f, "hour", 0.01, 24)), ("expect_column_values_to_be_between(hour)",)),
+    Case("negative_weekday", frame_case(lambda f: _assign(f, "weekday", 0.01, -1)),
+         ("expect_column_values_to_be_between(weekday)",)),
+    Case("nan_hour", frame_case(_nan_hour), ("expect_column_values_to_not_be_null(hour)",)),
+    Case("ten_kb_user_ids", frame_case(_long_ids), ("expect_column_value_lengths_to_be_between(user_id)",)),
+    Case("empty_item_ids", frame_case(lambda f: _assign(f, "item_id", 0.01, "")),
+         ("expect_column_value_lengths_to_be_between(item_id)",)),
+    # -- rows, time and volume
+    Case("duplicated_rows_flood", frame_case(_duplicated_flood), ("duplicate_impressions",)),
+    Case("rows_from_another_day", _other_day, ("event_ts_in_partition_day",)),
+    Case("future_timestamps", _future_day, ("no_future_event_ts",), day=tomorrow),
+    Case("volume_collapse_1pct", _volume(0.01), ("volume_vs_reference", "expect_table_row_count_to_be_between(table)")),
+    Case("volume_drop_30pct", _volume(0.3), ("volume_vs_reference",)),
+    Case("volume_spike_3x", _volume(3.0), ("volume_vs_reference",)),
+    # -- distribution
+    Case("gender_shift_90pct_f", frame_case(_gender_shift), ("drift_psi(gender)",)),
+    Case("slot_mix_shift", _slot_mix_shift, ("drift_psi(slot)",)),
+    Case("weekday_convention_bug", frame_case(_weekday_sunday0), ("drift_psi(weekday)",)),
+    Case("search_clicks_lost", frame_case(_search_clicks_lost), ("label_rate_vs_reference(search)",)),
+    # -- unreadable input
+    Case("missing_partition", _missing_partition, ("readable_partition",), readable=False),
+    Case("empty_partition", _empty_partition, ("readable_partition",), readable=False),
+    Case("not_parquet", _not_parquet, ("readable_partition",), readable=False),
+    Case("truncated_parquet", _truncated, ("readable_partition",), readable=False),
+    Case("mixed_schemas", _mixed_schemas, ("readable_partition",), readable=False),
+]
+BY_ID = {c.id: c for c in CASES}
+
+
+def run_case(case: Case, lake_uri: str, healthy: pd.DataFrame) -> tuple[str, DataValidationError, dict, dict]:
+    """Corrupt the run day, validate the window, assert the common invariants; returns what the test needs."""
+    lk = Lake(lake_uri)
+    day = case.day()
+    case.corrupt(lk, day, healthy)
+    before = objects(lk, day)
+    healthy_before = {d: objects(lk, d) for d in HEALTHY}
+    assert case.id == "missing_partition" or before, "the corruption wrote nothing"
+    assert not ADDED_BY_VALIDATION & set(before)
+
+    with pytest.raises(DataValidationError) as info:
+        validate_window(config(lake_uri), lake_uri, day, WINDOW, log_to_mlflow=True)
+    exc = info.value
+    checks = failed_checks(exc)
+    for name in case.expect:
+        assert f"{name} @ dt={day}" in checks, f"{case.id}: {name} not among {checks}"
+    # only the corrupted day failed
+    assert all(c.endswith(f" @ dt={day}") for c in checks), checks
+    if case.readable:
+        assert f"readable_partition @ dt={day}" not in checks
+    else:
+        assert checks == [f"readable_partition @ dt={day}"]
+
+    # quarantine never deletes or rewrites input; it only adds the marker and the HTML report
+    after = objects(lk, day)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert set(after) - set(before) <= ADDED_BY_VALIDATION
+    # the healthy days are untouched: markers reused (same bytes), still "passed"
+    assert {d: objects(lk, d) for d in HEALTHY} == healthy_before
+    for d in HEALTHY:
+        assert read_marker(lk, d)["status"] == "passed"
+
+    marker = read_marker(lk, day)
+    if before:  # something to quarantine: marker + HTML next to the partition
+        assert set(after) - set(before) == ADDED_BY_VALIDATION
+        assert marker["status"] == "quarantined" and marker["report"]["quarantined"] is True
+        assert {f"{f['check']} @ dt={day}" for f in marker["report"]["failures"]} == set(checks)
+        html = after[REPORT_HTML].decode()
+        assert html.lstrip().lower().startswith("<!doctype html") and day in html
+    else:  # a missing partition gets no marker: there is nothing to quarantine
+        assert marker is None and after == {}
+
+    # registry untouched: no new version, @champion still v1, no alias move
+    assert registry_state() == (["1"], "1", 1)
+    return day, exc, marker, after
+
+
+# ----------------------------------------------------------------------------- corpus tests
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_quarantined_with_the_right_check(case, lake, healthy_next_day, registry):
+    day, exc, marker, _ = run_case(case, str(lake), healthy_next_day)
+    assert f"dt={day}" in str(exc) and exc.where == f"{lake} window ending {day}"
+    # the validation run itself is logged (tracking), failed, next to the untouched registry
+    runs = MlflowClient().search_runs([mlflow.get_experiment_by_name("ctr-data-validation").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags["success"] == "False"
+    if case.id == "ten_kb_user_ids":  # a 10 KB value is reported, not copied into the marker
+        sample = next(f for f in marker["report"]["failures"]
+                      if f["check"] == "expect_column_value_lengths_to_be_between(user_id)")["observed"]["sample"]
+        assert sample and all(len(s) < 100 and s.endswith("(10000 chars)") for s in sample)
+    if case.readable and case.id.startswith(("missing_column", "hour_strings", "label_float", "event_ts_tz")):
+        assert marker["report"]["drift"] is None  # drift needs a structurally sound partition
+
+
+@pytest.mark.parametrize("case_id", ["label_all_zero", "truncated_parquet", "missing_partition"])
+def test_bad_input_on_s3(case_id, template_lake, healthy_next_day, registry, s3_bucket):
+    """The same corpus entries over a real S3 API (moto over HTTP)."""
+    lake_uri = f"s3://{s3_bucket}/synthetic"
+    lk = Lake(lake_uri)
+    for p in sorted(template_lake.rglob("*")):
+        if p.is_file():
+            lk.put_bytes(str(p.relative_to(template_lake)), p.read_bytes())
+    assert lk.list_partitions() == HEALTHY
+    run_case(BY_ID[case_id], lake_uri, healthy_next_day)
+
+
+# ----------------------------------------------------------------------------- no false alarms
+def passes(lake_uri: str, day: str = DAY, days: int = WINDOW) -> dict:
+    summary = validate_window(config(lake_uri), lake_uri, day, days)
+    assert summary["success"] and summary["failed_partitions"] == []
+    assert read_marker(Lake(lake_uri), day)["status"] == "passed"
+    return summary
+
+
+def test_clean_next_day_passes(lake, registry):
+    write_days(Lake(str(lake)), SPEC, DAY, 1, ROWS)
+    summary = passes(str(lake))
+    assert summary["partitions"] == WINDOW and summary["rows"] == WINDOW * ROWS
+    report = read_marker(Lake(str(lake)), DAY)["report"]
+    assert report["reference"]["partitions"] == HEALTHY[-7:]  # reference_partitions: 7
+    assert report["drift"]["checks"] and all(c["passed"] for c in report["drift"]["checks"])
+    assert registry_state() == (["1"], "1", 1)
+
+
+@pytest.mark.parametrize("spec", [
+    dataclasses.replace(SPEC, slot_mix=(0.55, 0.33, 0.12)),   # a mild, healthy move of the slot mix
+    dataclasses.replace(SPEC, slot_ctr=(0.038, 0.066, 0.016)),  # CTRs moved by a few percent
+], ids=["slot_mix_0.55_0.33_0.12", "slot_ctr_nudged"])
+def test_mildly_shifted_healthy_day_passes(lake, spec):
+    put_frame(Lake(str(lake)), DAY, schema.to_arrow(synthetic(DAY, spec=spec)))
+    passes(str(lake))
+    drift = {c["check"]: c["observed"] for c in read_marker(Lake(str(lake)), DAY)["report"]["drift"]["checks"]}
+    assert 0 < drift["drift_psi(slot)"] < 0.1
+
+
+def test_rerun_reuses_markers_and_still_passes(lake):
+    write_days(Lake(str(lake)), SPEC, DAY, 1, ROWS)
+    passes(str(lake))
+    days = [*HEALTHY, DAY]
+    stamp = mtimes(lake, days)
+    content = {d: objects(Lake(str(lake)), d) for d in days}
+    again = passes(str(lake))
+    assert again["partitions"] == WINDOW
+    assert mtimes(lake, days) == stamp  # nothing rewritten: not the markers, not the HTML reports
+    assert {d: objects(Lake(str(lake)), d) for d in days} == content
+
+
+def test_fixing_a_partition_lifts_its_quarantine(lake, healthy_next_day):
+    lk = Lake(str(lake))
+    put_frame(lk, DAY, healthy_next_day.assign(label=np.int8(0)))
+    with pytest.raises(DataValidationError):
+        validate_window(config(str(lake)), str(lake), DAY, WINDOW)
+    assert read_marker(lk, DAY)["status"] == "quarantined"
+    bad_html = lk.get_bytes(f"dt={DAY}/{REPORT_HTML}")
+
+    # a re-run on the same bad bytes is quarantined again (a quarantined verdict is never reused as a pass)
+    with pytest.raises(DataValidationError):
+        validate_window(config(str(lake)), str(lake), DAY, WINDOW)
+
+    write_days(lk, SPEC, DAY, 1, ROWS)  # the upstream fix re-exports the day (replaces part-00000)
+    passes(str(lake))
+    marker = read_marker(lk, DAY)
+    assert marker["report"]["failures"] == [] and marker["report"]["quarantined"] is False
+    assert lk.get_bytes(f"dt={DAY}/{REPORT_HTML}") != bad_html
+
+
+def test_quarantined_day_is_not_used_as_reference(lake, healthy_next_day):
+    """The next day is judged against the validated days only, and the bad day keeps failing the window."""
+    lk = Lake(str(lake))
+    put_frame(lk, DAY, healthy_next_day.assign(label=np.int8(0)))
+    write_days(lk, SPEC, "2026-06-10", 1, ROWS)
+    with pytest.raises(DataValidationError) as info:
+        validate_window(config(str(lake)), str(lake), "2026-06-10", WINDOW + 1)
+    assert {c.rsplit(" @ ", 1)[1] for c in failed_checks(info.value)} == {f"dt={DAY}"}
+    nxt = read_marker(lk, "2026-06-10")
+    assert nxt["status"] == "passed"
+    assert nxt["report"]["reference"]["partitions"] == HEALTHY[-7:]  # 2026-06-09 (quarantined) left out
+    assert read_marker(lk, DAY)["status"] == "quarantined"
+
