@@ -56,6 +56,7 @@ class ValidationConfig:
     volume_ratio_min: float = 0.5
     volume_ratio_max: float = 2.0
     label_rate_rel_tolerance: float = 0.5
+    label_rate_z: float = 3.0
     drift_psi_max: float = 0.2
     drift_numeric_psi_max: float = 0.2
     drift_min_rows: int = 500
@@ -75,6 +76,7 @@ class ValidationConfig:
                f"validation.volume_ratio_min/max must satisfy 0 <= min <= 1 <= max, got "
                f"{self.volume_ratio_min}/{self.volume_ratio_max}")
         _check(0.0 < self.label_rate_rel_tolerance, "validation.label_rate_rel_tolerance must be > 0")
+        _check(self.label_rate_z >= 0.0, "validation.label_rate_z must be >= 0")
         _check(self.drift_psi_max > 0 and self.drift_numeric_psi_max > 0, "validation.drift_*_max must be > 0")
         _check(self.drift_min_rows >= 0, "validation.drift_min_rows must be >= 0")
 

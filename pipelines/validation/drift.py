@@ -240,6 +240,14 @@ def numeric_drift(ref_sketch: list[float], values: np.ndarray, eps: float = 1e-4
     return {"psi": _psi(e, a, eps), "statistic": ks}
 
 
+def _non_null_psi(expected: dict, actual: dict) -> float:
+    """PSI of the non-null mixes: null fractions have their own budget (max_null_fraction_side), and
+    counting `<null>` as a category here would fail drift long before that budget is spent."""
+    e = {k: v for k, v in expected.items() if k != NULL}
+    a = {k: v for k, v in actual.items() if k != NULL}
+    return psi(e, a) if e and a else 0.0
+
+
 def _check(col: str, value: float, limit: float) -> dict:
     return {"check": f"drift_psi({col})", "observed": round(value, 4), "expected": f"<= {limit}",
             "passed": bool(value <= limit)}
@@ -253,7 +261,7 @@ def drift_checks(frame: pd.DataFrame, ref: ReferenceProfile, *, psi_max: float =
     """
     if len(frame) == 0:
         raise ValueError("cannot check drift of an empty frame")
-    checks = [_check(c, psi(ref.categorical[c], _counts(frame[c])), psi_max) for c in CATEGORICAL]
+    checks = [_check(c, _non_null_psi(ref.categorical[c], _counts(frame[c])), psi_max) for c in CATEGORICAL]
     days = _days(frame["event_ts"])
     checks += [_check(c, numeric_drift(ref.numeric[c], _numeric_values(frame, c, days))["psi"], numeric_psi_max)
                for c in NUMERIC]

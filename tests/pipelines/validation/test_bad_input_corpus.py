@@ -267,6 +267,11 @@ def _slot_mix_shift(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
     put_frame(lk, day, synthetic(day, spec=dataclasses.replace(SPEC, slot_mix=(0.2, 0.3, 0.5))))
 
 
+def _other_world(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    """Another seed is another world (other advertisers and verticals): the category mix moves."""
+    put_frame(lk, day, synthetic(day, spec=dataclasses.replace(SPEC, seed=7)))
+
+
 def _weekday_sunday0(f):
     f["weekday"] = ((f["weekday"].astype(int) + 1) % 7).astype("int8")  # Sunday=0 convention upstream
     return f
@@ -329,7 +334,8 @@ CASES = [
     Case("label_all_one", frame_case(_label_const(1)),
          ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
     Case("label_value_2", frame_case(lambda f: _assign(f, "label", 0.01, 2)), ("expect_column_values_to_be_in_set(label)",)),
-    Case("unseen_slot", frame_case(lambda f: _assign(f, "slot", 0.02, "banner")), ("expect_column_values_to_be_in_set(slot)",)),
+    Case("unseen_slot", frame_case(lambda f: _assign(f, "slot", 0.02, "banner")),
+         ("expect_column_values_to_be_in_set(slot)",)),
     Case("hour_24", frame_case(lambda f: _assign(f, "hour", 0.01, 24)), ("expect_column_values_to_be_between(hour)",)),
     Case("negative_weekday", frame_case(lambda f: _assign(f, "weekday", 0.01, -1)),
          ("expect_column_values_to_be_between(weekday)",)),
@@ -348,6 +354,7 @@ CASES = [
     Case("gender_shift_90pct_f", frame_case(_gender_shift), ("drift_psi(gender)",)),
     Case("slot_mix_shift", _slot_mix_shift, ("drift_psi(slot)",)),
     Case("weekday_convention_bug", frame_case(_weekday_sunday0), ("drift_psi(weekday)",)),
+    Case("catalogue_swap_other_seed", _other_world, ("drift_psi(category)",)),
     Case("search_clicks_lost", frame_case(_search_clicks_lost), ("label_rate_vs_reference(search)",)),
     # -- unreadable input
     Case("missing_partition", _missing_partition, ("readable_partition",), readable=False),
@@ -452,15 +459,20 @@ def test_clean_next_day_passes(lake, registry):
     assert registry_state() == (["1"], "1", 1)
 
 
-@pytest.mark.parametrize("spec", [
-    dataclasses.replace(SPEC, slot_mix=(0.55, 0.33, 0.12)),   # a mild, healthy move of the slot mix
-    dataclasses.replace(SPEC, slot_ctr=(0.038, 0.066, 0.016)),  # CTRs moved by a few percent
+@pytest.mark.parametrize("spec, slot_psi", [
+    (dataclasses.replace(SPEC, slot_mix=(0.55, 0.33, 0.12)), (0.001, 0.1)),  # a mild, healthy move of the slot mix
+    (dataclasses.replace(SPEC, slot_ctr=(0.038, 0.066, 0.016)), (0.0, 0.1)),  # CTRs moved by a few percent
 ], ids=["slot_mix_0.55_0.33_0.12", "slot_ctr_nudged"])
-def test_mildly_shifted_healthy_day_passes(lake, spec):
+def test_mildly_shifted_healthy_day_passes(lake, spec, slot_psi):
     put_frame(Lake(str(lake)), DAY, schema.to_arrow(synthetic(DAY, spec=spec)))
     passes(str(lake))
     drift = {c["check"]: c["observed"] for c in read_marker(Lake(str(lake)), DAY)["report"]["drift"]["checks"]}
-    assert 0 < drift["drift_psi(slot)"] < 0.1
+    assert slot_psi[0] <= drift["drift_psi(slot)"] < slot_psi[1]  # seen, but under drift_psi_max
+
+
+def test_side_nulls_within_the_null_budget_pass(lake, healthy_next_day):
+    put_frame(Lake(str(lake)), DAY, _assign(healthy_next_day.copy(), "gender", 0.04, None))  # 4 % < 5 % allowed
+    passes(str(lake))
 
 
 def test_rerun_reuses_markers_and_still_passes(lake):
@@ -507,3 +519,18 @@ def test_quarantined_day_is_not_used_as_reference(lake, healthy_next_day):
     assert nxt["report"]["reference"]["partitions"] == HEALTHY[-7:]  # 2026-06-09 (quarantined) left out
     assert read_marker(lk, DAY)["status"] == "quarantined"
 
+
+
+def test_no_false_alarms_over_a_month_of_small_healthy_days(tmp_path):
+    """30 healthy days of 12,000 rows: the small splash slot (1.5% CTR on 10% of traffic) used to trip
+    the relative label-rate band on a quarter of the days before the band was widened by its
+    binomial standard error."""
+    from pipelines.config import load_pipeline_config
+    from pipelines.data import synthetic
+    from pipelines.validation.stage import validate_window
+
+    lake = Lake(str(tmp_path))
+    synthetic.write_days(lake, synthetic.SyntheticSpec(seed=3), "2026-03-01", 30, 12_000)
+    cfg = load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": str(tmp_path)}})
+    summary = validate_window(cfg, str(tmp_path), "2026-03-30", 30)
+    assert summary["success"] and summary["partitions"] == 30 and summary["failed_partitions"] == []
