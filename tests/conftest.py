@@ -45,3 +45,24 @@ def s3_bucket(s3_endpoint):
     name = f"test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+def use_store_copy(template_db, tmp_path, monkeypatch) -> str:
+    """Point MLflow (tracking + registry) at a fresh copy of an initialised SQLite store.
+
+    Creating the schema takes seconds, copying the file does not. Any default ./mlruns artifact root
+    lands in tmp_path. The caller resets the tracking URI afterwards.
+    """
+    import shutil
+
+    import mlflow
+
+    db = tmp_path / "mlflow.db"
+    shutil.copy(template_db, db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CTR_MLFLOW_ARTIFACT_ROOT", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    return uri

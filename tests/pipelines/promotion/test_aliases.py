@@ -1,8 +1,6 @@
 """Promote / revert / history on a real MLflow tracking + registry store (SQLite in tmp_path)."""
 from __future__ import annotations
 
-import shutil
-
 import mlflow
 import pytest
 from mlflow import MlflowClient
@@ -10,6 +8,7 @@ from mlflow import MlflowClient
 from pipelines.errors import PromotionError, RegistryError
 from pipelines.promotion import aliases
 from pipelines.registry import mlflow_io
+from tests.conftest import use_store_copy
 
 MODEL = "ctr_lora_feed"
 
@@ -26,15 +25,7 @@ def template_db(tmp_path_factory):
 @pytest.fixture
 def tracking(template_db, tmp_path, monkeypatch):
     """A fresh store per test; the tracking URI is reset afterwards."""
-    db = tmp_path / "mlflow.db"
-    shutil.copy(template_db, db)
-    uri = f"sqlite:///{db}"
-    monkeypatch.chdir(tmp_path)  # any default ./mlruns artifact root lands in tmp_path
-    monkeypatch.delenv("CTR_MLFLOW_ARTIFACT_ROOT", raising=False)
-    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    yield uri
+    yield use_store_copy(template_db, tmp_path, monkeypatch)
     mlflow.set_tracking_uri(None)
 
 

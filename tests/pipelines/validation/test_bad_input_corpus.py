@@ -41,6 +41,7 @@ from pipelines.data import schema
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SyntheticSpec, generate_day, write_days
 from pipelines.errors import DataValidationError
+from tests.conftest import use_store_copy
 from pipelines.promotion import aliases
 from pipelines.validation.stage import MARKER, REPORT_HTML, read_marker, validate_window
 
@@ -122,14 +123,7 @@ def template_db(tmp_path_factory) -> Path:
 @pytest.fixture
 def registry(template_db, tmp_path, monkeypatch):
     """A fresh copy of the store per test, as the tracking + registry server of the run."""
-    db = tmp_path / "mlflow.db"
-    shutil.copy(template_db, db)
-    uri = f"sqlite:///{db}"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CTR_MLFLOW_ARTIFACT_ROOT", raising=False)
-    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
+    uri = use_store_copy(template_db, tmp_path, monkeypatch)
     assert registry_state() == (["1"], "1", 1)
     yield uri
     mlflow.set_tracking_uri(None)
