@@ -85,6 +85,16 @@ def cmd_train_adapter(a) -> int:
     return 0 if decision["passed"] else 1
 
 
+def cmd_cold_start(a) -> int:
+    from pipelines.config import load_gate_policy, load_pipeline_config
+    from pipelines.training import cold_start
+
+    cfg = load_pipeline_config(a.config)
+    result = cold_start.run_all(cfg, a.data or cfg.data.lake_uri, a.end_day, a.slot, policy=load_gate_policy(a.policy))
+    _print(result)
+    return 0 if result["gate"]["passed"] else 1
+
+
 def cmd_promote(a) -> int:
     from pipelines.promotion import aliases
 
@@ -113,6 +123,22 @@ def cmd_status(a) -> int:
 
     models = status(load_pipeline_config(a.config))
     print(json.dumps(models, indent=2) if a.json else format_status(models))
+    return 0
+
+
+def cmd_bench(a) -> int:
+    if a.which == "training":
+        from pipelines import bench_training
+
+        print(json.dumps(bench_training.run(quick=a.quick)))
+    elif a.which == "quality":
+        from pipelines import bench_quality
+
+        print(json.dumps(bench_quality.run()))
+    else:
+        from pipelines import bench
+
+        print(json.dumps(bench.bench_validation(rows=200_000 if a.quick else 1_000_000)))
     return 0
 
 
@@ -156,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--register", action="store_true", help="evaluate, register, run the gate")
     t.set_defaults(fn=cmd_train_adapter)
 
+    cs = sub.add_parser("cold-start", help="distil a cold-start adapter from the champion, evaluate, register, gate")
+    cs.add_argument("--end-day", required=True, help="last day of the window, YYYY-MM-DD")
+    cs.add_argument("--slot", default="all", help="a configured slot, or all (default)")
+    cs.add_argument("--data", help="lake URI (default: data.lake_uri)")
+    cs.add_argument("--config")
+    cs.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
+    cs.set_defaults(fn=cmd_cold_start)
+
     for name, fn, helptext in (("promote", cmd_promote, "make a gated version @champion"),
                                ("revert", cmd_revert, "put the previous (or a named) champion back")):
         s = sub.add_parser(name, help=helptext)
@@ -177,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--config")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     st.set_defaults(fn=cmd_status)
+
+    bn = sub.add_parser("bench", help="one benchmark, printed as one JSON object (make bench runs them all)")
+    bn.add_argument("which", choices=["training", "quality", "validation"])
+    bn.add_argument("--quick", action="store_true", help="a short run (training: under a minute)")
+    bn.set_defaults(fn=cmd_bench)
     return p
 
 

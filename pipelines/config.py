@@ -134,11 +134,32 @@ class LoraTrainConfig:
     holdout_fraction: float = 0.2
     min_rows: int = 200
     seed: int = 7
+    # LayerNorm biases of the frozen base train with the adapter (saved next to it, see training.lora).
+    train_layernorm_bias: bool = False
+    # Validation split for early stopping: the newest rows of the training part (the evaluation
+    # holdout stays untouched). 0 disables validation and early stopping.
+    val_fraction: float = 0.1
+    early_stopping_patience: int = 2   # epochs without val-logloss improvement; 0 disables
+    # Stability rule lr * r / sqrt(batch_size) <= stability_max; the default and the evidence for
+    # it are in pipelines.training.lora.STABILITY_EVIDENCE.
+    stability_max: float = 0.01
+    stability_action: Literal["rescale", "reject"] = "rescale"
+
+    @property
+    def stability(self) -> float:
+        """lr * r / sqrt(batch_size): the rule's left-hand side."""
+        return self.lr * self.r / self.batch_size ** 0.5
+
+    def stable_lr(self) -> float:
+        """The lr that training uses: `lr`, or the largest lr that satisfies the rule ("rescale")."""
+        if self.stability <= self.stability_max:
+            return self.lr
+        return self.stability_max * self.batch_size ** 0.5 / self.r
 
     def __post_init__(self):
         _check(self.r >= 1 and self.alpha >= 1, f"lora.r and lora.alpha must be >= 1, got {self.r}/{self.alpha}")
         _check(0.0 <= self.dropout < 1.0, "lora.dropout must be in [0, 1)")
-        allowed = {"q_proj", "k_proj", "v_proj", "o_proj"}
+        allowed = {"q_proj", "k_proj", "v_proj", "o_proj", "embeddings"}  # embeddings: every field table
         _check(len(self.target_modules) > 0 and set(self.target_modules) <= allowed,
                f"lora.target_modules must be a non-empty subset of {sorted(allowed)}, got {list(self.target_modules)}")
         _check(self.epochs >= 1 and self.batch_size >= 1, "lora.epochs and lora.batch_size must be >= 1")
@@ -146,6 +167,18 @@ class LoraTrainConfig:
         _check(self.warmup_steps >= 0 and self.weight_decay >= 0, "lora.warmup_steps and weight_decay must be >= 0")
         _check(self.window_days >= 1, "lora.window_days must be >= 1")
         _check(0.0 < self.holdout_fraction < 0.5, "lora.holdout_fraction must be in (0, 0.5)")
+        _check(0.0 <= self.val_fraction < 0.5, f"lora.val_fraction must be in [0, 0.5), got {self.val_fraction}")
+        _check(self.early_stopping_patience >= 0,
+               f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
+        _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")
+        import math  # local: this class is the only user
+
+        _check(self.stability_action != "reject" or self.stability <= self.stability_max,
+               f"lora: lr * r / sqrt(batch_size) = {self.lr:g} * {self.r} / sqrt({self.batch_size}) = "
+               f"{self.stability:.6g} exceeds stability_max = {self.stability_max:g} (LoRA training was measured "
+               f"to collapse above it). Fix: lower lora.lr to <= {self.stable_lr():.6g}, or raise "
+               f"lora.batch_size to >= {math.ceil((self.lr * self.r / self.stability_max) ** 2)} "
+               "(or set stability_action: rescale)")
 
 
 @dataclass(frozen=True)
@@ -159,6 +192,68 @@ class RegistryConfig:
 
 
 @dataclass(frozen=True)
+class ColdStartConfig:
+    """Cold-start adapter distilled from the serving champion (pipelines.training.cold_start)."""
+    model_name: str = "ctr_lora_cold_start"   # one adapter for every slot; a single slot run appends _<slot>
+    # detection: cold = first seen after the base's cutoff, or < min_impressions before the window
+    window_days: int = 60            # the rows cold entities are looked for in (and trained / held out on)
+    history_days: int = 180          # how far before the window impressions are counted
+    min_impressions: int = 5
+    detect_items: bool = True        # items can be cold too (else only users)
+    # split: the newest cold users (by their first row in the window) are held out entirely
+    holdout_fraction: float = 0.2
+    labelled_per_entity: int = 10    # labels used: the first N rows of each cold user / item (0 = all)
+    transfer: Literal["cold", "window"] = "cold"   # transfer set: cold rows only, or every row before the holdout
+    max_transfer_rows: int = 200000  # newest rows kept when the transfer set is larger
+    min_labelled_rows: int = 100
+    min_holdout_rows: int = 100
+    # student adapter
+    r: int = 8
+    alpha: int = 16
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    init: Literal["covariance", "default"] = "covariance"   # LoRA A from the user-behaviour covariance
+    # the serving base teaches instead of the slot champions when it has the lower logloss on the labelled cold rows
+    teacher_fallback: bool = True
+    # loss = w_bce * BCE(labelled) + w_kd * T^2 KL(teacher_T || student_T) + w_align * align(pooled)
+    w_bce: float = 1.0
+    w_kd: float = 3.0
+    w_align: float = 0.1
+    temperature: float = 2.0
+    align: Literal["mse", "cosine"] = "mse"
+    # optimisation: one epoch = one pass over the labelled rows, each step also takes a transfer batch
+    epochs: int = 10
+    batch_size: int = 64
+    transfer_batch_size: int = 256
+    lr: float = 0.005
+    weight_decay: float = 0.0
+    warmup_steps: int = 5
+    seed: int = 7
+
+    def __post_init__(self):
+        _check(bool(self.model_name), "cold_start.model_name must be non-empty")
+        _check(self.window_days >= 1 and self.history_days >= 0,
+               "cold_start.window_days must be >= 1 and cold_start.history_days >= 0")
+        _check(self.min_impressions >= 0, "cold_start.min_impressions must be >= 0")
+        _check(0.0 < self.holdout_fraction < 1.0, "cold_start.holdout_fraction must be in (0, 1)")
+        _check(self.labelled_per_entity >= 0, "cold_start.labelled_per_entity must be >= 0 (0 = all rows)")
+        _check(self.max_transfer_rows >= 1, "cold_start.max_transfer_rows must be >= 1")
+        _check(self.min_labelled_rows >= 1 and self.min_holdout_rows >= 1,
+               "cold_start.min_labelled_rows and min_holdout_rows must be >= 1")
+        _check(self.r >= 1 and self.alpha >= 1, f"cold_start.r and alpha must be >= 1, got {self.r}/{self.alpha}")
+        allowed = {"q_proj", "k_proj", "v_proj", "o_proj"}
+        _check(len(self.target_modules) > 0 and set(self.target_modules) <= allowed,
+               f"cold_start.target_modules must be a non-empty subset of {sorted(allowed)}, got {list(self.target_modules)}")
+        _check(min(self.w_bce, self.w_kd, self.w_align) >= 0 and self.w_bce + self.w_kd + self.w_align > 0,
+               "cold_start.w_bce/w_kd/w_align must be >= 0 and not all 0")
+        _check(self.temperature > 0, f"cold_start.temperature must be > 0, got {self.temperature}")
+        _check(self.epochs >= 1 and self.batch_size >= 1 and self.transfer_batch_size >= 1,
+               "cold_start.epochs, batch_size and transfer_batch_size must be >= 1")
+        _check(self.lr > 0, f"cold_start.lr must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0 and self.weight_decay >= 0,
+               "cold_start.warmup_steps and weight_decay must be >= 0")
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     data: DataConfig = field(default_factory=DataConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
@@ -166,6 +261,7 @@ class PipelineConfig:
     base_training: BaseTrainConfig = field(default_factory=BaseTrainConfig)
     lora: LoraTrainConfig = field(default_factory=LoraTrainConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
+    cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
 
     def adapter_model_name(self, slot: str) -> str:
         return f"{self.registry.adapter_model_prefix}{slot}"

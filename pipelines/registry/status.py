@@ -37,7 +37,8 @@ def _float(v):
 def status(cfg: PipelineConfig) -> list[dict]:
     from pipelines.registry import mlflow_io
 
-    names = [cfg.registry.base_model_name] + [cfg.adapter_model_name(s) for s in cfg.data.slots]
+    names = ([cfg.registry.base_model_name] + [cfg.adapter_model_name(s) for s in cfg.data.slots]
+             + [cfg.cold_start.model_name])
     known = {m.name for m in mlflow_io.client().search_registered_models()}
     return [model_status(n) for n in names if n in known]
 

@@ -1,21 +1,28 @@
 """A short linear training loop built from pure helpers (nanoGPT style).
 
 Used for both the full base-model training and LoRA adapter training: what differs is only which
-parameters require grad.
+parameters require grad. Rows come from a *source*: in-memory arrays (`ArraySource`) or anything
+with `rows` and `batches(batch_size, gen)` (e.g. `pipelines.training.stream.LakeStream`). Each
+epoch's order is drawn from one seeded torch generator, so a run is a pure function of the seed and
+the data, and a checkpoint taken between epochs resumes it bit-exactly.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.errors import LakeError
 from pipelines.evaluation.metrics import auc, logloss
 
 log = logging.getLogger(__name__)
@@ -67,50 +74,218 @@ class LoopSettings:
     weight_decay: float
     warmup_steps: int
     seed: int
+    patience: int = 0   # early stopping: epochs without a lower val logloss before stopping; 0 = off
+
+
+class ArraySource:
+    """In-memory rows. Shuffled batches are one `randperm` per epoch from the loop's generator."""
+
+    def __init__(self, tokens: np.ndarray, y: np.ndarray):
+        self.x, self.y = torch.from_numpy(tokens), torch.from_numpy(y)
+        self.rows = len(tokens)
+
+    def batches(self, batch_size: int, gen: torch.Generator | None = None
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Shuffled with `gen`, in row order without it."""
+        order = torch.randperm(self.rows, generator=gen) if gen is not None else None
+        for i in range(0, self.rows, batch_size):
+            if order is None:
+                yield self.x[i:i + batch_size], self.y[i:i + batch_size]
+            else:
+                idx = order[i:i + batch_size]
+                yield self.x[idx], self.y[idx]
+
+
+def as_source(data):
+    """(tokens, labels) arrays -> ArraySource; a source passes through."""
+    if isinstance(data, tuple):
+        return ArraySource(*data)
+    if not (hasattr(data, "rows") and hasattr(data, "batches")):
+        raise TypeError(f"not a (tokens, labels) tuple nor a batch source: {type(data).__name__}")
+    return data
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, source, batch_size: int = 4096) -> dict:
+    """val_auc / val_logloss over a source's rows in order, under no_grad and eval mode."""
+    was_training = model.training
+    model.eval()
+    ps, ys = [], []
+    for x, y in source.batches(batch_size, None):
+        ps.append(torch.sigmoid(model(x)).numpy())
+        ys.append(y.numpy())
+    model.train(was_training)
+    p, y = np.concatenate(ps), np.concatenate(ys)
+    return {"val_auc": auc(y, p), "val_logloss": logloss(y, p)}
+
+
+def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _weights(named: list[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in named}
+
+
+@torch.no_grad()
+def _set_weights(named: list[tuple[str, nn.Parameter]], weights: dict[str, torch.Tensor]) -> None:
+    for n, p in named:
+        p.copy_(weights[n])
+
+
+def _fmt(metrics: dict) -> str:
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
+                    if k != "epoch")
+
+
+def _train_epoch(model: nn.Module, src, opt, gen: torch.Generator, st: dict, settings: LoopSettings, total: int,
+                 bar) -> tuple[float, int]:
+    """One pass over `src` (advances st["step"]; sets st["diverged"] on a non-finite loss)."""
+    model.train()
+    loss_sum, seen = 0.0, 0
+    for x, y in src.batches(settings.batch_size, gen):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(st["step"], total, settings.lr, settings.warmup_steps)
+        loss = bce_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        loss_sum += value * len(y)
+        seen += len(y)
+        st["step"] += 1
+        if bar is not None:
+            bar.update(1)
+            if st["step"] % 50 == 0:
+                bar.set_postfix(loss=f"{value:.4f}")
+        if not math.isfinite(value):
+            # NaN/inf weights never recover: stop here instead of burning the remaining epochs.
+            st["diverged"] = st["stopped"] = True
+            break
+    return loss_sum, seen
+
+
+def _select(st: dict, metrics: dict, named, patience: int, desc: str) -> None:
+    """Early stopping bookkeeping: keep the best epoch's weights, stop after `patience` worse epochs."""
+    best, ll = st["best"], metrics["val_logloss"]
+    if math.isfinite(ll) and (best is None or ll < best["val_logloss"]):
+        st["best"], st["bad_epochs"] = {"epoch": metrics["epoch"], "val_logloss": ll, "weights": _weights(named)}, 0
+        return
+    st["bad_epochs"] += 1
+    if st["bad_epochs"] >= patience:
+        st["stopped"] = True
+        log.info("%s: early stop after epoch %d: no lower val logloss for %d epochs (best %s)", desc,
+                 metrics["epoch"], st["bad_epochs"],
+                 f"{best['val_logloss']:.4f} at epoch {best['epoch']}" if best else "none")
+
+
+def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "train", on_epoch=None, *,
+        checkpoint=None, run_key: dict | None = None, progress: bool = False) -> dict:
+    """Train the parameters of `model` that require grad with AdamW (warm-up + cosine decay).
+
+    `data` / `val`: (tokens, labels) arrays or batch sources. With `val`, every epoch is evaluated
+    on it. With `settings.patience` > 0 too, training stops after that many epochs without a lower
+    val logloss and the best epoch's weights are restored at the end (patience 0: `val` is only
+    monitored and the last epoch's weights are kept, as the base model's training wants). A
+    non-finite training loss stops training (diverged) and restores the best weights, if any.
+
+    `checkpoint` (a CheckpointStore): written after every epoch and resumed from at the start when
+    its run key matches (settings, trainable shapes, row counts and the caller's `run_key`); a
+    resumed run ends with the same weights as an uninterrupted one. `on_epoch(metrics)` is called
+    after each epoch, and once per restored epoch on resume (so a fresh MLflow run gets the whole
+    curve). Returns a JSON-safe dict: history, epochs_run, best_epoch, best_val_logloss,
+    resumed_from_epoch, stopped_early, diverged.
+    """
+    from pipelines.training.checkpoint import capture_rng, key_digest, restore_rng
+
+    configure_threads()
+    seed_everything(settings.seed)
+    named = _trainable(model)
+    if not named:
+        raise ValueError("train(): the model has no trainable parameters")
+    src = as_source(data)
+    if src.rows == 0:
+        raise ValueError("train(): no training rows")
+    val_src = as_source(val) if val is not None else None
+    if val_src is not None and val_src.rows == 0:
+        val_src = None
+    opt = torch.optim.AdamW([p for _, p in named], lr=settings.lr, weight_decay=settings.weight_decay)
+    steps_per_epoch = math.ceil(src.rows / settings.batch_size)
+    total = steps_per_epoch * settings.epochs
+    gen = torch.Generator().manual_seed(settings.seed)
+    key = json.loads(json.dumps({"settings": dataclasses.asdict(settings), "rows": src.rows,
+                                 "val_rows": val_src.rows if val_src else 0,
+                                 "params": {n: list(p.shape) for n, p in named}, "run": run_key or {}},
+                                sort_keys=True, default=str))
+    st = {"epoch": 0, "step": 0, "history": [], "best": None, "bad_epochs": 0, "stopped": False, "diverged": False}
+    resumed_from = None
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None and saved.get("key") != key:
+        log.warning("%s: checkpoint %s belongs to another run (key %s, this run %s): starting over", desc,
+                    checkpoint.location, key_digest(saved.get("key") or {}), key_digest(key))
+    elif saved is not None:
+        _set_weights(named, saved["weights"])
+        opt.load_state_dict(saved["optimizer"])
+        restore_rng(saved["rng"], gen)
+        st = {k: saved[k] for k in st}
+        resumed_from = st["epoch"]
+        log.info("%s: resumed from %s after epoch %d/%d (step %d)", desc, checkpoint.location, st["epoch"],
+                 settings.epochs, st["step"])
+        for m in st["history"] if on_epoch else ():
+            on_epoch(m)
+
+    while st["epoch"] < settings.epochs and not st["stopped"]:
+        epoch = st["epoch"] + 1
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=steps_per_epoch, desc=f"{desc} {epoch}/{settings.epochs}", unit="batch", leave=False)
+        t0 = time.perf_counter()
+        try:
+            loss_sum, seen = _train_epoch(model, src, opt, gen, st, settings, total, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        secs = time.perf_counter() - t0
+        if not st["diverged"] and seen != src.rows:
+            raise ValueError(f"{desc}: the source yielded {seen} rows in epoch {epoch}, expected {src.rows} "
+                             "(did the data change during training?)")
+        metrics = {"epoch": epoch, "train_loss": loss_sum / max(seen, 1), "samples_per_s": seen / max(secs, 1e-9),
+                   "lr": opt.param_groups[0]["lr"]}
+        if val_src is not None and not st["diverged"]:
+            metrics.update(evaluate(model, val_src))
+            if settings.patience > 0:
+                _select(st, metrics, named, settings.patience, desc)
+        if st["diverged"]:
+            log.error("%s epoch %d/%d: training loss became non-finite at step %d; stopping", desc, epoch,
+                      settings.epochs, st["step"])
+        log.info("%s epoch %d/%d %s", desc, epoch, settings.epochs, _fmt(metrics))
+        st["epoch"] = epoch
+        st["history"].append(metrics)
+        if checkpoint is not None:
+            try:
+                checkpoint.save({**st, "key": key, "weights": _weights(named), "optimizer": opt.state_dict(),
+                                 "rng": capture_rng(gen)})
+            except (OSError, LakeError) as exc:
+                # A checkpoint only saves time on a re-run: a storage blip must not fail the training.
+                log.warning("%s: could not write checkpoint %s after epoch %d: %s", desc, checkpoint.location,
+                            epoch, exc)
+        if on_epoch:
+            on_epoch(metrics)
+
+    best = st["best"]
+    if best is not None and best["epoch"] != st["epoch"]:
+        log.info("%s: restoring the weights of epoch %d (val logloss %.4f)", desc, best["epoch"], best["val_logloss"])
+        _set_weights(named, best["weights"])
+    model.eval()
+    return {"history": st["history"], "epochs_run": st["epoch"], "best_epoch": best["epoch"] if best else None,
+            "best_val_logloss": best["val_logloss"] if best else None, "resumed_from_epoch": resumed_from,
+            "stopped_early": st["stopped"] and not st["diverged"], "diverged": st["diverged"]}
 
 
 def train(model: nn.Module, tokens: np.ndarray, y: np.ndarray, settings: LoopSettings,
           val: tuple[np.ndarray, np.ndarray] | None = None, desc: str = "train",
-          on_epoch=None) -> list[dict]:
-    """Train the parameters of `model` that require grad; return per-epoch metrics.
-
-    `on_epoch(metrics_dict)` is called after each epoch (e.g. to log to MLflow).
-    """
-    configure_threads()
-    seed_everything(settings.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("train(): the model has no trainable parameters")
-    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    n = len(tokens)
-    steps_per_epoch = max(1, math.ceil(n / settings.batch_size))
-    total = steps_per_epoch * settings.epochs
-    gen = torch.Generator().manual_seed(settings.seed)
-    x_all, y_all = torch.from_numpy(tokens), torch.from_numpy(y)
-    history, step = [], 0
-    for epoch in range(settings.epochs):
-        model.train()
-        order = torch.randperm(n, generator=gen)
-        t0, loss_sum = time.perf_counter(), 0.0
-        for i in range(0, n, settings.batch_size):
-            idx = order[i:i + settings.batch_size]
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, settings.lr, settings.warmup_steps)
-            loss = bce_loss(model(x_all[idx]), y_all[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item() * len(idx)
-            step += 1
-        secs = time.perf_counter() - t0
-        metrics = {"epoch": epoch + 1, "train_loss": loss_sum / n, "samples_per_s": n / max(secs, 1e-9)}
-        if val is not None and len(val[0]):
-            p = predict(model, val[0])
-            metrics.update(val_auc=auc(val[1], p), val_logloss=logloss(val[1], p))
-        log.info("%s epoch %d/%d %s", desc, epoch + 1, settings.epochs,
-                 " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "epoch"))
-        history.append(metrics)
-        if on_epoch:
-            on_epoch(metrics)
-    model.eval()
-    return history
+          on_epoch=None, **kwargs) -> list[dict]:
+    """`fit` on in-memory arrays; returns the per-epoch metrics (see `fit` for the keyword options)."""
+    return fit(model, (tokens, y), settings, val=val, desc=desc, on_epoch=on_epoch, **kwargs)["history"]

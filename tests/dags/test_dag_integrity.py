@@ -23,15 +23,15 @@ def dagbag(tmp_path_factory):
 
 
 def test_dag_files_exist():
-    assert {p.stem for p in DAG_FILES} >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops"}
+    assert {p.stem for p in DAG_FILES} >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start"}
 
 
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops"}
+    assert set(dagbag.dag_ids) >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start"}
 
 
-@pytest.mark.parametrize("dag_id", ["ctr_lora_retrain", "ctr_base_model", "ctr_model_ops"])
+@pytest.mark.parametrize("dag_id", ["ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start"])
 def test_tags_retries_docs(dagbag, dag_id):
     dag = dagbag.dags[dag_id]
     assert dag.tags, f"{dag_id} has no tags"
@@ -43,7 +43,7 @@ def test_tags_retries_docs(dagbag, dag_id):
 
 
 def test_validation_never_retries(dagbag):
-    for dag_id in ("ctr_lora_retrain", "ctr_base_model"):
+    for dag_id in ("ctr_lora_retrain", "ctr_base_model", "ctr_cold_start"):
         assert dagbag.dags[dag_id].get_task("validate").retries == 0
 
 
@@ -52,6 +52,15 @@ def test_retrain_wiring(dagbag):
     order = ["validate", "slots", "train_adapter", "evaluate", "register", "gate_and_promote"]
     for up, down in zip(order, order[1:]):
         assert down in dag.get_task(up).downstream_task_ids, f"{up} -> {down} missing"
+
+
+def test_cold_start_wiring(dagbag):
+    dag = dagbag.dags["ctr_cold_start"]
+    order = ["validate", "detect", "distill", "evaluate", "register", "gate_and_promote"]
+    for up, down in zip(order, order[1:]):
+        assert down in dag.get_task(up).downstream_task_ids, f"{up} -> {down} missing"
+    assert dag.get_task("register").retries == 0 and dag.get_task("gate_and_promote").retries == 0
+    assert set(dag.params) >= {"end_day", "slot", "lake_uri"} and dag.params["slot"] == "all"
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)

@@ -17,7 +17,7 @@ import yaml
 from pipelines.config import REPO_ROOT
 from pipelines.data.lake import Lake
 
-STAGES = ("generate", "validate", "train-base", "train-adapter", "promote", "revert", "history")
+STAGES = ("generate", "validate", "train-base", "train-adapter", "cold-start", "promote", "revert", "history", "status", "bench")
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 

@@ -1,0 +1,155 @@
+"""Training batches streamed from the lake, in memory bounded by the read chunk and the shuffle buffer
+instead of the row count.
+
+`LakeIndex` lists the window's parquet files and counts each one's rows of the slot (reading only
+the `slot` column). Rows have a canonical order: partition date, file name, row in file. A
+`LakeStream` is a range of that order (train / val / holdout are consecutive ranges, the newest
+last, as in `training.data.time_split` but by lake order rather than a global sort). Each epoch it
+reads the files of its range in a shuffled order, record batch by record batch
+(`ParquetFile.iter_batches`), keeps the slot's rows, encodes them with `model.features.encode`,
+and shuffles them through a bounded buffer with the loop's seeded generator, so an epoch is a pure
+function of that generator's state (what checkpoints save) and resume stays exact.
+
+Memory: one read chunk (`read_rows`) + the buffer (`buffer_rows` + `read_rows` encoded rows, 80
+bytes each) + for S3 one parquet object's bytes (a local file is read in place).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from pipelines.config import ModelConfig
+from pipelines.data.lake import Lake, split_s3
+from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.errors import PipelineError
+from pipelines.model import features
+
+_COLUMNS = list(FEATURE_FIELDS) + ["label"]
+
+
+@dataclass(frozen=True)
+class LakeFile:
+    day: str
+    key: str     # local path, or object key in the lake's bucket
+    rows: int    # rows of the slot (all rows without a slot filter)
+
+
+class LakeIndex:
+    """The files of a window, in canonical order, with their row counts for `slot`."""
+
+    def __init__(self, lake_uri: str, end_day: str, days: int | None = None, start_day: str | None = None,
+                 slot: str | None = None):
+        self.lake, self.slot = Lake(lake_uri), slot
+        end = dt.date.fromisoformat(end_day)
+        start = dt.date.fromisoformat(start_day) if start_day else end - dt.timedelta(days=(days or 1) - 1)
+        wanted = [d for d in self.lake.list_partitions() if start <= dt.date.fromisoformat(d) <= end]
+        self.files = [LakeFile(d, k, self._count(k)) for d in wanted for k in self.lake.parquet_files(d)]
+        self.rows = sum(f.rows for f in self.files)
+
+    def open(self, key: str) -> pq.ParquetFile:
+        if not self.lake.is_s3:
+            return pq.ParquetFile(key)
+        _, prefix = split_s3(self.lake.uri)
+        return pq.ParquetFile(io.BytesIO(self.lake.get_bytes(key[len(prefix) + 1:] if prefix else key)))
+
+    def _count(self, key: str) -> int:
+        pf = self.open(key)
+        if self.slot is None:
+            return pf.metadata.num_rows
+        return int(pc.sum(pc.equal(pf.read(columns=["slot"]).column("slot"), self.slot)).as_py() or 0)
+
+    def chunks(self, lo: int, hi: int, read_rows: int, cfg: ModelConfig, order: list[int] | None = None
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(tokens, labels) of the rows [lo, hi) of the canonical order, file by file in `order`."""
+        offsets = np.concatenate([[0], np.cumsum([f.rows for f in self.files])]).astype(np.int64)
+        for i in order if order is not None else range(len(self.files)):
+            a, b = max(lo, int(offsets[i])), min(hi, int(offsets[i + 1]))
+            if a >= b:
+                continue  # outside the range: not even opened
+            a, b = a - int(offsets[i]), b - int(offsets[i])   # within the file's rows of the slot
+            pos = 0
+            for rb in self.open(self.files[i].key).iter_batches(batch_size=read_rows, columns=_COLUMNS + ["slot"]):
+                if self.slot is not None:
+                    rb = rb.filter(pc.equal(rb.column("slot"), self.slot))
+                n = rb.num_rows
+                s, e = max(a - pos, 0), min(b - pos, n)
+                pos += n
+                if s < e:
+                    frame = rb.slice(s, e - s).to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get)
+                    yield features.encode(frame, cfg), features.labels(frame)
+                if pos >= b:
+                    break
+
+
+class LakeStream:
+    """A batch source (see training.loop) over the rows [lo, hi) of a LakeIndex."""
+
+    def __init__(self, index: LakeIndex, lo: int, hi: int, cfg: ModelConfig, read_rows: int = 65_536,
+                 buffer_rows: int = 262_144):
+        if not (0 <= lo <= hi <= index.rows):
+            raise ValueError(f"row range [{lo}, {hi}) is outside the index's {index.rows} rows")
+        if read_rows < 1 or buffer_rows < 1:
+            raise ValueError("read_rows and buffer_rows must be >= 1")
+        self.index, self.lo, self.hi, self.cfg = index, lo, hi, cfg
+        self.read_rows, self.buffer_rows = read_rows, buffer_rows
+        self.rows = hi - lo
+        self.peak_buffer = 0   # largest number of rows held in the shuffle buffer (tests, diagnostics)
+
+    def batches(self, batch_size: int, gen: torch.Generator | None = None
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every row once; batches of `batch_size` except the last. Shuffled with `gen`, in order without."""
+        order = None
+        if gen is not None:  # file order first (mixes days), then rows through the buffer
+            order = torch.randperm(len(self.index.files), generator=gen).tolist()
+        chunks = self.index.chunks(self.lo, self.hi, self.read_rows, self.cfg, order)
+        bx, by = np.zeros((0, len(FEATURE_FIELDS)), np.int64), np.zeros(0, np.float32)
+        for x, y in chunks:
+            bx, by = np.concatenate([bx, x]), np.concatenate([by, y])
+            self.peak_buffer = max(self.peak_buffer, len(by))
+            if gen is None:
+                full = len(by) // batch_size * batch_size
+            elif len(by) >= self.buffer_rows:
+                perm = torch.randperm(len(by), generator=gen).numpy()
+                bx, by = bx[perm], by[perm]
+                # emit down to half the buffer: the rest mixes with the next chunks
+                full = max(0, len(by) - self.buffer_rows // 2) // batch_size * batch_size
+            else:
+                continue
+            yield from _split(bx[:full], by[:full], batch_size)
+            bx, by = bx[full:], by[full:]
+        if len(by):
+            if gen is not None:
+                perm = torch.randperm(len(by), generator=gen).numpy()
+                bx, by = bx[perm], by[perm]
+            yield from _split(bx, by, batch_size)
+
+
+def _split(x: np.ndarray, y: np.ndarray, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for i in range(0, len(y), batch_size):
+        yield torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size])), torch.from_numpy(y[i:i + batch_size])
+
+
+def stream_split(lake_uri: str, end_day: str, cfg: ModelConfig, *, days: int | None = None,
+                 start_day: str | None = None, slot: str | None = None, holdout_fraction: float = 0.0,
+                 val_fraction: float = 0.0, min_rows: int = 1, read_rows: int = 65_536,
+                 buffer_rows: int = 262_144) -> dict:
+    """train / val / holdout LakeStreams over a window: the newest `holdout_fraction` of the rows hold
+    out, the newest `val_fraction` of the rest validate (rounded as time_split rounds)."""
+    index = LakeIndex(lake_uri, end_day, days=days, start_day=start_day, slot=slot)
+    if index.rows < min_rows:
+        raise PipelineError(f"only {index.rows} rows for slot={slot!r} in the window ending {end_day} "
+                            f"({len(index.files)} files); need at least {min_rows}")
+    cut_h = int(round(index.rows * (1.0 - holdout_fraction)))
+    cut_v = int(round(cut_h * (1.0 - val_fraction)))
+    bounds = {"train": (0, cut_v), "val": (cut_v, cut_h), "holdout": (cut_h, index.rows)}
+    streams = {k: LakeStream(index, lo, hi, cfg, read_rows, buffer_rows) for k, (lo, hi) in bounds.items()}
+    return {"index": index, **streams}

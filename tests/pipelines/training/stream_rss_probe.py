@@ -1,0 +1,63 @@
+"""Peak memory of one LoRA epoch streamed from a synthetic lake (a measurement, not a test: minutes).
+
+    python -m tests.pipelines.training.stream_rss_probe write LAKE_DIR DAYS ROWS_PER_DAY
+    python -m tests.pipelines.training.stream_rss_probe stream LAKE_DIR DAYS
+    python -m tests.pipelines.training.stream_rss_probe memory LAKE_DIR DAYS     # in-memory path, to compare
+
+Run each mode in its own process: ru_maxrss is the process's peak. Prints one JSON line.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import resource
+import sys
+import time
+
+START = "2024-01-02"
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
+def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
+    from pipelines.config import LoraTrainConfig, ModelConfig
+    from pipelines.data.lake import Lake
+    from pipelines.data.synthetic import SyntheticSpec, write_days
+    from pipelines.model.base import CTRModel
+    from pipelines.training import lora
+    from pipelines.training.loop import LoopSettings, fit, seed_everything
+
+    end = (dt.date.fromisoformat(START) + dt.timedelta(days=days - 1)).isoformat()
+    t0 = time.perf_counter()
+    if mode == "write":
+        write_days(Lake(lake_dir), SyntheticSpec(), START, days, rows_per_day)
+        return {"mode": mode, "days": days, "rows": days * rows_per_day, "wall_s": round(time.perf_counter() - t0, 1)}
+    mcfg, lcfg = ModelConfig(), LoraTrainConfig()
+    seed_everything(lcfg.seed)
+    model = lora.attach(CTRModel(mcfg), lcfg)
+    settings = LoopSettings(1, lcfg.batch_size, lcfg.lr, lcfg.weight_decay, lcfg.warmup_steps, lcfg.seed)
+    before = rss_mib()
+    if mode == "stream":
+        from pipelines.training.stream import LakeIndex, LakeStream
+
+        index = LakeIndex(lake_dir, end, days=days)
+        data = LakeStream(index, 0, index.rows, mcfg)
+        rows = index.rows
+    else:
+        from pipelines.data.lake import concat
+        from pipelines.model import features
+
+        frame = concat(Lake(lake_dir).read_window(end, days))
+        data = (features.encode(frame, mcfg), features.labels(frame))
+        rows = len(frame)
+    t1 = time.perf_counter()
+    res = fit(model, data, settings)
+    return {"mode": mode, "rows": rows, "peak_rss_mib": round(rss_mib()), "rss_before_data_mib": round(before),
+            "train_s": round(time.perf_counter() - t1, 1), "wall_s": round(time.perf_counter() - t0, 1),
+            "samples_per_s": round(res["history"][0]["samples_per_s"]), "train_loss": res["history"][0]["train_loss"]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)))

@@ -1,0 +1,74 @@
+"""The adapter stage end to end on a local lake and a SQLite MLflow store: effective lr in the result and
+the run's params, the default checkpoint location, resume after a crash past training, cleanup."""
+from __future__ import annotations
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.config import (BaseTrainConfig, DataConfig, LoraTrainConfig, PipelineConfig, config_hash)
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import SLOTS, write_days
+from pipelines.registry import mlflow_io
+from pipelines.training import adapter, base_model, checkpoint
+from tests.conftest import use_store_copy
+from tests.pipelines.training.helpers import CFG, SPEC
+
+END_DAY = "2024-01-05"
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> str:
+    uri = str(tmp_path_factory.mktemp("lake"))
+    write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mlflow-template")
+    uri = f"sqlite:///{d / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
+    return d / "mlflow.db"
+
+
+@pytest.fixture
+def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
+    """A registered serving base (ctr_base@champion) in a fresh store; checkpoints under tmp_path."""
+    use_store_copy(template_db, tmp_path, monkeypatch)
+    monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
+    c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
+                       base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+                       # stability 0.05 * 4 / sqrt(64) = 0.025 > 0.01: trains at the rescaled lr 0.02
+                       lora=LoraTrainConfig(r=4, alpha=8, epochs=2, batch_size=64, lr=0.05, window_days=2,
+                                            min_rows=100, warmup_steps=2))
+    base_model.register(c, base_model.train(c, lake, "2024-01-03"), actor="test")
+    yield c
+    mlflow.set_tracking_uri(None)
+
+
+def test_adapter_records_the_effective_lr_and_resumes_after_a_crash(cfg, lake, tmp_path, monkeypatch):
+    name = cfg.adapter_model_name("feed")
+    where = checkpoint.default_uri(str(tmp_path / "ckpt"), name, END_DAY, config_hash(cfg.lora))
+
+    def crash(*a, **k):
+        raise RuntimeError("artifact store down")
+
+    with monkeypatch.context() as m:   # training finishes, logging the model fails: the checkpoint stays
+        m.setattr(mlflow_io, "log_ctr_model", crash)
+        with pytest.raises(RuntimeError, match="artifact store down"):
+            adapter.train(cfg, lake, END_DAY, "feed")
+    assert checkpoint.CheckpointStore(where).load()["epoch"] == 2
+
+    resumed = adapter.train(cfg, lake, END_DAY, "feed")
+    assert resumed["resumed_from_epoch"] == 2 and resumed["epochs_run"] == 2
+    assert resumed["effective_lr"] == pytest.approx(0.02) and resumed["lr_rescaled"] is True
+    assert resumed["stability"] == pytest.approx(0.025)
+    assert resumed["best_epoch"] in (1, 2)
+    assert not (tmp_path / "ckpt" / name / END_DAY).joinpath(config_hash(cfg.lora)[:16], checkpoint.FILENAME).exists()
+    params = MlflowClient().get_run(resumed["run_id"]).data.params
+    assert float(params["train.effective_lr"]) == pytest.approx(0.02) and params["lora.lr"] == "0.05"
+
+    fresh = adapter.train(cfg, lake, END_DAY, "feed", checkpoint_uri=str(tmp_path / "elsewhere"))
+    assert fresh["resumed_from_epoch"] is None
+    assert fresh["metrics"] == resumed["metrics"]   # same seed, same data: the resumed run is the same model

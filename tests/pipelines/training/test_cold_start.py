@@ -1,0 +1,290 @@
+"""Cold start: detection and the entity-level split on constructed frames, and the stage end to end
+(detect -> distill -> evaluate -> register -> gate) on a local lake with a real SQLite MLflow store."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.config import (BaseTrainConfig, ColdStartConfig, DataConfig, LoraTrainConfig, PipelineConfig,
+                              load_gate_policy)
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import SLOTS, write_days
+from pipelines.errors import PipelineError
+from pipelines.training import cold_start as CS
+from tests.conftest import use_store_copy
+from tests.pipelines.training.helpers import CFG, SPEC
+
+CUTOFF = "2024-01-10"
+
+
+def rows(spec: list[tuple[str, str, str]], slot: str = "feed") -> pd.DataFrame:
+    """(timestamp, user, item) triples -> a frame with the columns detection and split read."""
+    ts = pd.to_datetime([t for t, _, _ in spec], utc=True)
+    return pd.DataFrame({"event_ts": ts, "user_id": pd.array([u for _, u, _ in spec], dtype="string"),
+                         "item_id": pd.array([i for _, _, i in spec], dtype="string"), "slot": slot,
+                         "label": np.arange(len(spec)) % 2})
+
+
+# ----------------------------------------------------------------------------- detection
+@pytest.fixture
+def history_window():
+    history = rows([("2024-01-05 10:00", "old", "i_old")] * 10 +      # warm user, warm item
+                   [("2024-01-05 11:00", "sparse", "i_old")] * 2 +    # seen by the base, but only twice
+                   [("2024-01-10 23:59", "edge", "i_old")] * 5 +      # on the cutoff day: seen by the base
+                   [("2024-01-15 09:00", "late", "i_old")] * 5 +      # first seen after the cutoff, before the window
+                   [("2024-01-05 12:00", "gone", "i_sparse")] +       # not in the window: never reported
+                   [("2024-01-16 12:00", "old", "i_late")] * 4)       # item first seen after the cutoff
+    window = rows([("2024-01-20 10:00", "old", "i_old"), ("2024-01-20 11:00", "old", "i_new"),
+                   ("2024-01-20 12:00", "sparse", "i_old"), ("2024-01-21 10:00", "late", "i_old"),
+                   ("2024-01-21 11:00", "edge", "i_old"), ("2024-01-22 10:00", "fresh", "i_sparse"),
+                   ("2024-01-22 11:00", "old", "i_late")])
+    return history, window
+
+
+def test_detect_finds_new_and_sparse_users_and_items(history_window):
+    history, window = history_window
+    cold = CS.detect(history, window, CUTOFF, min_impressions=3)
+    assert cold.new_users == {"late", "fresh"}
+    assert cold.sparse_users == {"sparse", "fresh"}          # fresh: 0 impressions before the window
+    assert cold.users == {"late", "fresh", "sparse"}         # old and edge are warm; gone is not in the window
+    assert cold.new_items == {"i_new", "i_late"}
+    assert cold.sparse_items == {"i_new", "i_sparse"}
+    assert cold.counts() == {"new_users": 2, "sparse_users": 1, "cold_users": 3, "new_items": 2,
+                             "sparse_items": 1, "cold_items": 3}
+    mask = CS.cold_mask(window, cold)
+    assert mask.tolist() == [False, True, True, True, False, True, True]
+
+
+def test_detect_thresholds_and_items_switch(history_window):
+    history, window = history_window
+    assert CS.detect(history, window, CUTOFF, min_impressions=0).sparse_users == frozenset()
+    assert "late" not in CS.detect(history, window, CUTOFF, min_impressions=5).sparse_users  # 5 impressions
+    assert "late" in CS.detect(history, window, CUTOFF, min_impressions=6).sparse_users
+    # a later cutoff: the base saw `late` too
+    assert CS.detect(history, window, "2024-01-15", min_impressions=0).new_users == {"fresh"}
+    no_items = CS.detect(history, window, CUTOFF, min_impressions=3, items=False)
+    assert no_items.items == frozenset() and no_items.users == {"late", "fresh", "sparse"}
+    # no history at all: everyone in the window is new (and sparse)
+    assert CS.detect(history.iloc[:0], window, CUTOFF, 1).new_users == set(window["user_id"])
+
+
+# ----------------------------------------------------------------------------- split
+def split_window() -> tuple[pd.DataFrame, CS.ColdEntities]:
+    spec = ([("2024-01-20 10:00", "warm", "i1"), ("2024-01-20 10:30", "warm", "i_cold")] +
+            [(f"2024-01-21 0{h}:00", "c1", f"i{h}") for h in range(5)] +          # first cold user, 5 rows
+            [(f"2024-01-22 0{h}:00", "c2", f"i{h}") for h in range(3)] +          # second
+            [("2024-01-23 01:00", "warm", "i_cold"), ("2024-01-23 02:00", "warm", "i_cold")] +
+            [(f"2024-01-24 0{h}:00", "c3", f"i{h}") for h in range(4)] +          # newest: held out
+            [("2024-01-24 09:00", "c1", "i9"), ("2024-01-25 01:00", "warm", "i1")])  # after the holdout start
+    frame = rows(spec).sample(frac=1.0, random_state=0)  # order must not matter
+    cold = CS.ColdEntities(new_users=frozenset({"c1", "c2", "c3"}), sparse_users=frozenset(),
+                           new_items=frozenset({"i_cold"}), sparse_items=frozenset())
+    return frame, cold
+
+
+def test_split_holds_out_the_newest_cold_users_and_trains_only_before_them():
+    frame, cold = split_window()
+    sp = CS.split(frame, cold, holdout_fraction=0.34, labelled_per_entity=0)
+    assert sp.holdout_users == 1 and set(sp.holdout["user_id"]) == {"c3"} and len(sp.holdout) == 4
+    start = pd.Timestamp(sp.holdout_start)
+    assert start == pd.Timestamp("2024-01-24 00:00", tz="UTC")
+    for part in (sp.labelled, sp.transfer):
+        assert (part["event_ts"] < start).all() and "c3" not in set(part["user_id"])
+    # every cold row before the holdout: c1 (5), c2 (3), and the cold item's three rows of a warm user
+    assert len(sp.labelled) == 11 and sp.labelled["event_ts"].is_monotonic_increasing
+    assert sp.transfer.equals(sp.labelled)                     # transfer="cold": the same rows, labels unused
+    assert "2024-01-24 09:00" not in set(sp.labelled["event_ts"].dt.strftime("%Y-%m-%d %H:%M"))
+
+
+def test_split_caps_labels_per_entity_and_can_transfer_the_whole_window():
+    frame, cold = split_window()
+    sp = CS.split(frame, cold, 0.34, labelled_per_entity=2, transfer="window")
+    counts = sp.labelled.groupby(sp.labelled["user_id"].astype(str)).size().to_dict()
+    assert counts == {"c1": 2, "c2": 2, "warm": 2}             # warm's rows: the cold item's first two
+    first_c1 = sp.labelled[sp.labelled["user_id"] == "c1"]["item_id"].tolist()
+    assert first_c1 == ["i0", "i1"]                             # the earliest rows, not any two
+    assert len(sp.transfer) == 12 and "warm" in set(sp.transfer["user_id"])  # every row before the holdout
+
+
+def test_split_refuses_what_it_cannot_split():
+    frame, cold = split_window()
+    with pytest.raises(ValueError, match="no cold users"):
+        CS.split(frame, CS.ColdEntities(frozenset(), frozenset(), frozenset(), frozenset()), 0.2, 0)
+    with pytest.raises(ValueError, match="cannot hold out"):
+        CS.split(frame[frame["user_id"] == "c1"], cold, 0.5, 0)
+    with pytest.raises(ValueError, match="transfer"):
+        CS.split(frame, cold, 0.34, 0, transfer="everything")
+
+
+def test_cap_transfer_keeps_the_newest_rows():
+    frame = rows([(f"2024-01-2{d} 00:00", f"u{d}", "i") for d in range(5)])
+    assert CS.cap_transfer(frame, 10) is frame
+    assert CS.cap_transfer(frame, 2)["user_id"].tolist() == ["u3", "u4"]
+
+
+def test_choose_teacher_falls_back_to_the_base_only_when_it_predicts_the_labelled_rows_better():
+    import torch
+
+    from pipelines.model.base import CTRModel
+
+    class Const(torch.nn.Module):
+        """A stand-in with CTRModel's modules and a constant logit (what logits_and_pooled reads)."""
+
+        def __init__(self, logit: float):
+            super().__init__()
+            torch.manual_seed(0)
+            m = CTRModel(CFG)
+            self.embed, self.blocks, self.norm = m.embed, m.blocks, m.norm
+            self.head = torch.nn.Linear(CFG.embed_dim, 1)
+            torch.nn.init.zeros_(self.head.weight)
+            torch.nn.init.constant_(self.head.bias, logit)
+
+    x = np.zeros((40, 9), dtype=np.int64)
+    y = np.r_[np.ones(30), np.zeros(10)].astype(np.float32)   # 75% positive
+    good, bad = Const(float(np.log(3.0))), Const(-1.0)          # p = 0.75 vs p = 0.27
+    slots = np.array(["feed"] * 20 + ["search"] * 20)
+    chosen = CS.choose_teacher({"feed": bad, "search": bad, None: good}, x, y, slots)
+    assert chosen["kind"] == "base" and chosen["labelled_logloss"]["base"] < chosen["labelled_logloss"]["champions"]
+    no_fallback = CS.choose_teacher({"feed": bad, "search": bad, None: good}, x, y, slots, fallback=False)
+    assert no_fallback["kind"] == "champions"
+    assert CS.choose_teacher({"feed": good, "search": good, None: bad}, x, y, slots)["kind"] == "champions"
+    # no champion anywhere: the "champions" are the base itself, a tie, and the champions' path is kept
+    assert CS.choose_teacher({None: good}, x, y, slots)["kind"] == "champions"
+
+
+# ----------------------------------------------------------------------------- the stage
+BASE_DAY, END_DAY = "2024-01-04", "2024-01-09"
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> str:
+    uri = str(tmp_path_factory.mktemp("lake"))
+    write_days(Lake(uri), SPEC, "2024-01-02", 8, 2000)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mlflow-template")
+    uri = f"sqlite:///{d / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
+    return d / "mlflow.db"
+
+
+def tiny_config(lake: str, **cold) -> PipelineConfig:
+    return PipelineConfig(
+        data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
+        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+        lora=LoraTrainConfig(r=4, alpha=8, epochs=2, batch_size=64, window_days=3, min_rows=100, warmup_steps=2),
+        cold_start=ColdStartConfig(**{**dict(window_days=5, history_days=3, min_impressions=3, r=4, alpha=8, epochs=3,
+                                             batch_size=64, transfer_batch_size=128, min_labelled_rows=50,
+                                             min_holdout_rows=50), **cold}))
+
+
+@pytest.fixture
+def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
+    """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
+    from pipelines.training import base_model
+
+    use_store_copy(template_db, tmp_path, monkeypatch)
+    monkeypatch.setenv("CTR_CODE_VERSION", "test")
+    c = tiny_config(lake)
+    base_model.register(c, base_model.train(c, lake, BASE_DAY), actor="test")
+    yield c
+    mlflow.set_tracking_uri(None)
+
+
+def make_champion(model: str, version: str) -> None:
+    """Point model@champion at version (this tiny data's AUC is near 0.5: the gate is not the point here)."""
+    from pipelines.promotion import aliases
+
+    aliases.move_alias(model, "champion", version, kind="promote", reason="test setup", actor="test")
+
+
+def promote_teacher(cfg: PipelineConfig, lake: str, slot: str) -> None:
+    """ctr_lora_<slot>@champion through the real adapter path (train, evaluate, register)."""
+    from pipelines.evaluation.compare import evaluate
+    from pipelines.registry.register import register
+    from pipelines.training import adapter
+
+    cand = adapter.train(cfg, lake, "2024-01-07", slot)
+    reg = register(cfg, cand, evaluate(cfg, lake, cand))
+    make_champion(reg["model"], reg["version"])
+
+
+def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
+    promote_teacher(cfg, lake, "feed")
+    policy = load_gate_policy()
+    first = CS.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
+    json.dumps(first)  # JSON-safe all the way down
+
+    det = first["detected"]
+    assert det["cutoff"] == BASE_DAY and det["window"] == {"first": "2024-01-05", "last": END_DAY}
+    assert det["cold"]["new_users"] > 0 and det["rows"]["labelled"] >= 50 and det["rows"]["holdout"] >= 50
+    assert det["data"]["first"] == "2024-01-02" and det["data"]["count"] == 8  # history + window read
+
+    ev = first["evaluation"]
+    assert first["model"] == "ctr_lora_cold_start" and first["version"] == "1"
+    assert set(ev["cold_slice"]) == {"champions", "baseline", "student", "base"}
+    assert ev["teacher"] in ("champions", "base") and ev["teacher"] == first["evaluation"]["teacher"]
+    for m in ev["cold_slice"].values():
+        assert 0.0 < m["auc"] < 1.0 and m["logloss"] > 0 and m["rows"] == det["rows"]["holdout"]
+    assert ev["candidate"] == ev["cold_slice"]["student"] and ev["champion"] is None
+    assert first["gate"]["first_run"] is True
+
+    c = MlflowClient()
+    mv = c.get_model_version("ctr_lora_cold_start", "1")
+    for tag in ("data.first", "data.last", "data.sha256", "config.hash", "base.name", "base.version",
+                "base.fingerprint", "training.run_id", "cold_start.cutoff", "cold_start.holdout_start"):
+        assert mv.tags.get(tag), tag
+    assert json.loads(mv.tags["cold_start.teachers"]) == {"feed": "ctr_lora_feed v1", "search": "ctr_base v1",
+                                                          "splash": "ctr_base v1"}
+    assert mv.tags["gate.passed"] == ("true" if first["gate"]["passed"] else "false")
+    run = c.get_run(mv.run_id)
+    for who in ("champions", "baseline", "student", "base"):
+        for k in ("auc", "logloss"):
+            assert run.data.metrics[f"eval_{who}_{k}"] == pytest.approx(ev["cold_slice"][who][k])
+    assert run.data.tags["stage"] == "cold_start" and run.data.tags["teacher.feed"] == "ctr_lora_feed v1"
+    assert run.data.tags["teacher.kind"] == mv.tags["cold_start.teacher"] == ev["teacher"]
+    assert {"teacher_labelled_logloss_champions", "teacher_labelled_logloss_base"} <= set(run.data.metrics)
+    assert run.data.params["cold_start.w_kd"] == str(cfg.cold_start.w_kd)
+    arts = {a.path for a in c.list_artifacts(mv.run_id)}
+    assert {"baseline_adapter", "cold_start", "lineage"} <= arts
+
+    # Same day again: the same seed and data give the same student, now gated against v1 on the same rows.
+    if not first["gate"]["passed"]:
+        make_champion("ctr_lora_cold_start", "1")
+    second = CS.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
+    ev2 = second["evaluation"]
+    assert second["version"] == "2" and ev2["champion_version"] == "1" and second["gate"]["first_run"] is False
+    assert ev2["cold_slice"] == ev["cold_slice"]                 # deterministic
+    assert ev2["champion"]["auc"] == ev2["candidate"]["auc"]     # v1 scored on the same rows: identical
+    assert second["detected"] == det
+
+
+def test_stage_refusals(cfg, lake, monkeypatch):
+    with pytest.raises(PipelineError, match="slot 'nope' is not configured"):
+        CS.detect_stage(cfg, lake, END_DAY, "nope")
+    few = tiny_config(lake, min_labelled_rows=10 ** 6)
+    with pytest.raises(PipelineError, match="cold_start.min_labelled_rows"):
+        CS.detect_stage(few, lake, END_DAY)
+
+    detected = CS.detect_stage(cfg, lake, END_DAY, "feed")
+    assert detected["model_name"] == "ctr_lora_cold_start_feed" and detected["slot"] == "feed"
+    runs_before = len(mlflow.search_runs(search_all_experiments=True))
+    changed = {**detected, "data": {**detected["data"], "sha256": "0" * 64}}
+    with pytest.raises(PipelineError, match="changed between detection and distillation"):
+        CS.distill_stage(cfg, lake, END_DAY, "feed", detected=changed)
+    assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before  # refused before training
+
+    no_base = tiny_config(lake)
+    from pipelines.config import RegistryConfig
+
+    no_base = PipelineConfig(**{**no_base.__dict__, "registry": RegistryConfig(base_model_name="ctr_base_missing")})
+    with pytest.raises(PipelineError, match="no serving base"):
+        CS.detect_stage(no_base, lake, END_DAY)

@@ -1,0 +1,103 @@
+"""LoRA on the embedding tables and trainable LayerNorm biases: what trains, what stays frozen, save -> load."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pipelines.config import LoraTrainConfig
+from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.model.base import fingerprint
+from pipelines.training import lora
+from pipelines.training.loop import LoopSettings, predict, train
+from tests.pipelines.training.helpers import base, out, rows
+
+SETTINGS = LoopSettings(epochs=2, batch_size=64, lr=2e-2, weight_decay=0.0, warmup_steps=1, seed=7)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return rows("2024-01-03", 512)
+
+
+def base_state() -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in base().state_dict().items()}
+
+
+def clean(name: str) -> str:
+    return name.replace("base_model.model.", "").replace(".base_layer", "")
+
+
+def test_embeddings_target_expands_to_every_field_table():
+    names = lora.target_names(LoraTrainConfig(target_modules=("q_proj", "embeddings")))
+    assert names == ["q_proj"] + [f"embeddings.{f}" for f in FEATURE_FIELDS]
+
+
+def test_embeddings_target_puts_lora_on_the_tables_and_keeps_them_frozen(data, tmp_path):
+    from peft.tuners.lora import Embedding as LoraEmbedding
+
+    x, y = data
+    model = lora.attach(base(), LoraTrainConfig(r=4, alpha=8, target_modules=("v_proj", "embeddings")))
+    wrapped = {n.replace("base_model.model.", "") for n, m in model.named_modules() if isinstance(m, LoraEmbedding)}
+    assert wrapped == {f"embeddings.{f}" for f in FEATURE_FIELDS}
+    trainable = {clean(n) for n, p in model.named_parameters() if p.requires_grad}
+    assert {f"embeddings.{f}.lora_embedding_A.default" for f in FEATURE_FIELDS} <= trainable
+    assert all("lora_" in n for n in trainable)
+
+    before = base_state()
+    train(model, x, y, SETTINGS)
+    after = {clean(k): v for k, v in model.state_dict().items() if "lora_" not in k}
+    assert after.keys() == before.keys()
+    for k in before:  # every base tensor, the embedding tables included, is bit-identical
+        assert torch.equal(after[k], before[k]), k
+    assert any(torch.count_nonzero(p) for n, p in model.named_parameters() if "lora_embedding_A" in n)
+
+    expected = out(model, x)
+    lora.save(model, tmp_path / "adapter")
+    loaded = lora.load(base(), str(tmp_path / "adapter"))
+    assert torch.equal(out(loaded, x), expected)
+    assert not torch.equal(out(base(), x), expected)   # the adapter does change the outputs
+
+
+def test_layernorm_biases_train_and_round_trip_with_the_adapter(data, tmp_path):
+    x, y = data
+    lcfg = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"), train_layernorm_bias=True)
+    model = lora.attach(base(), lcfg)
+    ln_biases = {f"{n}.bias" for n, m in base().named_modules() if isinstance(m, nn.LayerNorm)}
+    assert len(ln_biases) == 3   # norm1, norm2 of the one block + the final norm
+    trainable = {clean(n) for n, p in model.named_parameters() if p.requires_grad}
+    assert ln_biases <= trainable and all("lora_" in n for n in trainable - ln_biases)
+    fp_before = fingerprint(model)
+
+    before = base_state()
+    train(model, x, y, SETTINGS)
+    after = {clean(k): v for k, v in model.state_dict().items() if "lora_" not in k}
+    for k in before:
+        if k in ln_biases:
+            assert not torch.equal(after[k], before[k]), f"{k} did not train"
+        else:
+            assert torch.equal(after[k], before[k]), f"base weight {k} changed"
+    assert fingerprint(model) != fp_before   # the biases are part of the base weights
+
+    expected = out(model, x)
+    lora.save(model, tmp_path / "adapter")
+    assert (tmp_path / "adapter" / lora.LAYERNORM_BIAS_FILE).is_file()
+    loaded = lora.load(base(), str(tmp_path / "adapter"))
+    assert not loaded.training and all(not p.requires_grad for p in loaded.parameters())
+    assert torch.equal(out(loaded, x), expected)
+    np.testing.assert_array_equal(predict(loaded, x), predict(model, x))
+    # saving the loaded adapter again keeps the biases (e.g. re-logging a registered version)
+    lora.save(loaded, tmp_path / "again")
+    assert torch.equal(out(lora.load(base(), str(tmp_path / "again")), x), expected)
+
+    # without the biases file the LoRA matrices alone give other outputs: the file is what carries them
+    (tmp_path / "adapter" / lora.LAYERNORM_BIAS_FILE).unlink()
+    assert not torch.equal(out(lora.load(base(), str(tmp_path / "adapter")), x), expected)
+
+
+def test_without_the_flag_no_biases_file_is_written(data, tmp_path):
+    model = lora.attach(base(), LoraTrainConfig(r=4, alpha=8))
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    lora.save(model, tmp_path / "adapter")
+    assert not (tmp_path / "adapter" / lora.LAYERNORM_BIAS_FILE).exists()
