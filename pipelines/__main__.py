@@ -75,7 +75,7 @@ def cmd_train_adapter(a) -> int:
 
     cfg = load_pipeline_config(a.config)
     lake = a.data or cfg.data.lake_uri
-    cand = adapter.train(cfg, lake, a.end_day, a.slot)
+    cand = adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty())
     if not a.register:
         _print(cand)
         return 0
