@@ -66,3 +66,14 @@ def use_store_copy(template_db, tmp_path, monkeypatch) -> str:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def template_db(tmp_path_factory):
+    """An initialised, empty MLflow SQLite store to copy with `use_store_copy`."""
+    from mlflow import MlflowClient
+
+    d = tmp_path_factory.mktemp("mlflow-template")
+    uri = f"sqlite:///{d / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
+    return d / "mlflow.db"

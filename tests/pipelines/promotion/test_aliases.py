@@ -13,15 +13,6 @@ from tests.conftest import use_store_copy
 MODEL = "ctr_lora_feed"
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory):
-    """An initialised, empty MLflow SQLite store. Creating the schema takes seconds; copying it does not."""
-    d = tmp_path_factory.mktemp("mlflow-template")
-    uri = f"sqlite:///{d / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
-    return d / "mlflow.db"
-
-
 @pytest.fixture
 def tracking(template_db, tmp_path, monkeypatch):
     """A fresh store per test; the tracking URI is reset afterwards."""

@@ -24,14 +24,6 @@ def lake(tmp_path_factory) -> str:
     return uri
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mlflow-template")
-    uri = f"sqlite:///{d / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
-    return d / "mlflow.db"
-
-
 @pytest.fixture
 def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
     """A registered serving base (ctr_base@champion) in a fresh store; checkpoints under tmp_path."""

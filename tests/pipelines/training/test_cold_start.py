@@ -168,14 +168,6 @@ def lake(tmp_path_factory) -> str:
     return uri
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mlflow-template")
-    uri = f"sqlite:///{d / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
-    return d / "mlflow.db"
-
-
 def tiny_config(lake: str, **cold) -> PipelineConfig:
     return PipelineConfig(
         data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
