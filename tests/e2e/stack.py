@@ -93,3 +93,29 @@ def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, a
         "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
     })
     return env
+
+
+def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> tuple[str, Path]:
+    """MovieLens partitions 1997-11-01..last_day in s3://<bucket>/clicks (a fresh bucket), and a copy of
+    the shipped pipeline config pointing at it, smaller only where just the run time changes (shorter
+    base window, fewer epochs) plus per-section `overrides`. Returns (lake URI, config path)."""
+    import boto3
+    import yaml
+
+    from pipelines.data import movielens
+    from pipelines.data.lake import Lake
+
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    lake = Lake(f"s3://{bucket}/clicks")
+    for day, part in movielens.daily_partitions():
+        if "1997-11-01" <= day <= last_day:
+            lake.write_partition(part, day)
+    cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
+    cfg["data"]["lake_uri"] = lake.uri
+    cfg["base_training"].update(train_start="1997-11-01", epochs=2)
+    cfg["lora"].update(epochs=2, window_days=21)
+    for section, values in overrides.items():
+        cfg[section].update(values)
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return lake.uri, path

@@ -10,9 +10,8 @@ import json
 import os
 
 import pytest
-import yaml
 
-from tests.e2e.stack import Stack, make_env, metadata_stores
+from tests.e2e.stack import Stack, make_env, metadata_stores, movielens_lake
 
 pytestmark = pytest.mark.slow
 
@@ -22,44 +21,30 @@ BUCKET = "e2e-cold-lake"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    import boto3
     import mlflow
 
     from pipelines.config import load_pipeline_config
-    from pipelines.data import movielens
-    from pipelines.data.lake import Lake
     from pipelines.evaluation.compare import evaluate
     from pipelines.promotion import aliases
     from pipelines.registry.register import register
     from pipelines.training import adapter, base_model
 
     tmp = tmp_path_factory.mktemp("e2e-cold")
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    lake = Lake(f"s3://{BUCKET}/clicks")
-    for day, part in movielens.daily_partitions():
-        if "1997-11-01" <= day <= DAY:
-            lake.write_partition(part, day)
-    # The shipped defaults, smaller only where just the run time changes (shorter base window, fewer epochs).
-    raw = yaml.safe_load(open("configs/pipeline.yaml"))
-    raw["data"]["lake_uri"] = lake.uri
-    raw["base_training"].update(train_start="1997-11-01", epochs=2)
-    raw["lora"].update(epochs=2, window_days=21)
-    raw["cold_start"].update(window_days=45, history_days=60)
-    (tmp / "pipeline.yaml").write_text(yaml.safe_dump(raw))
+    lake_uri, config_path = movielens_lake(tmp, BUCKET, DAY, cold_start={"window_days": 45, "history_days": 60})
     artifact_root = f"s3://{BUCKET}/mlflow"
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
-        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, tmp / "pipeline.yaml", artifact_root), kind, tmp)
+        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root), kind, tmp)
         st.airflow("db", "migrate")
         saved = {k: os.environ.get(k)
                  for k in ("MLFLOW_TRACKING_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_PIPELINE_CONFIG")}
         os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root,
-                          CTR_PIPELINE_CONFIG=str(tmp / "pipeline.yaml"))
+                          CTR_PIPELINE_CONFIG=str(config_path))
         mlflow.set_tracking_uri(mlflow_uri)
         try:
             cfg = load_pipeline_config()
-            base_model.register(cfg, base_model.train(cfg, lake.uri, CUTOFF), actor="e2e")
-            cand = adapter.train(cfg, lake.uri, TEACHER_DAY, "morning")
-            reg = register(cfg, cand, evaluate(cfg, lake.uri, cand))
+            base_model.register(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e")
+            cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
+            reg = register(cfg, cand, evaluate(cfg, lake_uri, cand))
             aliases.move_alias(reg["model"], "champion", reg["version"], kind="promote", actor="e2e",
                                reason="e2e: the teacher of the morning slot")
             yield st

@@ -9,9 +9,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
-from tests.e2e.stack import Stack, make_env, metadata_stores
+from tests.e2e.stack import Stack, make_env, metadata_stores, movielens_lake
 
 pytestmark = pytest.mark.slow
 
@@ -23,27 +22,13 @@ LINEAGE_TAGS = ("data.first", "data.last", "data.partitions", "data.sha256", "co
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    import boto3
     import mlflow
-
-    from pipelines.data import movielens
-    from pipelines.data.lake import Lake
 
     tmp = tmp_path_factory.mktemp("e2e")
     bucket = "e2e-lake"
-    boto3.client("s3").create_bucket(Bucket=bucket)
-    lake = Lake(f"s3://{bucket}/clicks")
-    for day, part in movielens.daily_partitions():
-        if "1997-11-01" <= day <= DAY2:
-            lake.write_partition(part, day)
-    # The shipped defaults, made smaller where only the run time changes (fewer epochs, shorter base window).
-    cfg = yaml.safe_load(open("configs/pipeline.yaml"))
-    cfg["data"]["lake_uri"] = lake.uri
-    cfg["base_training"].update(train_start="1997-11-01", epochs=2)
-    cfg["lora"].update(epochs=2, window_days=21)
-    (tmp / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
+    _, config_path = movielens_lake(tmp, bucket, DAY2)
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
-        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, tmp / "pipeline.yaml", f"s3://{bucket}/mlflow"), kind, tmp)
+        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow"), kind, tmp)
         st.airflow("db", "migrate")
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(mlflow_uri)
