@@ -62,7 +62,7 @@ def format_table(decision: dict) -> str:
 def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli") -> dict:
     """Decide, record the decision on the version, and promote it to @champion when it passes."""
     from pipelines.promotion import aliases
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import mlflow_io, model_card
 
     c = mlflow_io.client()
     mv = c.get_model_version(model, version)
@@ -76,6 +76,7 @@ def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: s
     if mv.run_id:
         c.log_dict(mv.run_id, decision, f"gate/decision_v{version}.json")
     log.info("%s v%s\n%s", model, version, format_table(decision))
+    model_card.publish(model, version, evaluation=evaluation, decision=decision)
     decision["model"], decision["version"] = model, version
     if decision["passed"]:
         move = aliases.move_alias(model, "champion", version, kind="promote", actor=actor,

@@ -77,11 +77,20 @@ def input_example(frame: pd.DataFrame, rows: int = 5) -> pd.DataFrame:
 
 def log_ctr_model(meta: dict, example: pd.DataFrame, base_dir: str | None = None,
                   adapter_dir: str | None = None, name: str = "model"):
-    """Log the CTR pyfunc in the active run; returns mlflow's ModelInfo (model_uri = models:/m-...)."""
+    """Log the CTR pyfunc in the active run; returns mlflow's ModelInfo (model_uri = models:/m-...).
+
+    With `adapter_dir`, the sha256 of each adapter file goes into the model's meta.json (checked by
+    the pyfunc at load) and onto the run as tag `adapter.sha256` (copied to the version at
+    registration, checked by the serving router against the registry's own copy).
+    """
     import mlflow
 
+    from pipelines.registry import integrity
     from pipelines.registry.pyfunc import CTRPyfunc
 
+    if adapter_dir:
+        meta = {**meta, "adapter_files": integrity.file_hashes(adapter_dir)}
+        mlflow.set_tag(integrity.TAG, json.dumps(meta["adapter_files"], sort_keys=True))
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "meta.json"
         meta_path.write_text(json.dumps(meta, indent=2))

@@ -2,7 +2,8 @@
 
 An adapter version does not copy the base weights: it names the base version it was trained on
 (`meta.base`) and loads it from the registry, then checks the base's weight fingerprint against the
-one recorded at training time. A mismatch refuses to load rather than serve a wrong model.
+one recorded at training time; the adapter's files must hash to what was recorded when it was logged
+(`registry.integrity`). Either mismatch refuses to load rather than serve a wrong model.
 """
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ class CTRPyfunc(mlflow.pyfunc.PythonModel):
         if self.meta["kind"] == "base":
             self.model = store.load_base(context.artifacts["base"])
         else:
+            from pipelines.registry.integrity import verify_files
+
             b = self.meta["base"]
+            verify_files(context.artifacts["adapter"], self.meta.get("adapter_files"),
+                         f"adapter of slot {self.meta.get('slot')!r} (base {b['name']} v{b['version']})")
             base = load_base_from_registry(b["name"], b["version"], b["fingerprint"])
             self.model = lora.load(base, context.artifacts["adapter"])
         self._cfg = self.model.cfg if hasattr(self.model, "cfg") else self.model.get_base_model().cfg

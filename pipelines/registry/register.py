@@ -1,35 +1,73 @@
 """Stage: register an evaluated adapter as a new version of `ctr_lora_<slot>` with full lineage tags.
 
 The version gets alias `candidate`; `@champion` is only ever moved by the gate or an operator.
+
+Registration is idempotent: the version's *registration key* is a hash of what determines the
+adapter (model name, data content hash, config hash, code version, base fingerprint). Re-running
+the task, or the whole training on the same data, config and code, finds the version carrying that
+key and returns it instead of registering a duplicate.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 
 from pipelines.config import PipelineConfig
 
+log = logging.getLogger(__name__)
 
-def lineage_tags(candidate: dict, evaluation: dict) -> dict:
-    from pipelines.registry import mlflow_io
+KEY_TAG = "registration.key"
+
+
+def registration_key(name: str, candidate: dict, code_version: str) -> str:
+    ident = {"model": name, "data": candidate["data"]["sha256"], "config": candidate["config_hash"],
+             "code": code_version, "base": candidate["base"]["fingerprint"]}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def lineage_tags(candidate: dict, evaluation: dict, code_version: str | None = None) -> dict:
+    from pipelines.registry import integrity, mlflow_io
 
     d, b = candidate["data"], candidate["base"]
+    code = code_version or mlflow_io.code_version()
+    run_tags = mlflow_io.client().get_run(candidate["run_id"]).data.tags
     return {
         "slot": candidate["slot"],
         "data.first": d["first"], "data.last": d["last"], "data.partitions": d["count"], "data.sha256": d["sha256"],
-        "config.hash": candidate["config_hash"], "code.version": mlflow_io.code_version(),
+        "config.hash": candidate["config_hash"], "code.version": code,
         "base.name": b["name"], "base.version": b["version"], "base.fingerprint": b["fingerprint"],
         "training.run_id": candidate["run_id"],
+        # the adapter's file hashes as recorded by the training run when it logged the model
+        integrity.TAG: run_tags.get(integrity.TAG, ""),
         "eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
         "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
         "eval.champion_version": evaluation["champion_version"] or "",
         "gate.passed": "pending",
+        KEY_TAG: registration_key(candidate["model_name"], candidate, code),
     }
 
 
-def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
+def find_registered(name: str, key: str):
+    """The version of `name` carrying registration key `key`, or None."""
     from pipelines.registry import mlflow_io
 
+    found = mlflow_io.client().search_model_versions(f"name = '{name}' and tags.`{KEY_TAG}` = '{key}'")
+    return min(found, key=lambda mv: int(mv.version)) if found else None
+
+
+def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
+    from pipelines.registry import mlflow_io, model_card
+
     name = candidate["model_name"]
-    version = mlflow_io.register(candidate["model_uri"], name, lineage_tags(candidate, evaluation),
-                                 alias="candidate", run_id=candidate["run_id"])
-    return {"model": name, "version": version, "slot": candidate["slot"], "evaluation": evaluation}
+    tags = lineage_tags(candidate, evaluation)
+    existing = find_registered(name, tags[KEY_TAG])
+    if existing is not None:
+        log.info("%s: data %s, config %s, code %s and base %s are already registered as v%s: returning it",
+                 name, tags["data.sha256"][:12], tags["config.hash"][:12], tags["code.version"][:12],
+                 tags["base.fingerprint"][:12], existing.version)
+        return {"model": name, "version": str(existing.version), "slot": candidate["slot"], "evaluation": evaluation,
+                "existing": True}
+    version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
+    model_card.publish(name, version, evaluation=evaluation)
+    return {"model": name, "version": version, "slot": candidate["slot"], "evaluation": evaluation, "existing": False}

@@ -248,12 +248,14 @@ def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
     arts = {a.path for a in c.list_artifacts(mv.run_id)}
     assert {"baseline_adapter", "cold_start", "lineage"} <= arts
 
-    # Same day again: the same seed and data give the same student, now gated against v1 on the same rows.
+    # Same day again: the same seed, data, config and code give the same student: registration returns v1
+    # instead of a duplicate, and it is gated against the champion (itself) on the same rows.
     if not first["gate"]["passed"]:
         make_champion("ctr_lora_cold_start", "1")
     second = CS.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
     ev2 = second["evaluation"]
-    assert second["version"] == "2" and ev2["champion_version"] == "1" and second["gate"]["first_run"] is False
+    assert second["version"] == "1" and ev2["champion_version"] == "1" and second["gate"]["first_run"] is False
+    assert len(c.search_model_versions("name = 'ctr_lora_cold_start'")) == 1
     assert ev2["cold_slice"] == ev["cold_slice"]                 # deterministic
     assert ev2["champion"]["auc"] == ev2["candidate"]["auc"]     # v1 scored on the same rows: identical
     assert second["detected"] == det

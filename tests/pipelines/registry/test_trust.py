@@ -1,0 +1,192 @@
+"""Registry entries serving can trust: a fresh process loads base + adapter from the registry alone and
+predicts what the training process predicted; tampered adapter files and a changed base are refused;
+every version carries its lineage and file hashes; registration is idempotent; a model card is kept."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.config import (BaseTrainConfig, DataConfig, GatePolicy, LoraTrainConfig, PipelineConfig, to_dict)
+from pipelines.data.lake import Lake, concat
+from pipelines.data.synthetic import SLOTS, write_days
+from pipelines.errors import RegistryError
+from pipelines.evaluation.compare import evaluate
+from pipelines.model import features, store
+from pipelines.promotion import gate
+from pipelines.registry import integrity, mlflow_io, register as reg
+from pipelines.training import adapter, base_model, checkpoint, lora
+from pipelines.training.loop import LoopSettings, fit, predict, seed_everything
+from tests.conftest import use_store_copy
+from tests.pipelines.training.helpers import CFG, SPEC
+
+REPO = Path(__file__).resolve().parents[3]
+END_DAY = "2024-01-05"
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> str:
+    uri = str(tmp_path_factory.mktemp("lake"))
+    write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
+    return uri
+
+
+@pytest.fixture
+def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
+    """A fresh store with a registered serving base (ctr_base@champion)."""
+    use_store_copy(template_db, tmp_path, monkeypatch)
+    monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
+    c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
+                       base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+                       lora=LoraTrainConfig(r=4, alpha=8, epochs=1, batch_size=64, lr=0.02, window_days=2,
+                                            min_rows=100, warmup_steps=2))
+    base_model.register(c, base_model.train(c, lake, "2024-01-03"), actor="test")
+    yield c
+    mlflow.set_tracking_uri(None)
+
+
+def _stored(tmp_path: Path, name: str) -> list[Path]:
+    """Files called `name` in the local artifact store (./mlruns under the test's cwd)."""
+    return sorted(p for p in tmp_path.rglob(name) if "mlruns" in p.parts)
+
+
+def _fresh_process_predict(model_uri: str, rows: pd.DataFrame, tmp_path: Path) -> np.ndarray:
+    """Load `model_uri` in a new interpreter that only knows the tracking URI, and score `rows`."""
+    rows.to_parquet(tmp_path / "rows.parquet")
+    script = (
+        "import sys, numpy as np, pandas as pd, mlflow.pyfunc\n"
+        "m = mlflow.pyfunc.load_model(sys.argv[1])\n"
+        "np.save(sys.argv[3], np.asarray(m.predict(pd.read_parquet(sys.argv[2])), dtype=np.float64))\n")
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "MLFLOW_TRACKING_URI") if k in os.environ}
+    env["CTR_TORCH_THREADS"] = "1"
+    out = tmp_path / "pred.npy"
+    proc = subprocess.run([sys.executable, "-c", script, model_uri, str(tmp_path / "rows.parquet"), str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(out)
+
+
+def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake, tmp_path):
+    rows = concat(Lake(lake).read_window(END_DAY, 1)).head(300).reset_index(drop=True)
+    seed_everything(3)
+    b = mlflow_io.version_by_alias("ctr_base", "champion")
+    from pipelines.registry.pyfunc import load_base_from_registry
+
+    model = lora.attach(load_base_from_registry("ctr_base", b.version, b.tags["fingerprint"]), cfg.lora)
+    train_rows = concat(Lake(lake).read_window("2024-01-04", 1))
+    fit(model, (features.encode(train_rows, CFG), features.labels(train_rows)),
+        LoopSettings(epochs=1, batch_size=64, lr=0.02, weight_decay=0.0, warmup_steps=2, seed=3))
+    in_process = predict(model, features.encode(rows, CFG)).astype(np.float64)
+    base_only = predict(store.load_base(Path(mlflow.artifacts.download_artifacts(
+        f"models:/ctr_base/{b.version}")) / "artifacts" / "base"), features.encode(rows, CFG))
+    assert np.abs(in_process - base_only).max() > 1e-4          # the adapter changes predictions
+    with mlflow.start_run():
+        adapter_dir = tmp_path / "adapter"
+        lora.save(model, adapter_dir)
+        info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": "feed", "lora": to_dict(cfg.lora),
+                                        "base": {"name": "ctr_base", "version": str(b.version),
+                                                 "fingerprint": b.tags["fingerprint"]}},
+                                       mlflow_io.input_example(rows), adapter_dir=str(adapter_dir))
+    version = mlflow_io.register(info.model_uri, "ctr_lora_feed", {}, run_id=info.run_id)
+    fresh = _fresh_process_predict(f"models:/ctr_lora_feed/{version}", rows, tmp_path)
+    np.testing.assert_allclose(fresh, in_process, rtol=0, atol=1e-6)
+
+
+def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, tmp_path):
+    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    ev = evaluate(cfg, lake, cand)
+    out = reg.register(cfg, cand, ev)
+    mv = mlflow_io.get_version(out["model"], out["version"])
+    t = mv.tags
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{out['model']}/{out['version']}"))
+    assert json.loads(t[integrity.TAG]) == integrity.file_hashes(local / "artifacts" / "adapter")
+    assert "adapter_model.safetensors" in json.loads(t[integrity.TAG])
+    base = mlflow_io.version_by_alias("ctr_base", "champion")
+    assert (t["base.name"], t["base.version"], t["base.fingerprint"]) == ("ctr_base", str(base.version),
+                                                                           base.tags["fingerprint"])
+    assert t["data.sha256"] == cand["data"]["sha256"] and t["data.last"] == END_DAY
+    partitions = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=cand["run_id"], artifact_path="lineage/data.json")).read_text())["partitions"]
+    assert sorted(partitions) == ["2024-01-04", "2024-01-05"]
+    assert partitions == {d: Lake(lake).read_partition(d).sha256 for d in partitions}   # content hashes
+    assert t["config.hash"] == cand["config_hash"] and t["code.version"]
+    assert json.loads(t["eval.candidate"])["auc"] == ev["candidate"]["auc"]
+    assert mv.description.startswith(f"# {out['model']} v{out['version']}") and "pending" in mv.description
+
+    decision = gate.run(GatePolicy(min_auc_first_run=0.5, max_logloss_first_run=5.0), out["model"],
+                        out["version"], ev, actor="test")
+    card = mlflow_io.get_version(out["model"], out["version"]).description
+    assert decision["passed"] and "**passed** (first run" in card and "auc_floor" in card
+    assert f"{cand['data']['first']} .. {END_DAY}" in card
+
+
+def test_registration_is_idempotent_for_the_same_data_config_and_code(cfg, lake):
+    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    ev = evaluate(cfg, lake, cand)
+    first = reg.register(cfg, cand, ev)
+    again = reg.register(cfg, cand, ev)                                   # the task re-run
+    retrained = adapter.train(cfg, lake, END_DAY, "feed")                # the whole training re-run
+    third = reg.register(cfg, retrained, evaluate(cfg, lake, retrained))
+    assert first["existing"] is False and again["existing"] is True and third["existing"] is True
+    assert first["version"] == again["version"] == third["version"]
+    assert len(mlflow_io.client().search_model_versions("name = 'ctr_lora_feed'")) == 1
+
+    other = adapter.train(cfg.__class__(**{**cfg.__dict__, "lora": LoraTrainConfig(
+        **{**cfg.lora.__dict__, "seed": 8})}), lake, END_DAY, "feed")   # another config: a new version
+    assert reg.register(cfg, other, evaluate(cfg, lake, other))["version"] != first["version"]
+
+
+def test_a_tampered_adapter_file_is_refused(cfg, lake, tmp_path):
+    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    out = reg.register(cfg, cand, evaluate(cfg, lake, cand))
+    uri = f"models:/{out['model']}/{out['version']}"
+    mlflow.pyfunc.load_model(uri)                                         # loads while intact
+    stored = _stored(tmp_path, "adapter_model.safetensors")
+    assert stored
+    for p in stored:
+        blob = bytearray(p.read_bytes())
+        blob[-1] ^= 0x01                                                  # one bit of one weight
+        p.write_bytes(bytes(blob))
+    with pytest.raises(RegistryError, match="adapter_model.safetensors has sha256 .* refusing to load"):
+        mlflow.pyfunc.load_model(uri)
+
+
+def test_an_adapter_whose_base_changed_is_refused(cfg, lake, tmp_path):
+    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    out = reg.register(cfg, cand, evaluate(cfg, lake, cand))
+    weights = _stored(tmp_path, store.WEIGHTS)                           # the base's weights in the store
+    assert weights
+    from safetensors.torch import load_file, save_file
+
+    for p in weights:
+        w = load_file(str(p))
+        w["head.bias"] = w["head.bias"] + 0.5                            # a different base, same shapes
+        save_file(w, str(p))
+    with pytest.raises(RegistryError, match="fingerprint .* refusing to load"):
+        mlflow.pyfunc.load_model(f"models:/{out['model']}/{out['version']}")
+
+
+def test_verify_files_names_each_difference(tmp_path):
+    d = tmp_path / "a"
+    d.mkdir()
+    (d / "w.bin").write_bytes(b"123")
+    (d / "README.md").write_text("ignored")
+    good = integrity.file_hashes(d)
+    assert list(good) == ["w.bin"]
+    integrity.verify_files(d, json.dumps(good), "m v1")
+    (d / "extra.bin").write_bytes(b"x")
+    with pytest.raises(RegistryError, match="extra.bin is not part of the registered adapter"):
+        integrity.verify_files(d, good, "m v1")
+    (d / "extra.bin").unlink()
+    (d / "w.bin").unlink()
+    with pytest.raises(RegistryError, match="m v1: .*w.bin is missing"):
+        integrity.verify_files(d, good, "m v1")
+    with pytest.raises(RegistryError, match="no recorded adapter file hashes"):
+        integrity.verify_files(d, None, "m v1")
