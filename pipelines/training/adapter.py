@@ -30,37 +30,34 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
           progress: bool = False) -> dict:
     """Train, log and return the candidate adapter of `slot` for the window ending `end_day`.
 
-    The newest `lora.val_fraction` of the training rows validate every epoch (early stopping, best
-    epoch kept); the holdout is only scored at the end. A checkpoint is written after every epoch
-    to `checkpoint_uri` (default: training.checkpoint.default_uri, deterministic per model, end day
-    and config), so re-running a killed task resumes it with the same final weights; it is deleted
-    once the model is logged. `progress` shows a tqdm bar per epoch.
+    Rows stream from the lake's partitions (`training.stream`): memory is bounded by the read chunk
+    and the shuffle buffer, not by the window's row count. In lake order (day, file, row: the
+    writers store each day sorted by event time) the newest `lora.holdout_fraction` of the slot's
+    rows are the evaluation holdout, only scored at the end (and re-read by the evaluation stage);
+    the newest `lora.val_fraction` of the rest validate every epoch (early stopping, best epoch kept).
+    A checkpoint is written after every epoch to `checkpoint_uri` (default:
+    training.checkpoint.default_uri, deterministic per model, end day and config), so re-running a
+    killed task resumes it with the same final weights; it is deleted once the model is logged.
+    `progress` shows a tqdm bar per epoch.
     """
     import mlflow
     import torch
 
-    from pipelines.evaluation.metrics import summary
-    from pipelines.model import features
     from pipelines.registry import mlflow_io
     from pipelines.registry.pyfunc import load_base_from_registry
     from pipelines.training import checkpoint, lora
-    from pipelines.training.data import load_split, time_split
-    from pipelines.training.loop import LoopSettings, fit, predict, seed_everything
+    from pipelines.training.loop import LoopSettings, fit, seed_everything
 
     if slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)})")
     lc = cfg.lora
     base_ref = serving_base(cfg)
-    split = load_split(lake_uri, end_day, lc.holdout_fraction, days=lc.window_days, slot=slot, min_rows=lc.min_rows)
-    # split.train is time-sorted: its newest rows validate, the evaluation holdout stays untouched
-    fit_rows, val_rows = time_split(split.train, lc.val_fraction)
     stab = lora.stable_lr(lc)
     seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
     model = lora.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
-    mcfg = model.get_base_model().cfg
-    x_tr, y_tr = features.encode(fit_rows, mcfg), features.labels(fit_rows)
-    x_va, y_va = features.encode(val_rows, mcfg), features.labels(val_rows)
-    x_ho, y_ho = features.encode(split.holdout, mcfg), features.labels(split.holdout)
+    streams = holdout_streams(cfg, lake_uri, end_day, slot, model.get_base_model().cfg)
+    data_lineage = streams["index"].lineage()
+    fit_rows, val_rows, holdout = streams["train"], streams["val"], streams["holdout"]
     sizes = lora.trainable_fraction(model)
     settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
                             patience=lc.early_stopping_patience)
@@ -69,7 +66,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     store = checkpoint.CheckpointStore(checkpoint_uri or checkpoint.default_uri(
         checkpoint.default_root(lake_uri), model_name, end_day, chash))
     # A checkpoint only resumes this exact run: same config, base weights and data.
-    run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": split.lineage["sha256"]}
+    run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": data_lineage["sha256"]}
 
     mlflow.set_experiment(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment))
     with mlflow.start_run(run_name=f"{model_name}-{end_day}") as run:
@@ -78,13 +75,14 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
                          "base.fingerprint": base_ref["fingerprint"], "code.version": mlflow_io.code_version()})
         mlflow.log_params({f"lora.{k}": v for k, v in to_dict(lc).items()})
         mlflow.log_params({"train.effective_lr": stab["effective_lr"], "train.stability": stab["stability"],
-                           "train.lr_rescaled": stab["lr_rescaled"], "train.rows": len(fit_rows),
-                           "train.val_rows": len(val_rows), "train.checkpoint": store.location})
+                           "train.lr_rescaled": stab["lr_rescaled"], "train.rows": fit_rows.rows,
+                           "train.val_rows": val_rows.rows, "train.checkpoint": store.location})
         mlflow.log_metrics({k: float(v) for k, v in sizes.items()})
         log.info("%s: %d train rows, %d val rows, %d holdout rows; trainable %d / %d params (%.4f%%); lr %.6g",
-                 model_name, len(fit_rows), len(val_rows), len(split.holdout), sizes["trainable_params"],
+                 model_name, fit_rows.rows, val_rows.rows, holdout.rows, sizes["trainable_params"],
                  sizes["total_params"], 100 * sizes["trainable_fraction"], stab["effective_lr"])
-        result = fit(model, (x_tr, y_tr), settings, val=(x_va, y_va), desc=model_name, checkpoint=store,
+        result = fit(model, fit_rows, settings, val=val_rows if val_rows.rows else None, desc=model_name,
+                     checkpoint=store,
                      run_key=run_key, progress=progress,
                      on_epoch=lambda m: mlflow.log_metrics(
                          {k: float(v) for k, v in m.items() if k != "epoch" and v is not None}, step=m["epoch"]))
@@ -94,16 +92,36 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
         mlflow.set_tags({"training.resumed_from_epoch": str(result["resumed_from_epoch"]),
                          "training.best_epoch": str(result["best_epoch"])})
         mlflow.log_metrics({"epochs_run": result["epochs_run"]})
-        metrics = summary(y_ho, predict(model, x_ho))
-        mlflow.log_dict(split.lineage, "lineage/data.json")
+        metrics = score_stream(model, holdout)
+        mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+        mlflow.log_dict(data_lineage, "lineage/data.json")
         with tempfile.TemporaryDirectory() as tmp:
             lora.save(model, tmp)
             info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
-                                           mlflow_io.input_example(split.holdout), adapter_dir=tmp)
+                                           mlflow_io.input_example(next(holdout.frames(5))), adapter_dir=tmp)
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "model_name": model_name, "slot": slot,
             "end_day": end_day, "base": base_ref, "metrics": metrics, "trainable_fraction": sizes["trainable_fraction"],
-            "data": {k: split.lineage[k] for k in ("first", "last", "count", "sha256")},
+            "data": {k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
             "config_hash": chash, "effective_lr": stab["effective_lr"], "stability": stab["stability"],
             "lr_rescaled": stab["lr_rescaled"], "epochs_run": result["epochs_run"], "best_epoch": result["best_epoch"],
             "resumed_from_epoch": result["resumed_from_epoch"]}
+
+
+def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, model_cfg) -> dict:
+    """train / val / holdout streams of a slot's window: the one definition that training and the
+    evaluation stage share, so both see exactly the same holdout rows."""
+    from pipelines.training.stream import stream_split
+
+    lc = cfg.lora
+    return stream_split(lake_uri, end_day, model_cfg, days=lc.window_days, slot=slot,
+                        holdout_fraction=lc.holdout_fraction, val_fraction=lc.val_fraction, min_rows=lc.min_rows)
+
+
+def score_stream(model, stream) -> dict:
+    """Metric summary of `model` over a stream's rows (in order, under no_grad)."""
+    from pipelines.evaluation.metrics import summary
+    from pipelines.training.loop import evaluate_arrays
+
+    y, p = evaluate_arrays(model, stream)
+    return summary(y, p)

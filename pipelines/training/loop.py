@@ -106,8 +106,9 @@ def as_source(data):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, source, batch_size: int = 4096) -> dict:
-    """val_auc / val_logloss over a source's rows in order, under no_grad and eval mode."""
+def evaluate_arrays(model: nn.Module, source, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, pCTR) over a source's rows in order, under no_grad and eval mode (restores the mode)."""
+    configure_threads()
     was_training = model.training
     model.eval()
     ps, ys = [], []
@@ -115,7 +116,14 @@ def evaluate(model: nn.Module, source, batch_size: int = 4096) -> dict:
         ps.append(torch.sigmoid(model(x)).numpy())
         ys.append(y.numpy())
     model.train(was_training)
-    p, y = np.concatenate(ps), np.concatenate(ys)
+    if not ys:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return np.concatenate(ys), np.concatenate(ps)
+
+
+def evaluate(model: nn.Module, source, batch_size: int = 4096) -> dict:
+    """val_auc / val_logloss over a source's rows in order, under no_grad and eval mode."""
+    y, p = evaluate_arrays(model, source, batch_size)
     return {"val_auc": auc(y, p), "val_logloss": logloss(y, p)}
 
 

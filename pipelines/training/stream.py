@@ -1,8 +1,9 @@
 """Training batches streamed from the lake, in memory bounded by the read chunk and the shuffle buffer
 instead of the row count.
 
-`LakeIndex` lists the window's parquet files and counts each one's rows of the slot (reading only
-the `slot` column). Rows have a canonical order: partition date, file name, row in file. A
+`LakeIndex` lists the window's parquet files, counts each one's rows of the slot (reading only
+the `slot` column) and hashes their bytes (the same partition hashes as `data.lake.lineage`, so a
+streamed run records the same data lineage as an in-memory read). Rows have a canonical order: partition date, file name, row in file. A
 `LakeStream` is a range of that order (train / val / holdout are consecutive ranges, the newest
 last, as in `training.data.time_split` but by lake order rather than a global sort). Each epoch it
 reads the files of its range in a shuffled order, record batch by record batch
@@ -16,7 +17,9 @@ bytes each) + for S3 one parquet object's bytes (a local file is read in place).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import io
+import json
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -30,7 +33,7 @@ import torch
 from pipelines.config import ModelConfig
 from pipelines.data.lake import Lake, split_s3
 from pipelines.data.schema import FEATURE_FIELDS
-from pipelines.errors import PipelineError
+from pipelines.errors import LakeError, PipelineError
 from pipelines.model import features
 
 _COLUMNS = list(FEATURE_FIELDS) + ["label"]
@@ -52,42 +55,75 @@ class LakeIndex:
         end = dt.date.fromisoformat(end_day)
         start = dt.date.fromisoformat(start_day) if start_day else end - dt.timedelta(days=(days or 1) - 1)
         wanted = [d for d in self.lake.list_partitions() if start <= dt.date.fromisoformat(d) <= end]
-        self.files = [LakeFile(d, k, self._count(k)) for d in wanted for k in self.lake.parquet_files(d)]
+        self.files, self.partition_sha256 = [], {}
+        for d in wanted:
+            digest = hashlib.sha256()   # as Lake.read_partition hashes a partition: its files' bytes in order
+            for k in self.lake.parquet_files(d):
+                self.files.append(LakeFile(d, k, self._count(k, digest)))
+            self.partition_sha256[d] = digest.hexdigest()
         self.rows = sum(f.rows for f in self.files)
+
+    def lineage(self) -> dict:
+        """The window's lineage, equal to `data.lake.lineage` of the same partitions read in memory."""
+        per = self.partition_sha256
+        return {"partitions": dict(per), "sha256": hashlib.sha256(json.dumps(per, sort_keys=True).encode()).hexdigest(),
+                "first": min(per) if per else None, "last": max(per) if per else None, "count": len(per)}
+
+    def _bytes(self, key: str) -> bytes:
+        _, prefix = split_s3(self.lake.uri)
+        return self.lake.get_bytes(key[len(prefix) + 1:] if prefix else key)
 
     def open(self, key: str) -> pq.ParquetFile:
         if not self.lake.is_s3:
             return pq.ParquetFile(key)
-        _, prefix = split_s3(self.lake.uri)
-        return pq.ParquetFile(io.BytesIO(self.lake.get_bytes(key[len(prefix) + 1:] if prefix else key)))
+        return pq.ParquetFile(io.BytesIO(self._bytes(key)))
 
-    def _count(self, key: str) -> int:
-        pf = self.open(key)
-        if self.slot is None:
-            return pf.metadata.num_rows
-        return int(pc.sum(pc.equal(pf.read(columns=["slot"]).column("slot"), self.slot)).as_py() or 0)
+    def _count(self, key: str, digest) -> int:
+        """Rows of the slot in one file; feeds the file's bytes to the partition's digest on the way."""
+        try:
+            if self.lake.is_s3:
+                payload = self._bytes(key)
+                digest.update(payload)
+                pf = pq.ParquetFile(io.BytesIO(payload))
+            else:
+                with open(key, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 22), b""):
+                        digest.update(block)
+                pf = pq.ParquetFile(key)
+            if self.slot is None:
+                return pf.metadata.num_rows
+            return int(pc.sum(pc.equal(pf.read(columns=["slot"]).column("slot"), self.slot)).as_py() or 0)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise LakeError(f"object {key} of the lake {self.lake.uri} is not readable parquet: {exc}") from exc
 
-    def chunks(self, lo: int, hi: int, read_rows: int, cfg: ModelConfig, order: list[int] | None = None
-               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(tokens, labels) of the rows [lo, hi) of the canonical order, file by file in `order`."""
+    def frames(self, lo: int, hi: int, read_rows: int, order: list[int] | None = None,
+               columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
+        """Contract rows [lo, hi) of the canonical order as frames of at most `read_rows`, file by file in `order`."""
         offsets = np.concatenate([[0], np.cumsum([f.rows for f in self.files])]).astype(np.int64)
+        cols = columns or _COLUMNS
+        read_cols = cols + (["slot"] if "slot" not in cols else [])
         for i in order if order is not None else range(len(self.files)):
             a, b = max(lo, int(offsets[i])), min(hi, int(offsets[i + 1]))
             if a >= b:
                 continue  # outside the range: not even opened
             a, b = a - int(offsets[i]), b - int(offsets[i])   # within the file's rows of the slot
             pos = 0
-            for rb in self.open(self.files[i].key).iter_batches(batch_size=read_rows, columns=_COLUMNS + ["slot"]):
+            for rb in self.open(self.files[i].key).iter_batches(batch_size=read_rows, columns=read_cols):
                 if self.slot is not None:
                     rb = rb.filter(pc.equal(rb.column("slot"), self.slot))
                 n = rb.num_rows
                 s, e = max(a - pos, 0), min(b - pos, n)
                 pos += n
                 if s < e:
-                    frame = rb.slice(s, e - s).to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get)
-                    yield features.encode(frame, cfg), features.labels(frame)
+                    yield rb.slice(s, e - s).select(cols).to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get)
                 if pos >= b:
                     break
+
+    def chunks(self, lo: int, hi: int, read_rows: int, cfg: ModelConfig, order: list[int] | None = None
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(tokens, labels) of the rows [lo, hi) of the canonical order, file by file in `order`."""
+        for frame in self.frames(lo, hi, read_rows, order):
+            yield features.encode(frame, cfg), features.labels(frame)
 
 
 class LakeStream:
@@ -103,6 +139,10 @@ class LakeStream:
         self.read_rows, self.buffer_rows = read_rows, buffer_rows
         self.rows = hi - lo
         self.peak_buffer = 0   # largest number of rows held in the shuffle buffer (tests, diagnostics)
+
+    def frames(self, read_rows: int | None = None, columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
+        """The range's contract rows, in order, as frames of at most `read_rows` rows (for scoring)."""
+        return self.index.frames(self.lo, self.hi, read_rows or self.read_rows, columns=columns)
 
     def batches(self, batch_size: int, gen: torch.Generator | None = None
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
