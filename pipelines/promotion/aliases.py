@@ -14,18 +14,23 @@ from pipelines.errors import PromotionError
 from pipelines.registry import mlflow_io
 
 HISTORY_EXPERIMENT = "ctr-alias-history"
-KINDS = ("promote", "revert", "override")
+KINDS = ("promote", "revert", "override", "canary", "withdraw")
+ENTRY_KEYS = ("model", "alias", "kind", "from_version", "to_version", "reason", "actor", "at", "seq", "op_id")
 
 
 def _tag(v) -> str:
     return "" if v is None else str(v)
 
 
-def record_move(model: str, alias: str, from_version, to_version, kind: str, reason: str, actor: str) -> dict:
+def record_move(model: str, alias: str, from_version, to_version, kind: str, reason: str, actor: str,
+                op_id: str | None = None, after_seq: int = 0) -> dict:
+    """Append one entry to the history. `after_seq`: the last recorded seq (the new one is larger even
+    when the clocks of two writers disagree; callers hold the model's registry lock)."""
     exp_id = mlflow_io.ensure_experiment(HISTORY_EXPERIMENT)
     entry = {"model": model, "alias": alias, "kind": kind, "from_version": _tag(from_version),
              "to_version": _tag(to_version), "reason": reason, "actor": actor,
-             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"), "seq": str(time.time_ns())}
+             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+             "seq": str(max(time.time_ns(), after_seq + 1)), "op_id": op_id or ""}
     c = mlflow_io.client()
     run = c.create_run(exp_id, run_name=f"{model}@{alias}: {kind} {entry['from_version'] or '-'} -> {to_version}",
                        tags=entry)
@@ -33,16 +38,16 @@ def record_move(model: str, alias: str, from_version, to_version, kind: str, rea
     return entry
 
 
-def history(model: str, alias: str = "champion") -> list[dict]:
-    """Every recorded move of model@alias, oldest first."""
+def history(model: str, alias: str | None = "champion") -> list[dict]:
+    """Every recorded move of model@alias (every alias with alias=None), oldest first."""
     import mlflow
 
     if mlflow.get_experiment_by_name(HISTORY_EXPERIMENT) is None:
         return []
-    runs = mlflow.search_runs(experiment_names=[HISTORY_EXPERIMENT], output_format="list",
-                              filter_string=f"tags.model = '{model}' and tags.alias = '{alias}'")
-    keys = ("model", "alias", "kind", "from_version", "to_version", "reason", "actor", "at", "seq")
-    entries = [{k: r.data.tags.get(k) for k in keys} for r in runs]
+    where = f"tags.model = '{model}'" + (f" and tags.alias = '{alias}'" if alias else "")
+    runs = mlflow.search_runs(experiment_names=[HISTORY_EXPERIMENT], output_format="list", filter_string=where,
+                              max_results=50000)
+    entries = [{k: r.data.tags.get(k, "") for k in ENTRY_KEYS} for r in runs]
     return sorted(entries, key=lambda e: int(e["seq"]))
 
 
@@ -51,19 +56,39 @@ def current(model: str, alias: str = "champion") -> str | None:
     return str(mv.version) if mv else None
 
 
-def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor: str) -> dict:
-    """Point model@alias at `version` and record the move. Idempotent: no-op if already there."""
+def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor: str,
+               op_id: str | None = None) -> dict:
+    """Point model@alias at `version` (None: remove the alias) and record the move, atomically.
+
+    Idempotent twice over: a move to where the alias already points is a no-op, and a move whose
+    `op_id` (e.g. the Airflow task instance that asked for it) is already recorded is not made again
+    (a retried or re-run task returns the recorded move instead of moving the alias a second time).
+    """
+    from pipelines.promotion.lock import registry_lock
+
     if kind not in KINDS:
         raise PromotionError(f"unknown move kind {kind!r}; expected one of {KINDS}")
     if not reason or not reason.strip():
         raise PromotionError(f"a reason is required to move {model}@{alias}")
-    version = str(version)
-    mlflow_io.get_version(model, version)  # raises RegistryError if it does not exist
-    before = current(model, alias)
-    if before == version:
-        return {"moved": False, "model": model, "alias": alias, "from_version": before, "to_version": version}
-    mlflow_io.client().set_registered_model_alias(model, alias, version)
-    entry = record_move(model, alias, before, version, kind, reason, actor)
+    version = None if version is None else str(version)
+    if version is not None:
+        mlflow_io.get_version(model, version)  # raises RegistryError if it does not exist
+    with registry_lock(model):
+        past = history(model, None)
+        if op_id:
+            done = [e for e in past if e["op_id"] == op_id]
+            if done:
+                return {"moved": False, "replayed": True, **done[-1]}
+        before = current(model, alias)
+        if before == version:
+            return {"moved": False, "model": model, "alias": alias, "from_version": before, "to_version": version}
+        c = mlflow_io.client()
+        if version is None:
+            c.delete_registered_model_alias(model, alias)
+        else:
+            c.set_registered_model_alias(model, alias, version)
+        entry = record_move(model, alias, before, version, kind, reason, actor, op_id=op_id,
+                            after_seq=max((int(e["seq"]) for e in past), default=0))
     return {"moved": True, **entry}
 
 
@@ -94,14 +119,33 @@ def check_promotable(model: str, version: str) -> None:
                                  f"base is {(serving or 'missing')[:12]}...; refusing an incompatible version")
 
 
-def promote(model: str, version, reason: str, actor: str = "cli") -> dict:
+def promote(model: str, version, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
     version = str(version)
     check_promotable(model, version)
-    return move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor)
+    return move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id)
 
 
-def revert(model: str, reason: str, to_version=None, actor: str = "cli") -> dict:
-    """Put the previous champion (or `to_version`) back as @champion in one step."""
+def revert(model: str, reason: str, to_version=None, actor: str = "cli", op_id: str | None = None) -> dict:
+    """Put the previous champion (or `to_version`) back as @champion in one step.
+
+    The choice of "previous" and the move happen under the model's registry lock, so two concurrent
+    reverts pop the history twice rather than both moving to the same version. A version that does
+    not exist, never passed its gate, or whose base is not the serving base is refused.
+    """
+    from pipelines.promotion.lock import registry_lock
+
+    with registry_lock(model):   # re-entrant: move_alias takes the same lock inside
+        target = _revert_target(model, to_version, op_id)
+        if isinstance(target, dict):
+            return target
+        return move_alias(model, "champion", target, kind="revert", reason=reason, actor=actor, op_id=op_id)
+
+
+def _revert_target(model: str, to_version, op_id: str | None):
+    if op_id:
+        done = [e for e in history(model, None) if e["op_id"] == op_id]
+        if done:
+            return {"moved": False, "replayed": True, **done[-1]}
     now = current(model)
     if now is None:
         raise PromotionError(f"{model} has no @champion to revert")
@@ -114,4 +158,4 @@ def revert(model: str, reason: str, to_version=None, actor: str = "cli") -> dict
     if to_version == now:
         return {"moved": False, "model": model, "alias": "champion", "from_version": now, "to_version": now}
     check_promotable(model, to_version)
-    return move_alias(model, "champion", to_version, kind="revert", reason=reason, actor=actor)
+    return to_version
