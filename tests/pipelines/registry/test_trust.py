@@ -14,18 +14,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.config import (BaseTrainConfig, DataConfig, GatePolicy, LoraTrainConfig, PipelineConfig, to_dict)
+from pipelines.config import GatePolicy, LoraTrainConfig, PipelineConfig, to_dict
 from pipelines.data.lake import Lake, concat
-from pipelines.data.synthetic import SLOTS, write_days
+from pipelines.data.synthetic import write_days
 from pipelines.errors import RegistryError
 from pipelines.evaluation.compare import evaluate
 from pipelines.model import features, store
 from pipelines.promotion import gate
 from pipelines.registry import integrity, mlflow_io, register as reg
-from pipelines.training import adapter, base_model, checkpoint, lora
+from pipelines.training import adapter, checkpoint, lora
 from pipelines.training.loop import LoopSettings, fit, predict, seed_everything
 from tests.conftest import use_store_copy
-from tests.pipelines.training.helpers import CFG, SPEC
+from tests.pipelines.training.helpers import CFG, SPEC, registered_base_config
 
 REPO = Path(__file__).resolve().parents[3]
 END_DAY = "2024-01-05"
@@ -43,12 +43,7 @@ def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
     """A fresh store with a registered serving base (ctr_base@champion)."""
     use_store_copy(template_db, tmp_path, monkeypatch)
     monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
-    c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
-                       base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
-                       lora=LoraTrainConfig(r=4, alpha=8, epochs=1, batch_size=64, lr=0.02, window_days=2,
-                                            min_rows=100, warmup_steps=2))
-    base_model.register(c, base_model.train(c, lake, "2024-01-03"), actor="test")
-    yield c
+    yield registered_base_config(lake)
     mlflow.set_tracking_uri(None)
 
 
