@@ -90,6 +90,10 @@ class ModelConfig:
     dropout: float = 0.0
     id_buckets: int = 1 << 14
     small_buckets: int = 64
+    # First-order ("wide") term: one learned bias per field value (an Embedding of dim 1 per field,
+    # zero-initialised), summed into the logit as in Wide&Deep / DeepFM. False = the original model
+    # (same state_dict keys, same weights for a seed).
+    wide: bool = False
 
     def __post_init__(self):
         _check(self.n_heads >= 1 and self.embed_dim > 0 and self.embed_dim % self.n_heads == 0,
@@ -98,6 +102,7 @@ class ModelConfig:
         _check(self.ffn_mult >= 1, "model.ffn_mult must be >= 1")
         _check(0.0 <= self.dropout < 1.0, "model.dropout must be in [0, 1)")
         _check(self.id_buckets >= 2 and self.small_buckets >= 2, "model.*_buckets must be >= 2")
+        _check(isinstance(self.wide, bool), f"model.wide must be true or false, got {self.wide!r}")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,12 @@
 
 Attention projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` so that LoRA targets can be
 named explicitly (PEFT `target_modules`), as in transformer LMs.
+
+`ModelConfig.wide` (off by default; then the model, its state_dict keys and its weights for a seed
+are exactly the original ones) adds a first-order term to that logit: one learned bias per field
+value (`wide.<field>`, an Embedding of dim 1, zero-initialised), the "wide" part of Wide&Deep /
+DeepFM, i.e. what a one-hot logistic regression learns. It sits outside the attention blocks: LoRA
+on q_proj / v_proj adapts the same modules either way, and the wide tables stay frozen with the base.
 """
 from __future__ import annotations
 
@@ -57,21 +63,45 @@ class CTRModel(nn.Module):
         self.norm = nn.LayerNorm(cfg.embed_dim)
         self.head = nn.Linear(cfg.embed_dim, 1)
         self._init()
+        # Created after _init and zero-initialised: the other weights of a seed are the same with or without.
+        if cfg.wide:
+            self.wide = nn.ModuleDict({f: nn.Embedding(sizes[f], 1) for f in FEATURE_FIELDS})
+            for emb in self.wide.values():
+                nn.init.zeros_(emb.weight)
+        else:
+            self.wide = None
 
     def _init(self) -> None:
         for emb in self.embeddings.values():
             nn.init.normal_(emb.weight, std=0.02)
         nn.init.normal_(self.field_pos, std=0.02)
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        parts = [self.embeddings[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)]
-        return torch.stack(parts, dim=1) + self.field_pos
+    def field_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, n_fields, D]: each field's embedding row, before the field position is added."""
+        return torch.stack([self.embeddings[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)], dim=1)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.field_embeddings(tokens) + self.field_pos
+
+    def wide_logit(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The first-order term [batch] (sum of the fields' value biases), None without `cfg.wide`."""
+        if self.wide is None:
+            return None
+        return torch.cat([self.wide[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)], dim=1).sum(dim=1)
+
+    def logits_and_pooled(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [batch], pooled [batch, D]): the pooled vector is the mean over fields of the final
+        LayerNorm's output, what the head reads; logits are exactly `forward(tokens)`."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x).mean(dim=1)).squeeze(-1)
+        h = self.norm(x).mean(dim=1)
+        logits = self.head(h).squeeze(-1)
+        wide = self.wide_logit(tokens)
+        return (logits if wide is None else logits + wide), h
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.logits_and_pooled(tokens)[0]
 
 
 def fingerprint(model: nn.Module) -> str:

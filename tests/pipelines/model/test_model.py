@@ -166,3 +166,74 @@ def test_store_load_refuses_a_tampered_config(tmp_path):
     (tmp_path / store.CONFIG).write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="embed_dimm"):
         store.load_base(tmp_path)
+
+
+# ----------------------------------------------------------------------------- optional wide term
+WIDE = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024, wide=True)
+# The state_dict keys of the default model (before `wide` existed): a new option must not change them.
+DEFAULT_KEYS = ({f"embeddings.{f}.weight" for f in FEATURE_FIELDS} | {"field_pos", "norm.weight", "norm.bias",
+                "head.weight", "head.bias"}
+                | {f"blocks.0.{m}.{p}" for m in ("norm1", "q_proj", "k_proj", "v_proj", "o_proj", "norm2", "ffn_in",
+                                                 "ffn_out") for p in ("weight", "bias")})
+
+
+def test_default_model_has_the_original_state_dict_keys():
+    assert ModelConfig().wide is False
+    assert set(make_model().state_dict()) == DEFAULT_KEYS
+    assert make_model().wide is None
+
+
+def test_wide_adds_zero_initialised_bias_tables_and_keeps_the_other_weights(tokens):
+    torch.manual_seed(0)
+    wide = CTRModel(WIDE).eval()
+    plain = make_model(0)
+    sd, sd_plain = wide.state_dict(), plain.state_dict()
+    extra = set(sd) - set(sd_plain)
+    assert extra == {f"wide.{f}.weight" for f in FEATURE_FIELDS} and set(sd_plain) <= set(sd)
+    sizes = features.field_sizes(WIDE)
+    for f in FEATURE_FIELDS:
+        assert tuple(sd[f"wide.{f}.weight"].shape) == (sizes[f], 1) and not sd[f"wide.{f}.weight"].any()
+    for k, v in sd_plain.items():  # same seed, same weights: the wide tables draw no random numbers
+        assert torch.equal(sd[k], v), k
+    with torch.no_grad():
+        assert torch.equal(wide(tokens), plain(tokens))  # zero biases: the same function at init
+        wide.wide["item_id"].weight[tokens[0, 1]] = 0.5
+        out = wide(tokens)
+        logits, pooled = wide.logits_and_pooled(tokens)
+        assert torch.equal(out, logits) and pooled.shape == (len(tokens), WIDE.embed_dim)
+        assert torch.allclose(out - plain(tokens), 0.5 * (tokens[:, 1] == tokens[0, 1]).float())
+
+
+def test_wide_model_trains_its_bias_tables_and_lora_still_targets_the_attention(tokens):
+    torch.manual_seed(0)
+    wide = CTRModel(WIDE)
+    y = torch.randint(0, 2, (len(tokens),)).float()
+    torch.nn.functional.binary_cross_entropy_with_logits(wide(tokens), y).backward()
+    assert wide.wide["item_id"].weight.grad.abs().sum() > 0
+    base = CTRModel(WIDE).eval()
+    plain_fp = fingerprint(base)
+    model = lora.attach(base, LoraTrainConfig(r=4, alpha=8))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n and (".q_proj." in n or ".v_proj." in n) for n in trainable)
+    assert fingerprint(model) == plain_fp
+    with torch.no_grad():
+        assert torch.equal(model(tokens), base(tokens))  # B = 0: the adapter starts at the base
+
+
+def test_wide_config_is_validated_and_round_trips(tmp_path, tokens):
+    from pipelines.config import from_dict, to_dict
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="wide"):
+        ModelConfig(wide="yes")
+    with pytest.raises(ConfigError, match="wide"):
+        from_dict(ModelConfig, {"wide": 1})
+    assert from_dict(ModelConfig, to_dict(WIDE)) == WIDE
+    assert from_dict(ModelConfig, {k: v for k, v in to_dict(CFG).items() if k != "wide"}) == CFG  # old configs load
+    torch.manual_seed(0)
+    m = CTRModel(WIDE).eval()
+    store.save_base(m, tmp_path)
+    loaded = store.load_base(tmp_path)
+    assert loaded.cfg.wide and fingerprint(loaded) == fingerprint(m)
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens), m(tokens))
