@@ -28,8 +28,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from ctr_airflow.operators import GatedPromotionOperator
-from ctr_airflow.runtime import pipeline_config, run_day
+from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator, ReleaseOperator
+from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
 def _slot(context) -> str:
@@ -86,14 +86,22 @@ def ctr_cold_start():
         return {"candidate": candidate, "evaluation": evaluate_stage(cfg, cfg.data.lake_uri, candidate)}
 
     # A retry would register a second version: registration runs once.
-    @task(retries=0)
+    @task(retries=0, pool=REGISTRY_POOL)
     def register(evaluated: dict, **context) -> dict:
         from pipelines.training.cold_start import register_stage
 
         return register_stage(pipeline_config(context), evaluated["candidate"], evaluated["evaluation"])
 
     registered = register(evaluate(distill(detect(validate()))))
-    GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered)
+    needs_approval = approval_required()
+    gated = GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered,
+                                   release=not needs_approval)
+    if needs_approval:  # the same human-in-the-loop step as ctr_lora_retrain
+        from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+        approve = ApprovalOperator(task_id="approve_release", subject="Release the distilled cold-start adapter?",
+                                   body="It passed its gate; see its model card in the MLflow registry.")
+        gated >> approve >> ReleaseOperator(task_id="release", retries=0, decision=gated.output)
 
 
 ctr_cold_start()

@@ -8,9 +8,18 @@ For the run's day `D` (the logical date, or the `end_day` param):
 2. **train_adapter** one LoRA adapter per configured slot (mapped), on the frozen serving base
    (`ctr_base@champion`), over the window's older rows.
 3. **evaluate** candidate and serving `ctr_lora_<slot>@champion` on the same newest rows.
-4. **register** the candidate with lineage tags and alias `candidate`.
-5. **gate_and_promote**: non-inferiority against the champion (`configs/gate_policy.yaml`);
-   a pass moves `@champion` (recorded in the alias history), a rejection skips the task.
+4. **register** the candidate with lineage tags, a model card and alias `candidate` (idempotent:
+   the same data, config and code return the existing version).
+5. **gate_and_promote**: the gate (`configs/gate_policy.yaml`): non-inferiority against the serving
+   champion (AUC, logloss, per slot, optional DeLong superiority), fairness gaps, calibration,
+   latency, base compatibility. A rejection skips the task (the champion is untouched). A pass is
+   released to `@canary` (`promotion: canary`; `ctr_champion_monitor` then promotes or withdraws it)
+   or to `@champion`; the first version of a model always becomes `@champion`.
+   With `approval: true` in the policy, a person approves each release in the UI first
+   (**approve_release**, Airflow's human-in-the-loop), then **release** moves the alias.
+
+Every alias move is recorded in the alias history and emits the Asset event
+`mlflow://<model>/<alias>`. Registry writes run in the one-slot pool `ctr_registry`.
 """
 from __future__ import annotations
 
@@ -19,8 +28,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from ctr_airflow.operators import GatedPromotionOperator
-from ctr_airflow.runtime import pipeline_config, run_day
+from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator, ReleaseOperator
+from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
 @dag(
@@ -66,7 +75,7 @@ def ctr_lora_retrain():
         cfg = pipeline_config(context)
         return {"candidate": candidate, "evaluation": run_eval(cfg, cfg.data.lake_uri, candidate)}
 
-    @task
+    @task(pool=REGISTRY_POOL)
     def register(evaluated: dict, **context) -> dict:
         from pipelines.registry.register import register as run_register
 
@@ -74,7 +83,18 @@ def ctr_lora_retrain():
 
     trained = train_adapter.expand(slot=slots(validate()))
     registered = register.expand(evaluated=evaluate.expand(candidate=trained))
-    GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0).expand(registered=registered)
+    needs_approval = approval_required()
+    gated = GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0,
+                                           release=not needs_approval).expand(registered=registered)
+    if needs_approval:
+        from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+        approved = ApprovalOperator.partial(
+            task_id="approve_release", subject="Release a CTR adapter that passed its gate?",
+        ).expand(body=gated.output.map(lambda d: f"{d['model']} v{d['version']} passed its gate against "
+                                                 f"champion v{d['champion_version']}. See its model card."))
+        release = ReleaseOperator.partial(task_id="release", retries=0).expand(decision=gated.output)
+        approved >> release
 
 
 ctr_lora_retrain()

@@ -70,6 +70,7 @@ def cmd_train_adapter(a) -> int:
     from pipelines.config import load_gate_policy, load_pipeline_config
     from pipelines.evaluation.compare import evaluate
     from pipelines.promotion import gate
+    from pipelines.promotion.release import gate_and_release
     from pipelines.registry.register import register
     from pipelines.training import adapter
 
@@ -80,7 +81,7 @@ def cmd_train_adapter(a) -> int:
         _print(cand)
         return 0
     reg = register(cfg, cand, evaluate(cfg, lake, cand))
-    decision = gate.run(load_gate_policy(a.policy), reg["model"], reg["version"], reg["evaluation"])
+    decision = gate_and_release(load_gate_policy(a.policy), reg["model"], reg["version"], reg["evaluation"])
     print(gate.format_table(decision))
     return 0 if decision["passed"] else 1
 

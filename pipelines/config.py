@@ -274,15 +274,61 @@ class PipelineConfig:
 
 @dataclass(frozen=True)
 class GatePolicy:
-    auc_tolerance: float = 0.0015
+    """configs/gate_policy.yaml: what a candidate must show against the serving @champion, and how a
+    passing one is released (canary, approval) and watched afterwards (pipelines.promotion.monitor)."""
+    # non-inferiority against the serving champion, on the same holdout rows
+    auc_tolerance: float = 0.0015          # candidate AUC >= champion AUC - this
+    logloss_tolerance: float = 0.005       # candidate logloss <= champion logloss + this
+    superiority: bool = False              # also require DeLong: AUC difference > 0 with p < superiority_alpha
+    superiority_alpha: float = 0.05
+    slot_auc_tolerance: float = 0.005      # per slot (slots with enough rows): candidate >= champion - this
+    slot_tolerances: dict = field(default_factory=dict)   # {slot: tolerance} overrides slot_auc_tolerance
+    # absolute checks, every run (first runs: only these)
     min_auc_first_run: float = 0.6
     max_logloss_first_run: float = 0.75
-    promotion: Literal["direct"] = "direct"
+    max_demographic_parity_gap: float = 0.05   # max gap in mean pCTR between gender / age groups
+    max_equalized_odds_gap: float = 0.25       # max TPR / FPR gap at the serving threshold
+    calibration_min: float = 0.7               # mean pCTR / observed CTR within [min, max]
+    calibration_max: float = 1.3
+    latency_budget_ms: float = 50.0            # p99 of the pyfunc at batch 32
+    # release
+    promotion: Literal["canary", "direct"] = "canary"
+    canary_share: float = 0.1                  # share of users (hash of user_id) served by @canary
+    approval: bool = False                     # a human approves (Airflow HITL) before the release
+    # after release: ctr_champion_monitor, one window = one newly validated daily partition
+    canary_healthy_windows: int = 3            # canary no worse than the champion this many windows => champion
+    canary_auc_tolerance: float = 0.005        # "worse beyond tolerance": canary AUC < champion AUC - this
+    revert_metric: Literal["auc", "ctr"] = "auc"
+    revert_drop: float = 0.15                  # relative drop of the champion's metric vs its reference ...
+    revert_windows: int = 3                    # ... for this many consecutive windows => auto-revert
+    live_metrics_url: str = ""                 # Prometheus HTTP API base URL ("" = labelled partitions only)
 
     def __post_init__(self):
         _check(0.0 <= self.auc_tolerance < 0.5, f"gate.auc_tolerance must be in [0, 0.5), got {self.auc_tolerance}")
+        _check(self.logloss_tolerance >= 0, "gate.logloss_tolerance must be >= 0")
+        _check(0.0 < self.superiority_alpha < 1.0, "gate.superiority_alpha must be in (0, 1)")
+        _check(0.0 <= self.slot_auc_tolerance < 0.5, "gate.slot_auc_tolerance must be in [0, 0.5)")
+        _check(isinstance(self.slot_tolerances, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 0.5
+            for k, v in self.slot_tolerances.items()),
+            f"gate.slot_tolerances must map slot names to tolerances in [0, 0.5), got {self.slot_tolerances!r}")
         _check(0.5 <= self.min_auc_first_run <= 1.0, "gate.min_auc_first_run must be in [0.5, 1]")
         _check(self.max_logloss_first_run > 0, "gate.max_logloss_first_run must be > 0")
+        _check(0 < self.max_demographic_parity_gap <= 1 and 0 < self.max_equalized_odds_gap <= 1,
+               "gate.max_demographic_parity_gap and max_equalized_odds_gap must be in (0, 1]")
+        _check(0 < self.calibration_min < 1 < self.calibration_max,
+               f"gate.calibration_min/max must satisfy 0 < min < 1 < max, got {self.calibration_min}/{self.calibration_max}")
+        _check(self.latency_budget_ms > 0, "gate.latency_budget_ms must be > 0")
+        _check(0.0 < self.canary_share < 1.0, f"gate.canary_share must be in (0, 1), got {self.canary_share}")
+        _check(self.canary_healthy_windows >= 1 and self.revert_windows >= 1,
+               "gate.canary_healthy_windows and revert_windows must be >= 1")
+        _check(0 <= self.canary_auc_tolerance < 0.5, "gate.canary_auc_tolerance must be in [0, 0.5)")
+        _check(0 < self.revert_drop < 1, f"gate.revert_drop must be in (0, 1), got {self.revert_drop}")
+        _check(self.live_metrics_url == "" or self.live_metrics_url.startswith(("http://", "https://")),
+               f"gate.live_metrics_url must be empty or an http(s) URL, got {self.live_metrics_url!r}")
+
+    def slot_tolerance(self, slot: str) -> float:
+        return float(self.slot_tolerances.get(slot, self.slot_auc_tolerance))
 
 
 # ---------------------------------------------------------------- loading

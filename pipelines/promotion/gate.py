@@ -1,14 +1,26 @@
 """The promotion gate: a decision record of checks against the serving @champion.
 
 `decide` is a pure function of the policy and the evaluation; `run` stores the record on the
-version (tags + JSON artifact on its training run), prints it as a table, and promotes on pass.
+version (tags + JSON artifact on its training run), prints it as a table and publishes the model
+card. Releasing a passing version (canary or champion) is a separate step (`promotion.release`),
+so a human approval can sit between the two.
+
+Checks (each: name, value, threshold, passed, one-line reason):
+* always: base compatibility; fairness gaps (demographic parity, equalized odds) per attribute; the
+  calibration band; the latency budget; with no champion (first run) also an AUC floor and a
+  logloss ceiling, and nothing else;
+* against the champion: AUC and logloss non-inferiority, per-slot AUC non-inferiority, and with
+  `superiority: true` a DeLong test (AUC difference > 0 at p < alpha).
+A value the evaluation could not measure (e.g. a fairness group too small) passes and says so.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 
 from pipelines.config import GatePolicy, to_dict
+from pipelines.errors import PromotionError
 
 log = logging.getLogger(__name__)
 
@@ -17,37 +29,93 @@ def _check(name: str, value, threshold, passed: bool, reason: str) -> dict:
     return {"name": name, "value": value, "threshold": threshold, "passed": bool(passed), "reason": reason}
 
 
+def _unmeasured(name: str, threshold, why: str) -> dict:
+    return _check(name, None, threshold, True, f"not measured: {why}")
+
+
+def base_check(base: dict) -> dict:
+    cand, serving = base.get("candidate") or "", base.get("serving") or ""
+    return _check("base_compatible", cand[:12], serving[:12], bool(cand) and cand == serving,
+                  "the adapter's base fingerprint must equal the serving base's")
+
+
+def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
+    cand, rep = evaluation["candidate"], evaluation.get("report") or {}
+    out = []
+    for attr, f in sorted((rep.get("fairness") or {}).items()):
+        for key, limit, what in (("demographic_parity_difference", policy.max_demographic_parity_gap,
+                                  "gap in mean pCTR between groups"),
+                                 ("equalized_odds_difference", policy.max_equalized_odds_gap,
+                                  "max TPR/FPR gap between groups at the serving threshold")):
+            name = f"fairness_{'dp' if key.startswith('demographic') else 'eo'}[{attr}]"
+            v = f.get(key)
+            out.append(_unmeasured(name, limit, f"fewer than 2 {attr} groups with enough rows") if v is None else
+                       _check(name, v, limit, v <= limit, f"{what} ({attr}) must be <= {limit}"))
+    if not rep:
+        out.append(_unmeasured("fairness", policy.max_demographic_parity_gap, "no slice report in this evaluation"))
+    ratio = cand.get("calibration_ratio")
+    band = [policy.calibration_min, policy.calibration_max]
+    out.append(_unmeasured("calibration", band, "no clicks in the holdout") if ratio is None else
+               _check("calibration", ratio, band, band[0] <= ratio <= band[1],
+                      "mean pCTR / observed CTR must lie in the band"))
+    p99 = ((evaluation.get("latency") or {}).get("batch_32") or {}).get("p99_ms")
+    out.append(_unmeasured("latency_p99_batch32_ms", policy.latency_budget_ms, "no latency in this evaluation")
+               if p99 is None else
+               _check("latency_p99_batch32_ms", p99, policy.latency_budget_ms, p99 <= policy.latency_budget_ms,
+                      "pyfunc p99 latency at batch 32 must fit the budget"))
+    return out
+
+
+def _relative(policy: GatePolicy, evaluation: dict) -> list[dict]:
+    cand, champ, v = evaluation["candidate"], evaluation["champion"], evaluation.get("champion_version")
+    out = []
+    c_auc, ch_auc = cand.get("auc"), champ.get("auc")
+    floor = None if ch_auc is None else ch_auc - policy.auc_tolerance
+    out.append(_check("auc_non_inferiority", c_auc, floor, c_auc is not None and floor is not None and c_auc >= floor,
+                      f"candidate AUC must be >= champion v{v} AUC {ch_auc} - {policy.auc_tolerance}"))
+    c_ll, ch_ll = cand.get("logloss"), champ.get("logloss")
+    ceil = None if ch_ll is None else ch_ll + policy.logloss_tolerance
+    out.append(_check("logloss_non_inferiority", c_ll, ceil, c_ll is not None and ceil is not None and c_ll <= ceil,
+                      f"candidate logloss must be <= champion v{v} logloss {ch_ll} + {policy.logloss_tolerance}"))
+    if policy.superiority:
+        d = evaluation.get("delong")
+        ok = bool(d) and d["diff"] > 0 and d["p_value"] is not None and d["p_value"] < policy.superiority_alpha
+        out.append(_check("superiority_delong", None if not d else d["p_value"], policy.superiority_alpha, ok,
+                          "DeLong: AUC difference must be > 0 with p below alpha" if d else
+                          "DeLong test unavailable on this holdout: superiority cannot be shown"))
+    cand_slots = (evaluation.get("report") or {}).get("slots") or {}
+    champ_slots = (evaluation.get("champion_report") or {}).get("slots") or {}
+    for slot in sorted(set(cand_slots) & set(champ_slots)):
+        a, b = cand_slots[slot].get("auc"), champ_slots[slot].get("auc")
+        tol = policy.slot_tolerance(slot)
+        name = f"slot_auc[{slot}]"
+        out.append(_unmeasured(name, tol, "too few rows in this slot") if a is None or b is None else
+                   _check(name, a, b - tol, a >= b - tol, f"slot {slot}: candidate AUC must be >= champion's - {tol}"))
+    return out
+
+
 def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> dict:
     """`base` = {"candidate": fingerprint the adapter was trained on, "serving": ctr_base@champion's}."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
-    checks = []
-    if base is not None:
-        checks.append(_check("base_compatible", (base.get("candidate") or "")[:12], (base.get("serving") or "")[:12],
-                             bool(base.get("candidate")) and base.get("candidate") == base.get("serving"),
-                             "the adapter's base fingerprint must equal the serving base's"))
-    c_auc = cand.get("auc")
+    checks = [base_check(base)] if base is not None else []
     if champ is None:
+        c_auc, c_ll = cand.get("auc"), cand.get("logloss")
         checks.append(_check("auc_floor", c_auc, policy.min_auc_first_run,
                              c_auc is not None and c_auc >= policy.min_auc_first_run,
                              "first run: no champion, absolute AUC floor applies"))
-        c_ll = cand.get("logloss")
         checks.append(_check("logloss_ceiling", c_ll, policy.max_logloss_first_run,
                              c_ll is not None and c_ll <= policy.max_logloss_first_run,
                              "first run: no champion, absolute logloss ceiling applies"))
     else:
-        ch_auc = champ.get("auc")
-        floor = None if ch_auc is None else ch_auc - policy.auc_tolerance
-        ok = c_auc is not None and floor is not None and c_auc >= floor
-        checks.append(_check("auc_non_inferiority", c_auc, floor, ok,
-                             f"candidate AUC must be >= champion v{evaluation.get('champion_version')} AUC "
-                             f"{ch_auc} - {policy.auc_tolerance}"))
+        checks += _relative(policy, evaluation)
+    checks += _absolute(policy, evaluation)
     return {"passed": all(c["passed"] for c in checks), "first_run": champ is None,
             "champion_version": evaluation.get("champion_version"), "checks": checks, "policy": to_dict(policy)}
 
 
 def format_table(decision: dict) -> str:
     def fmt(v):
-        return f"{v:.5f}" if isinstance(v, float) else str(v)
+        return f"{v:.5f}" if isinstance(v, float) else ("-" if v is None else str(v))
 
     rows = [("check", "value", "threshold", "result", "reason")]
     rows += [(c["name"], fmt(c["value"]), fmt(c["threshold"]), "PASS" if c["passed"] else "FAIL", c["reason"])
@@ -56,33 +124,69 @@ def format_table(decision: dict) -> str:
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
     verdict = "PASSED" if decision["passed"] else "REJECTED"
     head = f"gate {verdict}" + (" (first run: no champion yet, absolute thresholds only)" if decision["first_run"] else "")
+    if decision.get("override"):
+        o = decision["override"]
+        head += f" — OVERRIDDEN by {o['actor']}: {o['reason']}"
     return "\n".join([head, *lines])
 
 
-def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli") -> dict:
-    """Decide, record the decision on the version, and promote it to @champion when it passes."""
-    from pipelines.promotion import aliases
+def fingerprints(model: str, version: str) -> dict:
+    """{"candidate": the base fingerprint recorded on the version, "serving": ctr_base@champion's}."""
+    from pipelines.registry import mlflow_io
+
+    mv = mlflow_io.get_version(model, version)
+    serving = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
+    return {"candidate": mv.tags.get("base.fingerprint"), "serving": serving.tags.get("fingerprint") if serving else None}
+
+
+def record(model: str, version: str, decision: dict, evaluation: dict | None) -> None:
+    """The decision on the version (tags), its training run (JSON artifact), the log and the card."""
     from pipelines.registry import mlflow_io, model_card
 
     c = mlflow_io.client()
     mv = c.get_model_version(model, version)
-    serving = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
-    decision = decide(policy, evaluation, base={"candidate": mv.tags.get("base.fingerprint"),
-                                                "serving": serving.tags.get("fingerprint") if serving else None})
-    c.set_model_version_tag(model, version, "gate.passed", "true" if decision["passed"] else "false")
-    c.set_model_version_tag(model, version, "gate.first_run", str(decision["first_run"]).lower())
-    c.set_model_version_tag(model, version, "gate.checks", json.dumps(
-        [{k: ch[k] for k in ("name", "value", "threshold", "passed")} for ch in decision["checks"]]))
+    if decision.get("override"):   # the gate's own verdict stays as it was; the override sits beside it
+        c.set_model_version_tag(model, version, "gate.override", json.dumps(decision["override"]))
+    else:
+        c.set_model_version_tag(model, version, "gate.passed", "true" if decision["passed"] else "false")
+        c.set_model_version_tag(model, version, "gate.first_run", str(decision["first_run"]).lower())
+        c.set_model_version_tag(model, version, "gate.checks", json.dumps(
+            [{k: ch[k] for k in ("name", "value", "passed")} for ch in decision["checks"]])[:5000])
     if mv.run_id:
-        c.log_dict(mv.run_id, decision, f"gate/decision_v{version}.json")
+        suffix = "_override" if decision.get("override") else ""
+        c.log_dict(mv.run_id, decision, f"gate/decision_v{version}{suffix}.json")
     log.info("%s v%s\n%s", model, version, format_table(decision))
     model_card.publish(model, version, evaluation=evaluation, decision=decision)
-    decision["model"], decision["version"] = model, version
-    if decision["passed"]:
-        move = aliases.move_alias(model, "champion", version, kind="promote", actor=actor,
-                                  reason="passed gate" + (" (first run)" if decision["first_run"] else
-                                                          f" against v{decision['champion_version']}"))
-        decision["promoted"] = move["moved"]
-    else:
-        decision["promoted"] = False
+
+
+def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli") -> dict:
+    """Decide and record. Releasing a passing version is `promotion.release.release`."""
+    decision = decide(policy, evaluation, base=fingerprints(model, str(version)))
+    decision.update(model=model, version=str(version), decided_by=actor)
+    record(model, str(version), decision, evaluation)
+    return decision
+
+
+def override(model: str, version, reason: str, actor: str) -> dict:
+    """Record a human override of a gate rejection. It can never skip base compatibility: an adapter
+    trained on another base computes garbage on the serving one, whatever a person decides."""
+    from pipelines.registry import mlflow_io
+
+    if not reason or len(reason.strip()) < 5:
+        raise PromotionError(f"an override of {model} v{version} needs a reason (at least 5 characters)")
+    version = str(version)
+    mv = mlflow_io.get_version(model, version)
+    base = base_check(fingerprints(model, version))
+    if not base["passed"]:
+        raise PromotionError(f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
+                             f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check")
+    checks = json.loads(mv.tags.get("gate.checks") or "[]")
+    decision = {"passed": True, "first_run": mv.tags.get("gate.first_run") == "true",
+                "champion_version": None, "model": model, "version": version,
+                "checks": [base] + [{**c, "threshold": None, "reason": "original gate result (overridden)"}
+                                    for c in checks if c.get("name") != "base_compatible"],
+                "override": {"actor": actor, "reason": reason.strip(),
+                             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                             "failed_checks": [c["name"] for c in checks if not c.get("passed")]}}
+    record(model, version, decision, None)
     return decision

@@ -518,13 +518,13 @@ def register_stage(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> di
 def run_all(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = ALL, policy=None, actor: str = "cli") -> dict:
     """detect -> distill -> evaluate -> register -> gate, in-process (the CLI's path)."""
     from pipelines.config import load_gate_policy
-    from pipelines.promotion import gate
+    from pipelines.promotion.release import gate_and_release
 
     detected = detect_stage(cfg, lake_uri, end_day, slot)
     candidate = distill_stage(cfg, lake_uri, end_day, slot, detected=detected)
     evaluation = evaluate_stage(cfg, lake_uri, candidate)
     registered = register_stage(cfg, candidate, evaluation)
-    decision = gate.run(policy or load_gate_policy(), registered["model"], registered["version"], evaluation,
-                        actor=actor)
+    decision = gate_and_release(policy or load_gate_policy(), registered["model"], registered["version"],
+                                evaluation, actor=actor)
     return {"detected": detected, "model": registered["model"], "version": registered["version"],
             "evaluation": evaluation, "gate": {k: decision[k] for k in ("passed", "first_run", "promoted")}}

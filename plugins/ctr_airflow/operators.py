@@ -3,17 +3,25 @@
 Keyword-only __init__ with no I/O; templated fields; the work happens in execute(). A refusal is
 pushed to XCom (key `error` / `decision`) and then raised as a typed exception that fails the task
 without retrying, because re-running a refused move gives the same answer.
+
+Every alias move is made with an operation id naming the task instance, so a retried or cleared
+task returns the recorded move instead of moving the alias again, and it emits an Airflow Asset
+event `mlflow://<model>/<alias>` (through the asset alias `ctr-model-aliases`) that deployment DAGs
+can schedule on. Registry writes run in the pool `ctr_registry` (one slot; see `registry_task`).
 """
 from __future__ import annotations
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from ctr_airflow.runtime import actor
 
+MOVES = AssetAlias("ctr-model-aliases")
+REGISTRY_POOL = "ctr_registry"
+
 
 class ModelMoveRefused(AirflowFailException):
-    """A promote or revert was refused (missing version, never gated, incompatible base, ...)."""
+    """A promote, revert, release or override was refused (missing version, never gated, incompatible base, ...)."""
 
 
 class CandidateRejected(AirflowFailException):
@@ -25,77 +33,160 @@ def _version(v):
     return None if v in (None, "", "None") else str(int(v))
 
 
-class RevertModelVersionOperator(BaseOperator):
+def op_id(context) -> str:
+    """The task instance that asks for a move (stable across retries of the same run)."""
+    ti = context["ti"]
+    index = getattr(ti, "map_index", -1)
+    return f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}" + (f"[{index}]" if index is not None and index >= 0 else "")
+
+
+def asset_uri(model: str, alias: str) -> str:
+    return f"mlflow://{model}/{alias}"
+
+
+def emit_move(context, move: dict) -> None:
+    """An Asset event for an alias that moved (nothing for a no-op or a replayed move)."""
+    if not move.get("moved"):
+        return
+    extra = {k: str(move.get(k) or "") for k in ("kind", "from_version", "to_version", "reason", "actor")}
+    context["outlet_events"][MOVES].add(Asset(asset_uri(move["model"], move["alias"])), extra=extra)
+
+
+class _MoveOperator(BaseOperator):
+    """Runs one pipelines move; refusals become ModelMoveRefused, moves become Asset events."""
+
+    what = "move"
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("outlets", [MOVES])
+        kwargs.setdefault("pool", REGISTRY_POOL)
+        super().__init__(**kwargs)
+
+    def move(self, context) -> dict | list[dict]:
+        raise NotImplementedError
+
+    def execute(self, context):
+        from pipelines.errors import PipelineError
+
+        try:
+            result = self.move(context)
+        except PipelineError as exc:
+            context["ti"].xcom_push(key="error", value={"model": getattr(self, "model", None), "error": str(exc)})
+            raise ModelMoveRefused(f"{self.what} of {getattr(self, 'model', '?')} refused: {exc}") from exc
+        for m in result if isinstance(result, list) else [result]:
+            emit_move(context, m)
+            self.log.info("%s@%s: %s -> %s (%s)", m.get("model"), m.get("alias"), m.get("from_version"),
+                          m.get("to_version"), "moved" if m.get("moved") else "nothing to do")
+        return result
+
+
+class RevertModelVersionOperator(_MoveOperator):
     """Move `<model>@champion` back to the previous champion (or `to_version`), recorded in the history."""
 
     template_fields = ("model", "to_version", "reason")
+    what = "revert"
 
     def __init__(self, *, model: str, reason: str, to_version: int | str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.model, self.reason, self.to_version = model, reason, to_version
 
-    def execute(self, context):
-        from pipelines.errors import PipelineError
+    def move(self, context):
         from pipelines.promotion import aliases
 
-        try:
-            result = aliases.revert(self.model, reason=self.reason, to_version=_version(self.to_version),
-                                    actor=actor(context))
-        except PipelineError as exc:
-            context["ti"].xcom_push(key="error", value={"model": self.model, "error": str(exc)})
-            raise ModelMoveRefused(f"revert of {self.model} refused: {exc}") from exc
-        self.log.info("%s@champion: %s -> %s (%s)", self.model, result["from_version"], result["to_version"],
-                      "moved" if result["moved"] else "already there, nothing to do")
-        return result
+        return aliases.revert(self.model, reason=self.reason, to_version=_version(self.to_version),
+                              actor=actor(context), op_id=op_id(context))
 
 
-class PromoteModelVersionOperator(BaseOperator):
+class PromoteModelVersionOperator(_MoveOperator):
     """Make a gated version `<model>@champion` by hand (e.g. after a revert), recorded in the history."""
 
     template_fields = ("model", "version", "reason")
+    what = "promotion"
 
     def __init__(self, *, model: str, version: int | str, reason: str, **kwargs):
         super().__init__(**kwargs)
         self.model, self.version, self.reason = model, version, reason
 
-    def execute(self, context):
+    def move(self, context):
         from pipelines.errors import PipelineError
         from pipelines.promotion import aliases
 
         version = _version(self.version)
-        try:
-            if version is None:
-                raise PipelineError("promote needs a version")
-            result = aliases.promote(self.model, version, reason=self.reason, actor=actor(context))
-        except PipelineError as exc:
-            context["ti"].xcom_push(key="error", value={"model": self.model, "error": str(exc)})
-            raise ModelMoveRefused(f"promotion of {self.model} v{version} refused: {exc}") from exc
-        self.log.info("%s@champion: %s -> %s", self.model, result["from_version"], result["to_version"])
-        return result
+        if version is None:
+            raise PipelineError("promote needs a version")
+        return aliases.promote(self.model, version, reason=self.reason, actor=actor(context), op_id=op_id(context))
+
+
+class OverrideGateOperator(_MoveOperator):
+    """Release a version the gate rejected, by a person with a reason; never past base compatibility."""
+
+    template_fields = ("model", "version", "reason")
+    what = "override"
+
+    def __init__(self, *, model: str, version: int | str, reason: str, **kwargs):
+        super().__init__(**kwargs)
+        self.model, self.version, self.reason = model, version, reason
+
+    def move(self, context):
+        from pipelines.errors import PipelineError
+        from pipelines.promotion import release
+
+        version = _version(self.version)
+        if version is None:
+            raise PipelineError("override needs a version")
+        return release.override(self.model, version, reason=self.reason, actor=actor(context), op_id=op_id(context))
+
+
+class ReleaseOperator(_MoveOperator):
+    """Release a gated candidate (`decision` from GatedPromotionOperator) to @canary or @champion."""
+
+    template_fields = ("decision", "policy_path")
+    what = "release"
+
+    def __init__(self, *, decision: dict, policy_path: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.decision, self.policy_path = decision, policy_path
+
+    def move(self, context):
+        from pipelines.config import load_gate_policy
+        from pipelines.promotion import release
+
+        self.model = self.decision["model"]
+        return release.release(load_gate_policy(self.policy_path), self.model, self.decision["version"],
+                               actor=actor(context), op_id=op_id(context))
 
 
 class GatedPromotionOperator(BaseOperator):
-    """Run the gate for a registered candidate; promote it to @champion when it passes.
+    """Run the gate for a registered candidate and, unless `release=False`, release it when it passes.
 
     `registered` is the dict returned by `pipelines.registry.register.register` (model, version,
-    evaluation). A rejected candidate ends the task as skipped (the champion is untouched) or, with
-    `fail_on_reject=True`, as failed.
+    evaluation). A rejected candidate ends the task as skipped (nothing downstream runs, the
+    champion is untouched) or, with `fail_on_reject=True`, as failed. With `release=False` a
+    ReleaseOperator (after a human approval) does the move.
     """
 
     template_fields = ("registered", "policy_path")
 
-    def __init__(self, *, registered: dict, policy_path: str | None = None, fail_on_reject: bool = False, **kwargs):
+    def __init__(self, *, registered: dict, policy_path: str | None = None, fail_on_reject: bool = False,
+                 release: bool = True, **kwargs):
+        kwargs.setdefault("outlets", [MOVES])
+        kwargs.setdefault("pool", REGISTRY_POOL)
         super().__init__(**kwargs)
-        self.registered, self.policy_path, self.fail_on_reject = registered, policy_path, fail_on_reject
+        self.registered, self.policy_path, self.fail_on_reject, self.release = registered, policy_path, fail_on_reject, release
 
     def execute(self, context):
         from pipelines.config import load_gate_policy
-        from pipelines.promotion import gate
+        from pipelines.promotion import gate, release
 
         r = self.registered
-        decision = gate.run(load_gate_policy(self.policy_path), r["model"], r["version"], r["evaluation"],
-                            actor=actor(context))
+        policy = load_gate_policy(self.policy_path)
+        decision = gate.run(policy, r["model"], r["version"], r["evaluation"], actor=actor(context))
         if decision["passed"]:
+            if self.release:
+                move = release.release(policy, r["model"], r["version"], actor=actor(context), op_id=op_id(context))
+                emit_move(context, move)
+                decision["release"] = {k: move.get(k) for k in ("alias", "moved", "from_version", "to_version")}
+                decision["promoted"] = bool(move.get("moved")) and move.get("alias") == "champion"
             return decision
         context["ti"].xcom_push(key="decision", value=decision)
         msg = f"{r['model']} v{r['version']} rejected by the gate; @champion stays at v{decision['champion_version']}"

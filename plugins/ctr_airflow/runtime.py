@@ -62,3 +62,15 @@ def pipeline_config(context):
     params = context.get("params") or {}
     overrides = {"data": {"lake_uri": params["lake_uri"]}} if params.get("lake_uri") else None
     return load_pipeline_config(overrides=overrides)
+
+
+def approval_required() -> bool:
+    """Whether the gate policy asks for a human approval before a release (read at parse time: it
+    decides the DAG's shape; the policy file is small YAML, no heavy imports)."""
+    from pipelines.config import load_gate_policy
+
+    try:
+        return load_gate_policy().approval
+    except Exception as exc:  # a broken policy file must not hide the DAG: the gate task will report it
+        log.warning("gate policy unreadable at parse time (%s); assuming no approval step", exc)
+        return False

@@ -1,6 +1,7 @@
 """Every DAG file imports without error, quickly, without heavy libraries, with tags and retries."""
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -81,3 +82,57 @@ print(",".join(m for m in {HEAVY!r} if m in sys.modules))
     seconds, heavy = out.stdout.strip().splitlines()[-2:] if out.stdout.strip().count("\n") else (out.stdout.strip(), "")
     assert float(seconds) < 0.5, f"{path.name} took {seconds}s to parse"
     assert heavy == "", f"{path.name} imports heavy modules at parse time: {heavy}"
+
+
+def test_approval_in_the_policy_adds_a_human_step_before_release(tmp_path):
+    """`approval: true` puts Airflow's HITL ApprovalOperator between the gate and the release."""
+    policy = tmp_path / "gate.yaml"
+    policy.write_text("approval: true\n")
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO / 'plugins')!r})
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder={str(REPO / 'dags')!r})
+assert not bag.import_errors, bag.import_errors
+for dag_id in ("ctr_lora_retrain", "ctr_cold_start"):
+    dag = bag.dags[dag_id]
+    gate, approve, release = (dag.get_task(t) for t in ("gate_and_promote", "approve_release", "release"))
+    assert approve.task_type == "ApprovalOperator", approve.task_type
+    assert "approve_release" in gate.downstream_task_ids and "release" in approve.downstream_task_ids
+print("ok")
+"""
+    env = {**os.environ, "CTR_GATE_POLICY": str(policy), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_default_policy_releases_from_the_gate_task(dagbag):
+    dag = dagbag.dags["ctr_lora_retrain"]
+    assert "approve_release" not in dag.task_ids and dag.get_task("register").pool == "ctr_registry"
+
+
+@pytest.mark.parametrize("bad", [
+    {"model": "not_a_model", "reason": "a valid reason"},
+    {"model": "ctr_lora_feed", "reason": "no"},                        # too short
+    {"model": "ctr_lora_feed", "reason": "a valid reason", "version": 0},
+    {"model": "ctr_lora_feed", "reason": "a valid reason", "version": "two"},
+    {"model": "ctr_lora_feed", "reason": "a valid reason", "action": "delete"},
+    {"model": "ctr_lora_feed"},                                        # reason is required
+])
+def test_model_ops_form_rejects_invalid_input_before_any_task(dagbag, bad):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    params = copy.deepcopy(dagbag.dags["ctr_model_ops"].params)
+    with pytest.raises(ParamValidationError):   # raised on assignment or, for a missing value, on validate
+        for k, v in bad.items():
+            params[k] = v
+        params.validate()
+
+
+def test_model_ops_form_accepts_a_valid_override(dagbag):
+    params = copy.deepcopy(dagbag.dags["ctr_model_ops"].params)
+    for k, v in {"action": "override", "model": "ctr_lora_feed", "version": 3, "reason": "latency was a blip"}.items():
+        params[k] = v
+    assert params.validate()["action"] == "override"
+    assert set(dagbag.dags["ctr_model_ops"].task_ids) >= {"revert", "promote", "override", "promote_canary",
+                                                         "withdraw_canary"}

@@ -54,7 +54,7 @@ def test_gate_policy_defaults_load_from_the_repo_yaml():
     pol = load_gate_policy()
     raw = yaml.safe_load(C.DEFAULT_GATE_YAML.read_text())
     assert to_dict(pol) == raw
-    assert pol.promotion == "direct" and pol.auc_tolerance == pytest.approx(0.0015)
+    assert pol.promotion == "canary" and pol.auc_tolerance == pytest.approx(0.0015) and pol.approval is False
 
 
 def test_env_var_selects_the_pipeline_file(tmp_path, monkeypatch):
@@ -116,8 +116,8 @@ def test_int_is_accepted_for_float_and_coerced():
 
 
 def test_literal_choice_is_rejected(tmp_path):
-    p = write_yaml(tmp_path / "g.yaml", {"promotion": "canary"})
-    with pytest.raises(ConfigError, match=r"promotion must be one of \['direct'\].*canary"):
+    p = write_yaml(tmp_path / "g.yaml", {"promotion": "staged"})
+    with pytest.raises(ConfigError, match=r"promotion must be one of \['canary', 'direct'\].*staged"):
         load_gate_policy(p)
 
 

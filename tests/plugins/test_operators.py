@@ -6,14 +6,17 @@ import inspect
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from ctr_airflow.operators import (CandidateRejected, GatedPromotionOperator, ModelMoveRefused,
-                                   PromoteModelVersionOperator, RevertModelVersionOperator, _version)
+from ctr_airflow.operators import (MOVES, REGISTRY_POOL, CandidateRejected, GatedPromotionOperator,
+                                   ModelMoveRefused, OverrideGateOperator, PromoteModelVersionOperator,
+                                   ReleaseOperator, RevertModelVersionOperator, _version, asset_uri)
 
 
 @pytest.mark.parametrize("cls, fields", [
     (RevertModelVersionOperator, {"model", "to_version", "reason"}),
     (PromoteModelVersionOperator, {"model", "version", "reason"}),
     (GatedPromotionOperator, {"registered", "policy_path"}),
+    (OverrideGateOperator, {"model", "version", "reason"}),
+    (ReleaseOperator, {"decision", "policy_path"}),
 ])
 def test_keyword_only_and_templated(cls, fields):
     params = inspect.signature(cls.__init__).parameters
@@ -37,3 +40,11 @@ def test_refusals_fail_without_retry():
 @pytest.mark.parametrize("raw, expected", [(None, None), ("", None), ("None", None), (3, "3"), ("4", "4")])
 def test_version_param_normalisation(raw, expected):
     assert _version(raw) == expected
+
+
+def test_moves_run_in_the_registry_pool_and_announce_the_alias_asset():
+    op = PromoteModelVersionOperator(task_id="p", model="ctr_lora_x", version=2, reason="because")
+    assert op.pool == REGISTRY_POOL and MOVES in op.outlets
+    gate = GatedPromotionOperator(task_id="g", registered={})
+    assert gate.pool == REGISTRY_POOL and MOVES in gate.outlets
+    assert asset_uri("ctr_lora_feed", "champion") == "mlflow://ctr_lora_feed/champion"

@@ -1,6 +1,8 @@
-"""The promotion gate's pure decision and its table rendering."""
+"""The promotion gate's pure decision: every check passes and fails on its own, first-run semantics,
+unmeasured values, and the table rendering."""
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -9,89 +11,135 @@ import pytest
 from pipelines.config import GatePolicy, to_dict
 from pipelines.promotion.gate import decide, format_table
 
-POLICY = GatePolicy(auc_tolerance=0.0015, min_auc_first_run=0.6, max_logloss_first_run=0.75)
+POLICY = GatePolicy(auc_tolerance=0.0015, logloss_tolerance=0.005, min_auc_first_run=0.6, max_logloss_first_run=0.75,
+                    max_demographic_parity_gap=0.05, max_equalized_odds_gap=0.25, calibration_min=0.7,
+                    calibration_max=1.3, latency_budget_ms=50.0, slot_auc_tolerance=0.005,
+                    slot_tolerances={"night": 0.02})
+SAME = {"candidate": "a" * 64, "serving": "a" * 64}
 
 
-def first_run(auc, logloss) -> dict:
-    return {"candidate": {"auc": auc, "logloss": logloss}, "champion": None, "champion_version": None}
-
-
-def vs_champion(cand_auc, champ_auc, version="3") -> dict:
-    return {"candidate": {"auc": cand_auc, "logloss": 0.3}, "champion": {"auc": champ_auc, "logloss": 0.3},
-            "champion_version": version}
+def evaluation(cand_auc=0.72, champ_auc=0.71, *, version="3", cand_ll=0.30, champ_ll=0.30, slots=None,
+               champ_slots=None, fairness=None, calibration=1.0, p99=5.0, delong=None, champion=True) -> dict:
+    """An evaluation dict shaped like pipelines.evaluation.compare.evaluate's."""
+    slots = slots if slots is not None else {"morning": 0.72, "night": 0.70}
+    champ_slots = champ_slots if champ_slots is not None else {"morning": 0.71, "night": 0.70}
+    fair = fairness if fairness is not None else {
+        "gender": {"demographic_parity_difference": 0.01, "equalized_odds_difference": 0.05},
+        "age_bucket": {"demographic_parity_difference": 0.02, "equalized_odds_difference": 0.10}}
+    return {"candidate": {"auc": cand_auc, "logloss": cand_ll, "calibration_ratio": calibration},
+            "champion": {"auc": champ_auc, "logloss": champ_ll} if champion else None,
+            "champion_version": version if champion else None,
+            "report": {"slots": {s: {"auc": a, "rows": 500} for s, a in slots.items()}, "fairness": fair},
+            "champion_report": {"slots": {s: {"auc": a, "rows": 500} for s, a in champ_slots.items()}}
+            if champion else None,
+            "latency": {"batch_1": {"p99_ms": 1.0}, "batch_32": {"p99_ms": p99}}, "delong": delong}
 
 
 def check(decision: dict, name: str) -> dict:
     return next(c for c in decision["checks"] if c["name"] == name)
 
 
-# ----------------------------------------------------------------------------- first run
-def test_first_run_passes_above_floor_and_below_ceiling():
-    d = decide(POLICY, first_run(0.7, 0.5))
-    assert d["passed"] is True and d["first_run"] is True and d["champion_version"] is None
-    assert [c["name"] for c in d["checks"]] == ["auc_floor", "logloss_ceiling"]
-    assert all(c["passed"] for c in d["checks"])
-    assert check(d, "auc_floor")["threshold"] == 0.6 and check(d, "logloss_ceiling")["threshold"] == 0.75
+def failed(decision: dict) -> list[str]:
+    return [c["name"] for c in decision["checks"] if not c["passed"]]
+
+
+def test_a_good_candidate_passes_every_check_and_the_record_is_complete():
+    d = decide(POLICY, evaluation(), base=SAME)
+    assert d["passed"] and not failed(d) and d["first_run"] is False and d["champion_version"] == "3"
+    names = [c["name"] for c in d["checks"]]
+    assert names == ["base_compatible", "auc_non_inferiority", "logloss_non_inferiority", "slot_auc[morning]",
+                     "slot_auc[night]", "fairness_dp[age_bucket]", "fairness_eo[age_bucket]", "fairness_dp[gender]",
+                     "fairness_eo[gender]", "calibration", "latency_p99_batch32_ms"]
+    for c in d["checks"]:
+        assert set(c) == {"name", "value", "threshold", "passed", "reason"} and c["reason"]
     assert d["policy"] == to_dict(POLICY)
-    json.dumps(d)  # stored as a JSON artifact
+    json.dumps(d)
 
 
-def test_first_run_thresholds_are_inclusive():
-    assert decide(POLICY, first_run(0.6, 0.75))["passed"] is True
+# ----------------------------------------------------------------------------- each check fails alone
+@pytest.mark.parametrize("change, name", [
+    ({"cand_auc": 0.7084}, "auc_non_inferiority"),                           # 0.71 - 0.0015 = 0.7085
+    ({"cand_ll": 0.3051}, "logloss_non_inferiority"),
+    ({"slots": {"morning": 0.70, "night": 0.70}}, "slot_auc[morning]"),      # 0.71 - 0.005 = 0.705
+    ({"slots": {"morning": 0.72, "night": 0.679}}, "slot_auc[night]"),       # own tolerance 0.02
+    ({"fairness": {"gender": {"demographic_parity_difference": 0.051, "equalized_odds_difference": 0.0}}},
+     "fairness_dp[gender]"),
+    ({"fairness": {"gender": {"demographic_parity_difference": 0.0, "equalized_odds_difference": 0.26}}},
+     "fairness_eo[gender]"),
+    ({"calibration": 0.69}, "calibration"),
+    ({"calibration": 1.31}, "calibration"),
+    ({"p99": 50.1}, "latency_p99_batch32_ms"),
+])
+def test_each_check_fails_on_its_own(change, name):
+    d = decide(POLICY, evaluation(**change), base=SAME)
+    assert d["passed"] is False and failed(d) == [name]
 
 
-def test_first_run_fails_below_the_auc_floor():
-    d = decide(POLICY, first_run(0.59, 0.5))
-    assert d["passed"] is False and d["first_run"] is True
-    assert check(d, "auc_floor")["passed"] is False and check(d, "logloss_ceiling")["passed"] is True
+def test_thresholds_are_inclusive():
+    d = decide(POLICY, evaluation(cand_auc=0.71 - 0.0015, cand_ll=0.305, calibration=0.7, p99=50.0,
+                                  slots={"morning": 0.705, "night": 0.68},
+                                  fairness={"gender": {"demographic_parity_difference": 0.05,
+                                                       "equalized_odds_difference": 0.25}}), base=SAME)
+    assert d["passed"], failed(d)
 
 
-def test_first_run_fails_above_the_logloss_ceiling():
-    d = decide(POLICY, first_run(0.9, 0.7501))
-    assert d["passed"] is False
-    assert check(d, "auc_floor")["passed"] is True and check(d, "logloss_ceiling")["passed"] is False
+def test_the_auc_floor_is_exactly_champion_minus_tolerance():
+    floor = 0.71 - POLICY.auc_tolerance
+    assert check(decide(POLICY, evaluation(cand_auc=floor)), "auc_non_inferiority")["threshold"] == floor
+    below = decide(POLICY, evaluation(cand_auc=float(np.nextafter(floor, 0.0))))
+    assert failed(below) == ["auc_non_inferiority"]
 
 
-def test_first_run_with_missing_metrics_fails():
-    d = decide(POLICY, first_run(None, None))  # e.g. a single-class holdout
-    assert d["passed"] is False and not any(c["passed"] for c in d["checks"])
+def test_base_compatibility_fails_on_a_different_or_missing_serving_base():
+    bad = decide(POLICY, evaluation(), base={"candidate": "a" * 64, "serving": "b" * 64})
+    assert failed(bad) == ["base_compatible"]
+    assert failed(decide(POLICY, evaluation(), base={"candidate": "a" * 64, "serving": None})) == ["base_compatible"]
 
 
-# ----------------------------------------------------------------------------- non-inferiority
-def test_non_inferiority_passes_at_exactly_champion_minus_tolerance():
-    champ = 0.71
-    floor = champ - POLICY.auc_tolerance
-    d = decide(POLICY, vs_champion(floor, champ))
-    assert d["passed"] is True and d["first_run"] is False and d["champion_version"] == "3"
-    c = check(d, "auc_non_inferiority")
-    assert [x["name"] for x in d["checks"]] == ["auc_non_inferiority"]
-    assert c["threshold"] == floor and c["value"] == floor and "v3" in c["reason"]
+def test_superiority_needs_a_significant_positive_delong_difference():
+    pol = GatePolicy(**{**to_dict(POLICY), "superiority": True, "superiority_alpha": 0.05})
+    sig = {"diff": 0.01, "p_value": 0.01}
+    assert decide(pol, evaluation(delong=sig))["passed"]
+    assert failed(decide(pol, evaluation(delong={"diff": 0.01, "p_value": 0.2}))) == ["superiority_delong"]
+    assert failed(decide(pol, evaluation(delong={"diff": -0.01, "p_value": 0.01}))) == ["superiority_delong"]
+    d = decide(pol, evaluation(delong=None))
+    assert failed(d) == ["superiority_delong"] and "unavailable" in check(d, "superiority_delong")["reason"]
+    assert "superiority_delong" not in [c["name"] for c in decide(POLICY, evaluation(delong=sig))["checks"]]
 
 
-def test_non_inferiority_fails_just_below_the_floor():
-    champ = 0.71
-    floor = champ - POLICY.auc_tolerance
-    d = decide(POLICY, vs_champion(float(np.nextafter(floor, 0.0)), champ))
-    assert d["passed"] is False
-    assert check(d, "auc_non_inferiority")["passed"] is False
+def test_unmeasured_values_pass_and_say_so():
+    d = decide(POLICY, evaluation(fairness={"gender": {"demographic_parity_difference": None,
+                                                       "equalized_odds_difference": None}},
+                                  calibration=None, slots={"morning": None, "night": 0.71}))
+    assert d["passed"], failed(d)
+    for name in ("fairness_dp[gender]", "calibration", "slot_auc[morning]"):
+        assert check(d, name)["reason"].startswith("not measured") and check(d, name)["value"] is None
+    bare = {"candidate": {"auc": 0.8, "logloss": 0.4}, "champion": None, "champion_version": None}
+    names = [c["name"] for c in decide(POLICY, bare)["checks"]]
+    assert names == ["auc_floor", "logloss_ceiling", "fairness", "calibration", "latency_p99_batch32_ms"]
 
 
-def test_non_inferiority_ignores_the_first_run_thresholds():
-    # below the absolute floor, but as good as the champion: passes
-    assert decide(POLICY, vs_champion(0.55, 0.55))["passed"] is True
-    # better than the floor, but clearly worse than the champion: fails
-    assert decide(POLICY, vs_champion(0.70, 0.80))["passed"] is False
+# ----------------------------------------------------------------------------- first run
+def test_first_run_uses_absolute_thresholds_only_and_says_so():
+    d = decide(POLICY, evaluation(cand_auc=0.7, cand_ll=0.5, champion=False), base=SAME)
+    assert d["passed"] and d["first_run"] is True and d["champion_version"] is None
+    names = [c["name"] for c in d["checks"]]
+    assert "auc_floor" in names and "logloss_ceiling" in names
+    assert not any("non_inferiority" in n or n.startswith("slot_auc") for n in names)
+    assert "first run" in format_table(d).splitlines()[0]
+    assert failed(decide(POLICY, evaluation(cand_auc=0.59, champion=False))) == ["auc_floor"]
+    assert failed(decide(POLICY, evaluation(cand_ll=0.7501, champion=False))) == ["logloss_ceiling"]
+    assert failed(decide(POLICY, evaluation(p99=99.0, champion=False))) == ["latency_p99_batch32_ms"]
 
 
-@pytest.mark.parametrize("cand,champ", [(None, 0.7), (0.7, None)])
-def test_non_inferiority_with_a_missing_auc_fails(cand, champ):
-    assert decide(POLICY, vs_champion(cand, champ))["passed"] is False
+def test_missing_metrics_fail():
+    assert set(failed(decide(POLICY, evaluation(cand_auc=None, cand_ll=None, champion=False)))) == {
+        "auc_floor", "logloss_ceiling"}
+    assert "auc_non_inferiority" in failed(decide(POLICY, evaluation(champ_auc=None)))
 
 
-def test_zero_tolerance_requires_at_least_the_champion_auc():
-    strict = GatePolicy(auc_tolerance=0.0)
-    assert decide(strict, vs_champion(0.7, 0.7))["passed"] is True
-    assert decide(strict, vs_champion(0.6999, 0.7))["passed"] is False
+def test_non_inferiority_ignores_the_first_run_floor():
+    assert decide(POLICY, evaluation(cand_auc=0.55, champ_auc=0.55, slots={}, champ_slots={}))["passed"]
 
 
 # ----------------------------------------------------------------------------- table
@@ -99,40 +147,14 @@ def _row(table: str, name: str) -> str:
     return next(line for line in table.splitlines() if line.startswith(name))
 
 
-def test_format_table_rows_and_verdict_on_rejection():
-    d = decide(POLICY, first_run(0.7, 0.9))
+def test_format_table_rows_and_verdicts():
+    d = decide(POLICY, evaluation(p99=80.0, version="5"), base=SAME)
     t = format_table(d)
     lines = t.splitlines()
-    assert lines[0].startswith("gate REJECTED") and "first run" in lines[0]
+    assert lines[0] == "gate REJECTED" and len(lines) == 2 + len(d["checks"])
     assert lines[1].split()[:4] == ["check", "value", "threshold", "result"]
-    assert "PASS" in _row(t, "auc_floor").split() and "0.70000" in _row(t, "auc_floor")
-    assert "FAIL" in _row(t, "logloss_ceiling").split() and "0.90000" in _row(t, "logloss_ceiling")
-    assert len(lines) == 2 + len(d["checks"])
-
-
-def test_format_table_on_pass_against_a_champion():
-    d = decide(POLICY, vs_champion(0.72, 0.71, version="5"))
-    t = format_table(d)
-    assert t.splitlines()[0] == "gate PASSED"
-    row = _row(t, "auc_non_inferiority")
-    assert "PASS" in row.split() and "FAIL" not in row and "v5" in row
-
-
-def test_format_table_renders_missing_values():
-    t = format_table(decide(POLICY, vs_champion(None, 0.7)))
-    row = _row(t, "auc_non_inferiority")
-    assert "None" in row and "FAIL" in row.split()
-
-
-# ----------------------------------------------------------------------------- base compatibility
-def test_base_compatibility_passes_only_on_equal_fingerprints():
-    ok = decide(POLICY, vs_champion(0.8, 0.8), base={"candidate": "a" * 64, "serving": "a" * 64})
-    assert ok["passed"] and check(ok, "base_compatible")["passed"]
-    bad = decide(POLICY, vs_champion(0.9, 0.8), base={"candidate": "a" * 64, "serving": "b" * 64})
-    assert not bad["passed"] and not check(bad, "base_compatible")["passed"]
-    assert check(bad, "auc_non_inferiority")["passed"], "only the base check may fail here"
-
-
-def test_missing_serving_base_fails_the_base_check():
-    d = decide(POLICY, first_run(0.8, 0.5), base={"candidate": "a" * 64, "serving": None})
-    assert not d["passed"] and not check(d, "base_compatible")["passed"]
+    assert "FAIL" in _row(t, "latency_p99_batch32_ms").split() and "80.00000" in _row(t, "latency_p99_batch32_ms")
+    assert "PASS" in _row(t, "auc_non_inferiority").split() and "v5" in _row(t, "auc_non_inferiority")
+    over = copy.deepcopy(d)
+    over["override"] = {"actor": "alice", "reason": "latency measured on a loaded worker"}
+    assert "OVERRIDDEN by alice: latency measured" in format_table(over).splitlines()[0]
