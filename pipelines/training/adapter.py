@@ -98,7 +98,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
         with tempfile.TemporaryDirectory() as tmp:
             lora.save(model, tmp)
             info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
-                                           mlflow_io.input_example(next(holdout.frames(5))), adapter_dir=tmp)
+                                           mlflow_io.input_example(holdout.head(5)), adapter_dir=tmp)
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "model_name": model_name, "slot": slot,
             "end_day": end_day, "base": base_ref, "metrics": metrics, "trainable_fraction": sizes["trainable_fraction"],

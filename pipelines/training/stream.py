@@ -144,6 +144,15 @@ class LakeStream:
         """The range's contract rows, in order, as frames of at most `read_rows` rows (for scoring)."""
         return self.index.frames(self.lo, self.hi, read_rows or self.read_rows, columns=columns)
 
+    def head(self, n: int) -> pd.DataFrame:
+        """The range's first `n` rows (an input example), read with the normal chunk size: a tiny chunk
+        size would walk the file to the range's start a few rows at a time."""
+        frames = self.frames()
+        try:
+            return next(frames, pd.DataFrame()).head(n).reset_index(drop=True)
+        finally:
+            frames.close()
+
     def batches(self, batch_size: int, gen: torch.Generator | None = None
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every row once; batches of `batch_size` except the last. Shuffled with `gen`, in order without."""

@@ -73,6 +73,11 @@ class Stack:
                                  f"{(proc.stdout + proc.stderr)[-6000:]}")
         return proc
 
+    def init_airflow(self) -> None:
+        """A fresh metadata DB and the one-slot pool that serialises registry writes (as airflow-init does)."""
+        self.airflow("db", "migrate")
+        self.airflow("pools", "set", "ctr_registry", "1", "registry writes: registration and alias moves")
+
     def pipelines(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pipelines", *args], env=self.env, cwd=REPO,
                               capture_output=True, text=True, timeout=300)

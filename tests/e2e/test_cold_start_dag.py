@@ -34,7 +34,7 @@ def stack(tmp_path_factory, s3_endpoint):
     artifact_root = f"s3://{BUCKET}/mlflow"
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root), kind, tmp)
-        st.airflow("db", "migrate")
+        st.init_airflow()
         saved = {k: os.environ.get(k)
                  for k in ("MLFLOW_TRACKING_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_PIPELINE_CONFIG")}
         os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root,

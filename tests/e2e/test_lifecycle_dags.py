@@ -29,7 +29,7 @@ def stack(tmp_path_factory, s3_endpoint):
     _, config_path = movielens_lake(tmp, bucket, DAY2)
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow"), kind, tmp)
-        st.airflow("db", "migrate")
+        st.init_airflow()
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(mlflow_uri)
         try:
@@ -45,9 +45,31 @@ def versions(name: str) -> list:
 
 
 def champion(name: str) -> str | None:
-    from pipelines.promotion.aliases import current
-
     return current(name)
+
+
+def current(name: str, alias: str = "champion") -> str | None:
+    from pipelines.promotion import aliases
+
+    return aliases.current(name, alias)
+
+
+def history(name: str, alias: str = "champion") -> list[dict]:
+    from pipelines.promotion import aliases
+
+    return aliases.history(name, alias)
+
+
+def asset_events(stack, uri: str) -> int:
+    """Asset events Airflow recorded for `uri` (the alias moves that deployment DAGs can react to)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    with engine.connect() as conn:
+        n = conn.execute(sa.text("SELECT count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                                 "WHERE a.uri = :uri"), {"uri": uri}).scalar()
+    engine.dispose()
+    return int(n)
 
 
 def test_base_model_dag_registers_the_serving_base(stack):
@@ -62,8 +84,8 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
     stack.airflow("dags", "test", "ctr_lora_retrain", DAY1)
     for slot in SLOTS:
         (v1,) = versions(f"ctr_lora_{slot}")
-        assert v1.tags["gate.passed"] == "true" and v1.tags["gate.first_run"] == "true"
-        assert champion(f"ctr_lora_{slot}") == "1"
+        assert v1.tags["gate.passed"] == "true", v1.tags.get("gate.checks")
+        assert v1.tags["gate.first_run"] == "true" and champion(f"ctr_lora_{slot}") == "1"
 
     proc = stack.airflow("dags", "test", "ctr_lora_retrain", DAY2)
     out = proc.stdout + proc.stderr
@@ -81,21 +103,27 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
         assert v2.tags["eval.champion_version"] == "1"
         assert json.loads(v2.tags["eval.champion"])["rows"] == json.loads(v2.tags["eval.candidate"])["rows"]
         assert v2.tags["gate.first_run"] == "false"
+        assert v2.description.startswith(f"# {name} v2") and "## Gate" in v2.description   # the model card
         passed = v2.tags["gate.passed"] == "true"
-        assert champion(name) == ("2" if passed else "1")
-        from pipelines.promotion.aliases import history
-
+        # promotion: canary (configs/gate_policy.yaml): a passing day-2 candidate takes a share of the
+        # users next to the day-1 champion; the champion itself does not move.
+        assert champion(name) == "1" and current(name, "canary") == ("2" if passed else None)
         kinds = [(h["kind"], h["from_version"], h["to_version"]) for h in history(name)]
-        assert kinds == [("promote", "", "1")] + ([("promote", "1", "2")] if passed else [])
-    assert "gate PASSED" in proc.stdout + proc.stderr
+        assert kinds == [("promote", "", "1")]
+        assert [(h["kind"], h["to_version"]) for h in history(name, "canary")] == ([("canary", "2")] if passed else [])
+    assert "gate PASSED" in out and "fairness_dp[age_bucket]" in out and "latency_p99_batch32_ms" in out
 
 
-def test_revert_dag_puts_the_first_days_version_back(stack):
+def test_canary_promotion_and_revert_from_the_ui(stack):
     from pipelines.promotion.aliases import history
 
-    moved = [f"ctr_lora_{s}" for s in SLOTS if champion(f"ctr_lora_{s}") == "2"]
-    assert moved, "no candidate passed the gate on day 2; the revert path would be untested"
+    moved = [f"ctr_lora_{s}" for s in SLOTS if current(f"ctr_lora_{s}", "canary") == "2"]
+    assert moved, "no candidate passed the gate on day 2; the canary and revert paths would be untested"
     for name in moved:
+        conf = json.dumps({"action": "promote_canary", "model": name, "reason": "e2e: canary looks healthy"})
+        stack.airflow("dags", "test", "ctr_model_ops", "-c", conf)
+        assert champion(name) == "2" and current(name, "canary") is None
+        assert asset_events(stack, f"mlflow://{name}/champion") >= 1
         conf = json.dumps({"action": "revert", "model": name, "reason": "e2e: revert to day 1"})
         stack.airflow("dags", "test", "ctr_model_ops", "-c", conf)
         assert champion(name) == "1"

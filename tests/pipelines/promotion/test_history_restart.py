@@ -1,0 +1,88 @@
+"""The champion history is durable: written through an MLflow tracking server, it is all there after
+the server is stopped and a new one started on the same store (PostgreSQL when reachable, required
+in CI; else SQLite), readable with the MLflow client and with `python -m pipelines history`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.promotion import aliases
+from tests.conftest import free_port
+from tests.pipelines.promotion.test_concurrency import MODEL, store_uri  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def start_server(backend: str, artifacts: Path, port: int) -> subprocess.Popen:
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", backend,
+           "--default-artifact-root", str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("mlflow server did not become healthy in 120 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    MlflowClient(tracking_uri=store_uri).search_experiments()       # create the schema once
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_server(store_uri, tmp_path / "artifacts", port)
+    try:
+        mlflow.set_tracking_uri(url)
+        c = MlflowClient()
+        c.create_registered_model(MODEL)
+        for _ in range(3):   # a server only takes remote sources without a run; it never downloads them here
+            c.create_model_version(MODEL, source="s3://ctr-test/never-read", tags={"gate.passed": "true"})
+        aliases.promote(MODEL, "1", reason="first", actor="alice")
+        aliases.promote(MODEL, "2", reason="better", actor="bob")
+        aliases.start_canary(MODEL, "3", 0.1, reason="try v3", actor="bob")
+        aliases.revert(MODEL, reason="incident", actor="carol")
+        before = aliases.history(MODEL, None)
+    finally:
+        stop_server(server)
+    with pytest.raises(Exception):
+        MlflowClient(tracking_uri=url).search_experiments()         # the server is really gone
+
+    port2 = free_port()
+    server = start_server(store_uri, tmp_path / "artifacts", port2)
+    try:
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{port2}")
+        after = aliases.history(MODEL, None)
+        assert after == before and len(after) == 4
+        assert [(e["alias"], e["kind"], e["to_version"]) for e in after] == [
+            ("champion", "promote", "1"), ("champion", "promote", "2"), ("canary", "canary", "3"),
+            ("champion", "revert", "1")]
+        assert aliases.current(MODEL) == "1" and aliases.current(MODEL, "canary") == "3"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port2}"}
+        cli = subprocess.run([sys.executable, "-m", "pipelines", "history", "--model", MODEL], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0, cli.stderr[-2000:]
+        lines = [json.loads(line) for line in cli.stdout.splitlines()]
+        assert [(e["kind"], e["actor"], e["reason"]) for e in lines] == [
+            ("promote", "alice", "first"), ("promote", "bob", "better"), ("revert", "carol", "incident")]
+    finally:
+        mlflow.set_tracking_uri(None)
+        stop_server(server)
