@@ -1,0 +1,216 @@
+"""`python -m pipelines.bench_serving [--quick]`: multi-adapter serving (`pipelines.serving`) timings.
+
+Setup (built by the run itself, nothing outside a temporary directory): a SQLite MLflow store with a
+local file artifact store; `ctr_base@champion` = an untrained CTRModel of the project's default
+ModelConfig (pipelines.config); `ctr_lora_<slot>@champion` for the 3 synthetic slots plus a
+`ctr_lora_feed@canary`, each a q_proj/v_proj r=8 adapter (LoraTrainConfig defaults) with random
+non-zero LoRA weights; an AdapterServer on them with canary_share 0.1. One intra-op thread
+(CTR_TORCH_THREADS, default 1). Every figure is a median, so another process on the machine shifts it
+less than a mean.
+
+Printed keys (one JSON object, exactly these):
+
+* ``switch_ms``: time of `AdapterServer.apply(routes)` that swaps to versions already in memory:
+  `ctr_lora_feed@champion` and `@canary` exchange versions (what promoting a canary does). It builds
+  the new routing table and replaces the reference; nothing is downloaded or unloaded. Goal < 1 ms.
+* ``load_ms``: time of `apply(routes)` in which `ctr_lora_search@champion` names a version not in
+  memory: resolve its `models:/` URI, download `artifacts/` from the local file store, verify the
+  adapter file hashes against the registry tag and the base fingerprint, inject it into the shared
+  PeftModel, swap, and delete the replaced version. Goal < 200 ms.
+  Both exclude `resolve()` (one registry query per watched alias, bound by the registry's latency;
+  ~3 ms per alias on this SQLite store), which a periodic `refresh()` adds before `apply`.
+* ``routed_vs_merged``: latency of `server.score(batch)` over that of the merged model on the same
+  batch: median per-call seconds over many calls after warm-up, batch 32 rows drawn from one
+  synthetic day (all 3 slots, traffic mix 60/30/10 %). The routed call is the full serving path
+  (column check, encode, canary hash, routing, table lease, mixed-adapter forward, sigmoid, metrics);
+  the merged model (`merge_and_unload` of the feed adapter, on a copy) runs encode + forward + sigmoid.
+  Goal <= 1.20.
+* ``merged_vs_base``: the merged model over the plain base, same batch and path. Goal <= 1.05 (the same
+  architecture: a merged adapter is free at inference).
+
+Quick mode (< 60 s, most of it creating the MLflow store and logging 5 models) takes fewer samples.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+SLOTS = ("feed", "search", "splash")
+BATCH = 32
+CANARY_SHARE = 0.1
+MODEL_SEED = 0
+DAY = "2024-01-08"
+
+
+@contextlib.contextmanager
+def _temporary_registry(root: Path) -> Iterator[str]:
+    """Point MLflow at a new SQLite store under `root`; yields the id of an experiment whose artifacts
+    go to root/mlruns. Restores the tracking URI afterwards."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield mlflow.create_experiment("bench-serving", artifact_location=(root / "mlruns").as_uri())
+    finally:
+        mlflow.set_tracking_uri(before)
+        mlflow.set_registry_uri(None)   # back to following the tracking URI (or $MLFLOW_REGISTRY_URI)
+
+
+def _frame(rows: int):
+    import pandas as pd
+
+    from pipelines.data.synthetic import SyntheticSpec, generate_day
+
+    return pd.concat(list(generate_day(SyntheticSpec(seed=3), DAY, rows)), ignore_index=True)
+
+
+def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
+    """Register base, slot champions, a feed canary and `extra_versions` more search versions."""
+    import torch
+
+    from pipelines.config import ModelConfig
+    from pipelines.model.base import CTRModel
+    from pipelines.registry import mlflow_io
+    from pipelines.serving import demo
+
+    torch.manual_seed(MODEL_SEED)
+    base_model = CTRModel(ModelConfig()).eval()
+    example = mlflow_io.input_example(frame)
+    base = demo.register_base(base_model, example, experiment_id=experiment_id)
+    logged, champions = {}, {}
+    for i, slot in enumerate(SLOTS):
+        logged[slot] = demo.log_adapter(demo.random_adapter(base_model, seed=10 + i), slot, base, example,
+                                        experiment_id=experiment_id)
+        champions[slot] = demo.register_adapter(logged[slot], f"ctr_lora_{slot}", slot, alias="champion", base=base)
+    canary = demo.log_adapter(demo.random_adapter(base_model, seed=99), "feed", base, example,
+                              experiment_id=experiment_id)
+    demo.register_adapter(canary, "ctr_lora_feed", "feed", alias="canary", base=base)
+    # Versions of the same logged files: each is a distinct version to download, verify and load.
+    extra = [demo.register_adapter(logged["search"], "ctr_lora_search", "search", base=base)
+             for _ in range(extra_versions)]
+    return {"base_model": base_model, "adapter_uri": f"models:/ctr_lora_feed/{champions['feed']}", "extra_search": extra}
+
+
+def _median_ms(fn: Callable[[], object], n: int) -> float:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times)
+
+
+def _switch_ms(server, n: int) -> float:
+    routes = server.resolve()
+    a, b = routes[("ctr_lora_feed", "champion")], routes[("ctr_lora_feed", "canary")]
+    flipped = {**routes, ("ctr_lora_feed", "champion"): b, ("ctr_lora_feed", "canary"): a}
+    times = []
+    for i in range(n):
+        target = flipped if i % 2 == 0 else routes
+        start = time.perf_counter()
+        report = server.apply(target)
+        times.append(time.perf_counter() - start)
+        if not report["swapped"] or report["loaded"] or report["unloaded"]:
+            raise RuntimeError(f"switch step {i} was not a pure swap: {report}")
+    return 1000.0 * statistics.median(times)
+
+
+def _load_ms(server, versions: list[str]) -> float:
+    from pipelines.serving.loader import VersionRef
+
+    routes = server.resolve()
+    times = []
+    for v in versions:
+        mv = server.registry.client.get_model_version("ctr_lora_search", v)
+        target = {**routes, ("ctr_lora_search", "champion"): VersionRef("ctr_lora_search", v, dict(mv.tags),
+                                                                          mv.run_id)}
+        start = time.perf_counter()
+        report = server.apply(target)
+        times.append(time.perf_counter() - start)
+        if report["loaded"] != [f"ctr_lora_search:{v}"] or report["refused"]:
+            raise RuntimeError(f"loading ctr_lora_search v{v} did not load exactly it: {report}")
+    return 1000.0 * statistics.median(times)
+
+
+def _merged_model(base_model, adapter_uri: str):
+    import mlflow.artifacts
+
+    from pipelines.training import lora
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{adapter_uri}/artifacts/adapter", dst_path=tmp))
+        return lora.load(copy.deepcopy(base_model), str(local)).merge_and_unload().eval()
+
+
+def _plain_scorer(model) -> Callable:
+    import torch
+
+    from pipelines.model.features import encode
+
+    def score(frame):
+        with torch.inference_mode():
+            return torch.sigmoid(model(torch.from_numpy(encode(frame, model.cfg)))).numpy()
+
+    return score
+
+
+def _latencies(scorers: dict[str, Callable], batch, calls: int) -> dict[str, float]:
+    """Median seconds per call of each scorer; calls alternate between the scorers, so a load spike
+    from another process hits all of them alike."""
+    for fn in scorers.values():   # warm-up
+        for _ in range(max(20, calls // 10)):
+            fn(batch)
+    samples: dict[str, list[float]] = {k: [] for k in scorers}
+    for _ in range(calls):
+        for name, fn in scorers.items():
+            start = time.perf_counter()
+            fn(batch)
+            samples[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def run(quick: bool) -> dict:
+    """Build the temporary registry, measure, return {switch_ms, load_ms, routed_vs_merged, merged_vs_base}."""
+    from pipelines.serving.router import AdapterServer
+    from pipelines.training.loop import configure_threads
+
+    configure_threads()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    n_switch, n_load, calls = (40, 5, 600) if quick else (400, 20, 3000)
+    frame = _frame(2000)
+    batch = frame.sample(BATCH, random_state=1).reset_index(drop=True)
+    with tempfile.TemporaryDirectory() as tmp, _temporary_registry(Path(tmp)) as experiment_id:
+        built = _populate(frame, n_load, experiment_id)
+        server = AdapterServer(SLOTS, canary_share=CANARY_SHARE)
+        switch = _switch_ms(server, n_switch)
+        load = _load_ms(server, built["extra_search"])
+        merged = _merged_model(built["base_model"], built["adapter_uri"])
+    lat = _latencies({"routed": server.score, "merged": _plain_scorer(merged),
+                      "base": _plain_scorer(built["base_model"])}, batch, calls)
+    return {"switch_ms": switch, "load_ms": load, "routed_vs_merged": lat["routed"] / lat["merged"],
+            "merged_vs_base": lat["merged"] / lat["base"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.bench_serving", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer samples (< 60 s)")
+    a = p.parse_args(argv)
+    print(json.dumps(run(quick=a.quick)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""serving.batched: one mixed forward == each row through PEFT's own single-adapter model (no registry)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pipelines.config import LoraTrainConfig
+from pipelines.model.base import CTRModel
+from pipelines.serving import batched, demo
+from pipelines.training import lora
+from tests.pipelines.serving import fixtures
+
+CONFIGS = (
+    LoraTrainConfig(),                                                        # q/v, r=8
+    LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings")),
+    LoraTrainConfig(r=2, alpha=2, target_modules=("k_proj", "o_proj")),
+)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from peft import PeftModel
+
+    torch.manual_seed(0)
+    base = CTRModel(fixtures.CFG).eval().requires_grad_(False)
+    store, singles, names = copy.deepcopy(base), [], []
+    peft = None
+    for i, cfg in enumerate(CONFIGS):
+        d = tmp_path_factory.mktemp(f"adapter{i}")
+        lora.save(demo.random_adapter(base, seed=i, lora_cfg=cfg), d)
+        singles.append(lora.load(copy.deepcopy(base), str(d)))
+        names.append(f"a{i}")
+        if peft is None:
+            peft = PeftModel.from_pretrained(store, str(d), adapter_name=names[-1])
+        else:
+            peft.load_adapter(str(d), adapter_name=names[-1])
+    return base, store, names, singles
+
+
+def test_mixed_batch_equals_each_rows_single_adapter_model(setup):
+    base, store, names, singles = setup
+    stacks = batched.build_stacks(store, names)
+    assert any(s.embedding for s in stacks.values()) and "blocks.0.k_proj" in stacks
+    tree = batched.serving_tree(base, frozenset(stacks))
+    gen = torch.Generator().manual_seed(1)
+    x = torch.stack([torch.randint(0, n, (64,), generator=gen) for n in (64, 64, 8, 8, 8, 8, 8, 8, 8)], dim=1)
+    rows = torch.arange(64) % (len(names) + 1)        # 0 = base, i = names[i - 1]
+    with torch.inference_mode():
+        with batched.request(stacks, rows):
+            mixed = tree(x)
+        expected = torch.empty(64)
+        for i, model in enumerate([base, *singles]):
+            expected[rows == i] = model(x[rows == i])
+        outside = tree(x)   # outside a request the hooks add nothing
+        base_out = base(x)
+    torch.testing.assert_close(mixed, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(outside, base_out, atol=0, rtol=0)
+    assert (mixed[rows > 0] - base_out[rows > 0]).abs().min() > 0, "every adapter changes its rows"
+
+
+def test_serving_tree_shares_the_base_tensors_and_leaves_the_base_unhooked(setup):
+    base, store, names, _ = setup
+    tree = batched.serving_tree(base, frozenset(batched.build_stacks(store, names[:1])))
+    assert tree is not base and tree.blocks[0].q_proj is not base.blocks[0].q_proj
+    assert tree.blocks[0].q_proj.weight is base.blocks[0].q_proj.weight
+    assert tree.blocks[0].q_proj._forward_hooks and not base.blocks[0].q_proj._forward_hooks
+    assert not tree.blocks[0].k_proj._forward_hooks, "only the layers the adapters target are hooked"
+
+
+def test_dora_adapter_is_reported_unsupported(setup):
+    from peft import LoraConfig, get_peft_model
+
+    base = setup[0]
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True),
+                           adapter_name="dora")
+    problems = batched.unsupported(model.get_base_model(), "dora", batched.hookable(base))
+    assert problems and all("variant" in p for p in problems)
+    assert batched.unsupported(setup[1], "a0", batched.hookable(base)) == []
