@@ -28,7 +28,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator, ReleaseOperator
+from ctr_airflow.operators import MOVES, REGISTRY_POOL, GatedPromotionOperator, ReleaseOperator
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
@@ -84,7 +84,8 @@ def ctr_lora_retrain():
     trained = train_adapter.expand(slot=slots(validate()))
     registered = register.expand(evaluated=evaluate.expand(candidate=trained))
     needs_approval = approval_required()
-    gated = GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0,
+    # .partial() does not run __init__, so the pool and the asset alias are named here as well
+    gated = GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0, pool=REGISTRY_POOL, outlets=[MOVES],
                                            release=not needs_approval).expand(registered=registered)
     if needs_approval:
         from airflow.providers.standard.operators.hitl import ApprovalOperator
@@ -93,7 +94,8 @@ def ctr_lora_retrain():
             task_id="approve_release", subject="Release a CTR adapter that passed its gate?",
         ).expand(body=gated.output.map(lambda d: f"{d['model']} v{d['version']} passed its gate against "
                                                  f"champion v{d['champion_version']}. See its model card."))
-        release = ReleaseOperator.partial(task_id="release", retries=0).expand(decision=gated.output)
+        release = ReleaseOperator.partial(task_id="release", retries=0, pool=REGISTRY_POOL,
+                                          outlets=[MOVES]).expand(decision=gated.output)
         approved >> release
 
 

@@ -65,6 +65,7 @@ def ctr_model_ops():
         move = aliases.promote_canary(params["model"], reason=params["reason"], actor=actor(context),
                                       op_id=op_id(context))
         emit_move(context, move)
+        emit_move(context, move.get("withdrawn") or {})
         return move
 
     @task(task_id="withdraw_canary", pool=REGISTRY_POOL, outlets=[MOVES])

@@ -127,6 +127,17 @@ def cmd_status(a) -> int:
     return 0
 
 
+def cmd_monitor(a) -> int:
+    from pipelines.config import load_gate_policy, load_pipeline_config
+    from pipelines.promotion import live_metrics, monitor
+
+    cfg, policy = load_pipeline_config(a.config), load_gate_policy(a.policy)
+    out = monitor.monitor_day(cfg, policy, a.data or cfg.data.lake_uri, a.day, live=live_metrics.from_policy(policy),
+                              actor="cli", apply_reverts=not a.dry_run)
+    _print(out)
+    return 1 if out.get("errors") else 0
+
+
 def cmd_bench(a) -> int:
     if a.which == "training":
         from pipelines import bench_training
@@ -134,8 +145,13 @@ def cmd_bench(a) -> int:
         print(json.dumps(bench_training.run(quick=a.quick)))
     elif a.which == "quality":
         from pipelines import bench_quality
+        from pipelines.bench_quality_distill import make_distilled
 
-        print(json.dumps(bench_quality.run()))
+        print(json.dumps(bench_quality.run(distilled=make_distilled())))
+    elif a.which == "serving":
+        from pipelines import bench_serving
+
+        print(json.dumps(bench_serving.run(quick=a.quick)))
     else:
         from pipelines import bench
 
@@ -214,9 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_status)
 
     bn = sub.add_parser("bench", help="one benchmark, printed as one JSON object (make bench runs them all)")
-    bn.add_argument("which", choices=["training", "quality", "validation"])
-    bn.add_argument("--quick", action="store_true", help="a short run (training: under a minute)")
+    bn.add_argument("which", choices=["training", "quality", "validation", "serving"])
+    bn.add_argument("--quick", action="store_true", help="a short run (training, serving: under a minute)")
     bn.set_defaults(fn=cmd_bench)
+
+    mo = sub.add_parser("monitor", help="score @champion / @canary on one validated day; promote, withdraw, revert")
+    mo.add_argument("--day", required=True, help="the partition date (YYYY-MM-DD)")
+    mo.add_argument("--data", help="lake URI (default: data.lake_uri of the config)")
+    mo.add_argument("--config")
+    mo.add_argument("--policy")
+    mo.add_argument("--dry-run", action="store_true", help="decide and record windows, but apply no revert")
+    mo.set_defaults(fn=cmd_monitor)
     return p
 
 

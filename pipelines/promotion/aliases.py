@@ -175,12 +175,18 @@ def start_canary(model: str, version, share: float, reason: str, actor: str = "c
     return move_alias(model, "canary", version, kind="canary", reason=reason, actor=actor, op_id=op_id)
 
 
-def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
-    """@canary becomes @champion (one recorded promote) and the canary alias is removed (one withdraw)."""
+def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None,
+                   expected_version: str | None = None) -> dict:
+    """@canary becomes @champion (one recorded promote) and the canary alias is removed (one withdraw;
+    returned under "withdrawn"). `expected_version`: refuse if the canary was replaced meanwhile (the
+    monitor decided on that version's windows)."""
     from pipelines.promotion.lock import registry_lock
 
     with registry_lock(model):
         version = current(model, "canary")
+        if expected_version is not None and version is not None and version != str(expected_version):
+            raise PromotionError(f"{model}@canary is v{version}, not v{expected_version}: it was replaced after the "
+                                 "decision; nothing promoted")
         if version is None:
             done = [e for e in history(model, None) if op_id and e["op_id"] == op_id]
             if done:
@@ -188,9 +194,15 @@ def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | Non
             raise PromotionError(f"{model} has no @canary to promote")
         check_promotable(model, version)
         moved = move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id)
-        move_alias(model, "canary", None, kind="withdraw", reason=f"promoted to champion: {reason}", actor=actor,
-                   op_id=f"{op_id}/withdraw" if op_id else None)
-    return moved
+        withdrawn = move_alias(model, "canary", None, kind="withdraw", reason=f"promoted to champion: {reason}",
+                               actor=actor, op_id=f"{op_id}/withdraw" if op_id else None)
+    return {**moved, "withdrawn": withdrawn}
+
+
+def previous_champion(model: str) -> str | None:
+    """The champion before the current one in order of succession (what a plain revert goes back to)."""
+    stack = _champion_stack(history(model))
+    return stack[-2] if len(stack) >= 2 else None
 
 
 def withdraw_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:

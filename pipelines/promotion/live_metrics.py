@@ -23,7 +23,7 @@ import urllib.request
 from typing import Protocol, runtime_checkable
 
 from pipelines.config import GatePolicy
-from pipelines.errors import PipelineError
+from pipelines.errors import ConfigError, PipelineError
 
 # What a click-event exporter is expected to expose per served version (counters labelled model and
 # version). The serving process itself only exports latency and swap counters (pipelines.serving.metrics).
@@ -66,10 +66,11 @@ def render_query(template: str, model: str, version: str, day: str) -> str:
 
 def parse_value(payload: dict, url: str, query: str) -> float | None:
     """The single number of a Prometheus instant-query answer; None for an empty vector or NaN."""
-    if not isinstance(payload, dict) or payload.get("status") != "success":
-        problem = (f"status {payload.get('status')!r}: {payload.get('errorType', '')} {payload.get('error', '')}".strip()
-                   if isinstance(payload, dict) else f"reply is not a JSON object: {str(payload)[:200]}")
-        raise LiveMetricsError(url, query, problem)
+    if not isinstance(payload, dict):
+        raise LiveMetricsError(url, query, f"reply is not a JSON object: {str(payload)[:200]}")
+    if payload.get("status") != "success":
+        detail = f"{payload.get('errorType', '')} {payload.get('error', '')}".strip()
+        raise LiveMetricsError(url, query, f"status {payload.get('status')!r}: {detail}")
     data = payload.get("data") or {}
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar":
@@ -106,9 +107,9 @@ class PrometheusSource:
 
     def __init__(self, base_url: str, queries: dict[str, str] | None = None, timeout_s: float = 10.0):
         if not base_url.startswith(("http://", "https://")):
-            raise LiveMetricsError(base_url, "-", "base URL must start with http:// or https://")
+            raise ConfigError(f"Prometheus base URL must start with http:// or https://, got {base_url!r}")
         if timeout_s <= 0:
-            raise LiveMetricsError(base_url, "-", f"timeout_s must be > 0, got {timeout_s}")
+            raise ConfigError(f"Prometheus timeout_s must be > 0, got {timeout_s}")
         self.base_url = base_url.rstrip("/")
         self.queries = dict(DEFAULT_QUERIES if queries is None else queries)
         self.timeout_s = timeout_s

@@ -1,39 +1,36 @@
 """After release: watch `@champion` and `@canary` of every adapter on each newly validated day.
 
 One *window* = one model version scored on the labelled rows of one daily partition that validation
-marked `passed` (delayed feedback: the labels of a day arrive with its partition), optionally with
-live metrics of that version over that day (`live_metrics`). Each window is a run in the MLflow
+marked `passed` (delayed feedback: a day's labels arrive with its partition), plus live metrics of
+that version over that day when a source is set (`live_metrics`). Each window is a run in the MLflow
 experiment `ctr-monitor` (tags model, alias, version, day; metrics rows, auc, logloss, ctr = observed
-click rate, mean_pctr, live_*). A window is recorded once: re-running a day finds its runs and
-reuses them (a partition rewritten since, e.g. late labels, replaces its windows).
+click rate, mean_pctr, live_*). A version is scored once per day, in the role it had at the day's
+first run: re-running a day reuses its windows (a partition rewritten since replaces them). A day
+a version was trained on (<= its `data.last`) is in-sample and is not scored for it.
 
-A version is only scored on days after its training data (`data.last`): the day it was trained on
-is in-sample and would flatter it.
+Decisions (pure functions of the windows):
 
-Decisions (pure functions of the windows, `canary_decision`, `revert_decision`):
+* `canary_decision`: `promote` after `canary_healthy_windows` windows of the current (canary,
+  champion) pair with canary AUC >= champion AUC - `canary_auc_tolerance` on the same rows;
+  `withdraw` as soon as the latest one is below that; else `wait`.
+* `revert_decision`: the champion's metric below reference x (1 - `revert_drop`) in its last
+  `revert_windows` measured windows since it became champion => revert to the previous champion.
+  `auc`: reference = the holdout AUC recorded at registration (`eval.candidate`, what the gate
+  accepted), else its first monitored window. `ctr` means the *live* CTR (`live_ctr`), against its
+  first measured window: a labelled partition's CTR is what users did with whatever served, not a
+  property of the version scored now, so `revert_metric: ctr` without a live source is a config
+  error. A window without the metric (live source down, one class) neither counts nor breaks a
+  streak. A revert due holds the canary's decision (its pair restarts with the restored champion).
 
-* canary: `promote` after `canary_healthy_windows` windows of the current (canary, champion) pair
-  with canary AUC >= champion AUC - `canary_auc_tolerance` on the same rows; `withdraw` as soon as
-  the latest window is below that; else `wait`.
-* revert: the champion's metric below reference x (1 - `revert_drop`) in its last `revert_windows`
-  measured windows (windows of the current version since it became champion) => revert to the
-  previous champion. Metric `auc`: reference = the AUC recorded at registration on the holdout
-  (`eval.candidate`, what the gate accepted), else its first monitored window. Metric `ctr`: the
-  *live* CTR (`live_ctr`) against its first measured window; the CTR of a labelled partition is
-  what was served to users, whatever a model scores now, so it cannot judge a version, and
-  `revert_metric: ctr` without a live source is a config error. A window without the metric (live
-  source down, a day of one class) is no evidence either way: it neither counts nor breaks a streak.
-  A revert due holds the canary's decision (its pair restarts against the restored champion).
-
-Canary moves are made here (`aliases`, deterministic op ids: a re-run moves nothing twice). Reverts
-are returned for the DAG's revert operator; `apply_reverts=True` (the CLI path) makes them here.
+Canary moves are made here (deterministic op ids: a re-run moves nothing twice); reverts are
+returned for the DAG's revert operator, or made here with `apply_reverts=True` (CLI path).
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from pipelines.config import GatePolicy, PipelineConfig
@@ -71,6 +68,9 @@ class Decision:
     reason: str
     days: tuple[str, ...] = ()      # the windows the decision rests on
 
+    def to_dict(self) -> dict:
+        return {"action": self.action, "reason": self.reason, "days": list(self.days)}
+
 
 def _ordered(windows: Iterable[Window]) -> list[Window]:
     return sorted(windows, key=lambda w: (w.day, w.order))
@@ -89,45 +89,40 @@ def canary_pairs(windows: Iterable[Window]) -> list[tuple[Window, Window]]:
     return pairs
 
 
+def _tail(items: list, keep) -> list:
+    """The longest suffix of `items` whose elements all satisfy `keep`."""
+    n = 0
+    for x in reversed(items):
+        if not keep(x):
+            break
+        n += 1
+    return items[len(items) - n:]
+
+
 def canary_decision(windows: Iterable[Window], policy: GatePolicy, canary_version: str | None = None,
                     champion_version: str | None = None) -> Decision:
     """promote / withdraw / wait for the current pair (default: the latest paired window's)."""
-    pairs = canary_pairs(windows)
-    if canary_version is not None:
-        pairs = [p for p in pairs if p[0].version == str(canary_version)]
-    if champion_version is not None:
-        pairs = [p for p in pairs if p[1].version == str(champion_version)]
+    pairs = [p for p in canary_pairs(windows) if canary_version is None or p[0].version == str(canary_version)]
+    pairs = [p for p in pairs if champion_version is None or p[1].version == str(champion_version)]
     if not pairs:
         return Decision("wait", "no window yet with both canary and champion scored on the same rows")
     cv, chv = pairs[-1][0].version, pairs[-1][1].version
-    run: list[tuple[Window, Window]] = []
-    for c, ch in reversed(pairs):  # the windows since this pair began (a champion change restarts it)
-        if (c.version, ch.version) != (cv, chv):
-            break
-        run.insert(0, (c, ch))
     tol, need = policy.canary_auc_tolerance, policy.canary_healthy_windows
-
-    def healthy(p: tuple[Window, Window]) -> bool:
-        return p[0].value("auc") >= p[1].value("auc") - tol
-
-    def show(p: tuple[Window, Window]) -> str:
-        return f"dt={p[0].day} {p[0].value('auc'):.4f} vs {p[1].value('auc'):.4f}"
-
-    if not healthy(run[-1]):
-        return Decision("withdraw", f"canary v{cv} AUC {run[-1][0].value('auc'):.4f} < champion v{chv} AUC "
-                                    f"{run[-1][1].value('auc'):.4f} - tolerance {tol:g} on dt={run[-1][0].day}",
-                        (run[-1][0].day,))
-    streak = 0
-    for p in reversed(run):
-        if not healthy(p):
-            break
-        streak += 1
-    days = tuple(p[0].day for p in run[-min(streak, need):])
-    if streak >= need:
+    # the windows since this pair began: a new champion restarts the count
+    run = _tail(pairs, lambda p: (p[0].version, p[1].version) == (cv, chv))
+    healthy = _tail(run, lambda p: p[0].value("auc") >= p[1].value("auc") - tol)
+    if not healthy:
+        c, ch = run[-1]
+        return Decision("withdraw", f"canary v{cv} AUC {c.value('auc'):.4f} < champion v{chv} AUC "
+                                    f"{ch.value('auc'):.4f} - tolerance {tol:g} on dt={c.day}", (c.day,))
+    shown = healthy[-need:]
+    evidence = ", ".join(f"dt={c.day} {c.value('auc'):.4f} vs {ch.value('auc'):.4f}" for c, ch in shown)
+    days = tuple(c.day for c, _ in shown)
+    if len(healthy) >= need:
         return Decision("promote", f"canary v{cv} AUC >= champion v{chv} AUC - {tol:g} in {need} consecutive "
-                                   "windows (canary vs champion): " + ", ".join(show(p) for p in run[-need:]), days)
-    return Decision("wait", f"{streak}/{need} healthy windows of canary v{cv} vs champion v{chv}: "
-                            + ", ".join(show(p) for p in run[-streak:]), days)
+                                   f"windows (canary vs champion): {evidence}", days)
+    return Decision("wait", f"{len(healthy)}/{need} healthy windows of canary v{cv} vs champion v{chv}: {evidence}",
+                    days)
 
 
 def revert_decision(windows: Iterable[Window], reference: float | None, policy: GatePolicy,
@@ -139,26 +134,19 @@ def revert_decision(windows: Iterable[Window], reference: float | None, policy: 
     if not champ:
         return Decision("keep", "no champion window yet")
     version = str(version) if version is not None else champ[-1].version
-    run: list[Window] = []
-    for w in reversed(champ):      # a different version in between means it was champion again later
-        if w.version != version:
-            break
-        run.insert(0, w)
     if reference is None:
         return Decision("keep", f"no reference {key} for champion v{version} yet")
     floor = reference * (1.0 - policy.revert_drop)
+    # since it last became champion: an earlier stint of the same version (before a revert) is another story
+    run = _tail(champ, lambda w: w.version == version)
     measured = [(w, w.value(key)) for w in run if w.value(key) is not None]
-    streak = 0
-    for _, v in reversed(measured):
-        if v >= floor:
-            break
-        streak += 1
-    shown = ", ".join(f"dt={w.day} {v:.4f}" for w, v in measured[-min(max(streak, 1), k):])
-    where = (f"champion v{version} {key} below {floor:.4f} (= reference {reference:.4f} x (1 - {policy.revert_drop:g}))")
-    if streak >= k:
-        return Decision("revert", f"{where} in {k} consecutive windows: {shown}",
-                        tuple(w.day for w, _ in measured[-k:]))
-    return Decision("keep", f"{streak}/{k} windows {where}" + (f"; latest: {shown}" if measured else ""))
+    bad = _tail(measured, lambda m: m[1] < floor)
+    where = f"champion v{version} {key} below {floor:.4f} (= reference {reference:.4f} x (1 - {policy.revert_drop:g}))"
+    if len(bad) >= k:
+        return Decision("revert", f"{where} in {k} consecutive windows: "
+                        + ", ".join(f"dt={w.day} {v:.4f}" for w, v in bad[-k:]), tuple(w.day for w, _ in bad[-k:]))
+    latest = f"; latest: dt={measured[-1][0].day} {measured[-1][1]:.4f}" if measured else ""
+    return Decision("keep", f"{len(bad)}/{k} windows {where}{latest}")
 
 
 def reference_value(policy: GatePolicy, version_tags: dict, windows: Iterable[Window], version: str
@@ -179,6 +167,11 @@ def reference_value(policy: GatePolicy, version_tags: dict, windows: Iterable[Wi
 
 
 # ----------------------------------------------------------------------------- records
+def _metrics(logged: dict) -> dict:
+    # MLflow stores every metric as a float; a row count reads back as the integer it is.
+    return {k: int(v) if k == "rows" else v for k, v in logged.items()}
+
+
 def load_windows(model: str) -> list[Window]:
     import mlflow
 
@@ -187,7 +180,7 @@ def load_windows(model: str) -> list[Window]:
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], filter_string=f"tags.model = '{model}'",
                               output_format="list", max_results=50000)
     return _ordered(Window(model=model, alias=r.data.tags.get("alias", ""), version=r.data.tags.get("version", ""),
-                           day=r.data.tags.get("day", ""), metrics=dict(r.data.metrics),
+                           day=r.data.tags.get("day", ""), metrics=_metrics(r.data.metrics),
                            champion_version=r.data.tags.get("champion_version", ""), order=int(r.info.start_time),
                            run_id=r.info.run_id, sha256=r.data.tags.get("data.sha256", "")) for r in runs)
 
@@ -207,7 +200,7 @@ def record_window(w: Window) -> Window:
     now = int(time.time() * 1000)
     c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in w.metrics.items() if v is not None])
     c.set_terminated(run.info.run_id)
-    return Window(**{**asdict(w), "order": int(run.info.start_time), "run_id": run.info.run_id})
+    return replace(w, order=int(run.info.start_time), run_id=run.info.run_id)
 
 
 def _live(live, model: str, version: str, day: str) -> dict:
@@ -240,25 +233,33 @@ class _Scorer:
 
 def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[Window], live, scorer: _Scorer,
            champion_version: str = "") -> tuple[Window | None, str]:
-    """The recorded window of model@alias on `day` (found, or scored and recorded), or (None, why not)."""
+    """The window of `mv` on `day`: found (a version is scored once per day, in the role it had then),
+    or scored and recorded as model@alias; (None, why) when the day is in-sample for it."""
     from pipelines.evaluation.metrics import summary
-    from pipelines.registry import mlflow_io
 
     version, trained_to = str(mv.version), mv.tags.get("data.last", "")
     if trained_to and day <= trained_to:
         return None, f"v{version} was trained on data up to {trained_to}: dt={day} is in-sample"
-    same = [w for w in past if (w.alias, w.version, w.day, w.champion_version) == (alias, version, day, champion_version)]
-    current = [w for w in same if w.sha256 == sha256]
-    if current:
-        return current[-1], "recorded earlier"
-    for w in same:   # the partition changed since (e.g. late labels): its old window no longer stands
-        mlflow_io.client().delete_run(w.run_id)
+    found = [w for w in past if (w.version, w.day) == (version, day)]
+    if found:
+        return found[-1], f"recorded earlier as {found[-1].alias}"
     y = rows["label"].to_numpy(dtype="float64")
     s = summary(y, scorer.predict(model, version, rows))
     metrics = {**{k: s[k] for k in WINDOW_METRICS}, **_live(live, model, version, day)}
     w = Window(model=model, alias=alias, version=version, day=day, metrics=metrics,
                champion_version=champion_version, sha256=sha256)
     return record_window(w), "scored"
+
+
+def drop_stale(past: list[Window], day: str, sha256: str) -> list[Window]:
+    """Windows of `day` scored on other content (the partition was rewritten, e.g. late labels) no
+    longer stand: deleted, so the day is scored again on what validation passed."""
+    from pipelines.registry import mlflow_io
+
+    for w in past:
+        if w.day == day and w.sha256 != sha256:
+            mlflow_io.client().delete_run(w.run_id)
+    return [w for w in past if w.day != day or w.sha256 == sha256]
 
 
 # ----------------------------------------------------------------------------- one day
@@ -286,14 +287,6 @@ def usable_partition(lake, day: str):
     return part, ""
 
 
-def previous_champion(model: str) -> str | None:
-    """The version a revert of `model` goes back to (the champion before the current one)."""
-    from pipelines.promotion import aliases
-
-    stack = aliases._champion_stack(aliases.history(model))
-    return stack[-2] if len(stack) >= 2 else None
-
-
 def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePolicy, live, actor: str,
                   scorer: _Scorer) -> dict:
     from pipelines.promotion import aliases
@@ -315,7 +308,7 @@ def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePoli
         return out
     # Serialises two monitors of one model (find-or-record, then decide) without blocking alias moves.
     with registry_lock(f"{EXPERIMENT}:{model}"):
-        past = load_windows(model)
+        past = drop_stale(load_windows(model), day, part.sha256)
         scored = [("champion", champion, "")] + ([("canary", canary, out["champion"])]
                                                  if canary and out["canary"] != out["champion"] else [])
         for alias, mv, vs in scored:
@@ -328,9 +321,9 @@ def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePoli
     ref, source = reference_value(policy, dict(champion.tags), windows, out["champion"])
     out["reference"] = {"metric": REVERT_KEYS[policy.revert_metric], "value": ref, "source": source}
     rev = revert_decision(windows, ref, policy, version=out["champion"])
-    out["revert_decision"] = asdict(rev)
+    out["revert_decision"] = rev.to_dict()
     if rev.action == "revert":
-        target = previous_champion(model)
+        target = aliases.previous_champion(model)
         if target is None:
             raise PipelineError(f"{model}: revert due ({rev.reason}) but there is no earlier champion to revert to")
         out["revert"] = {"model": model, "to_version": target, "reason": f"auto-revert by the monitor: {rev.reason}"}
@@ -339,10 +332,11 @@ def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePoli
     can = canary_decision(windows, policy, canary_version=out["canary"], champion_version=out["champion"])
     if rev.action == "revert" and can.action != "withdraw":
         can = Decision("wait", f"held: champion v{out['champion']} is being reverted ({can.action}: {can.reason})")
-    out["canary_decision"] = asdict(can)
+    out["canary_decision"] = can.to_dict()
     op = f"monitor/{model}/{day}/{can.action}-canary/v{out['canary']}"
     if can.action == "promote":
-        out["moves"].append(aliases.promote_canary(model, reason=f"monitor: {can.reason}", actor=actor, op_id=op))
+        out["moves"].append(aliases.promote_canary(model, reason=f"monitor: {can.reason}", actor=actor, op_id=op,
+                                                   expected_version=out["canary"]))
     elif can.action == "withdraw":
         out["moves"].append(aliases.withdraw_canary(model, reason=f"monitor: {can.reason}", actor=actor, op_id=op))
     return out

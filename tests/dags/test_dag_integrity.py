@@ -109,6 +109,8 @@ print("ok")
 def test_default_policy_releases_from_the_gate_task(dagbag):
     dag = dagbag.dags["ctr_lora_retrain"]
     assert "approve_release" not in dag.task_ids and dag.get_task("register").pool == "ctr_registry"
+    gate = dag.get_task("gate_and_promote")   # mapped: .partial() must name the pool and the asset alias itself
+    assert gate.pool == "ctr_registry" and [o.name for o in gate.outlets] == ["ctr-model-aliases"]
 
 
 @pytest.mark.parametrize("bad", [

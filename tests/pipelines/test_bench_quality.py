@@ -82,8 +82,6 @@ def _ctx(frame, tmp_path, cfg: ModelConfig, drop=(), test_part=True):
 
 @pytest.mark.parametrize("wide", [False, True])
 def test_distilled_val_stage_reads_only_fit_and_keeps_warm_rows_on_the_base(frame, tmp_path, wide):
-    from pipelines.model.base import CTRModel  # noqa: F401  (the model class under test)
-
     cfg = ModelConfig(**{**TINY.__dict__, "wide": wide})
     ctx, model, cand = _ctx(frame, tmp_path, cfg, drop=("hour",), test_part=False)  # train/test/base_dir unusable
     try:

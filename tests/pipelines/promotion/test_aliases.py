@@ -8,16 +8,8 @@ from mlflow import MlflowClient
 from pipelines.errors import PromotionError, RegistryError
 from pipelines.promotion import aliases
 from pipelines.registry import mlflow_io
-from tests.conftest import use_store_copy
 
 MODEL = "ctr_lora_feed"
-
-
-@pytest.fixture
-def tracking(template_db, tmp_path, monkeypatch):
-    """A fresh store per test; the tracking URI is reset afterwards."""
-    yield use_store_copy(template_db, tmp_path, monkeypatch)
-    mlflow.set_tracking_uri(None)
 
 
 def add_version(name: str, gate_passed: str | None = "true", **tags) -> str:

@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import mlflow
@@ -17,34 +16,9 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.promotion import aliases
-from tests.e2e.stack import PG, postgres_available
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = "ctr_lora_feed"
-
-
-@pytest.fixture
-def store_uri(tmp_path):
-    if postgres_available():
-        import psycopg2
-
-        name = f"ctr_conc_{uuid.uuid4().hex[:10]}"
-        conn = psycopg2.connect(**PG)
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"postgresql://postgres@127.0.0.1:5432/{name}"
-        finally:
-            mlflow.set_tracking_uri(None)
-            with conn.cursor() as cur:
-                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.close()
-    elif os.environ.get("CTR_REQUIRE_POSTGRES") == "1":
-        pytest.fail("CTR_REQUIRE_POSTGRES=1 but PostgreSQL at 127.0.0.1:5432 is not reachable")
-    else:
-        yield f"sqlite:///{tmp_path / 'mlflow.db'}"
-        mlflow.set_tracking_uri(None)
 
 
 def run_plan(uri: str, plan: list[dict]) -> list[dict]:

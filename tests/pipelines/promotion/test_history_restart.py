@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from pipelines.promotion import aliases
 from tests.conftest import free_port
-from tests.pipelines.promotion.test_concurrency import MODEL, store_uri  # noqa: F401  (fixture)
+from tests.pipelines.promotion.test_concurrency import MODEL
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -44,7 +44,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, monkeypatch):  # noqa: F811
+def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     MlflowClient(tracking_uri=store_uri).search_experiments()       # create the schema once
     port = free_port()

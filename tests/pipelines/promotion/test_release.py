@@ -10,7 +10,7 @@ from pipelines.config import GatePolicy
 from pipelines.errors import PromotionError, RegistryError
 from pipelines.promotion import aliases, release
 from pipelines.registry import mlflow_io
-from tests.pipelines.promotion.test_aliases import MODEL, add_version, tracking  # noqa: F401  (fixture)
+from tests.pipelines.promotion.test_aliases import MODEL, add_version
 
 FP = "f" * 64
 CANARY = GatePolicy(promotion="canary", canary_share=0.2)
@@ -18,7 +18,7 @@ DIRECT = GatePolicy(promotion="direct")
 
 
 @pytest.fixture
-def registry(tracking):  # noqa: F811
+def registry(tracking):
     """A serving base (fingerprint FP) and three adapter versions on it: v1, v2 passed, v3 rejected."""
     v = add_version("ctr_base", gate_passed=None, fingerprint=FP)
     mlflow_io.client().set_registered_model_alias("ctr_base", "champion", v)

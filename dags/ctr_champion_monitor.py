@@ -1,0 +1,111 @@
+"""
+### CTR champion monitor (daily, after the retrain and the cold start)
+
+Watches what serves, on each newly arrived labelled partition (delayed feedback: a day's clicks
+arrive with its partition). For the run's day `D` (the logical date, or the `day` param):
+
+1. **validate** the partition `dt=D` (GX suite, marker `_validation.json`); a quarantined
+   partition stops the run here: nothing is scored, no alias moves.
+2. **monitor** scores every adapter's `@champion` and `@canary` (`ctr_lora_<slot>` on its slot's
+   rows, the cold-start adapter on all rows) on `D`, plus live metrics from Prometheus when
+   `gate.live_metrics_url` is set. Each window is a run in the MLflow experiment `ctr-monitor`,
+   recorded once (re-running a day reuses it). A version is not scored on days it was trained on.
+   - canary no worse than the champion (AUC, `canary_auc_tolerance`) for `canary_healthy_windows`
+     windows => promoted to `@champion`; worse in the latest window => withdrawn. Both moves are
+     in the alias history with the windows and numbers as the reason.
+   - champion metric (`revert_metric`) down more than `revert_drop` vs its reference for
+     `revert_windows` consecutive windows => a revert is due.
+   The decision table (every model, including waits and skips) is in this task's log.
+3. **reverts_due** -> **auto_revert** (mapped, one per revert due; none on a healthy day) moves `@champion` back to
+   the previous champion with the revert operator, the reason naming the windows.
+4. **check** (next to auto_revert) fails the run when a model could not be monitored (the others
+   still were).
+
+Thresholds: `configs/gate_policy.yaml`. Daily at 06:00 UTC, after `ctr_lora_retrain` (03:00)
+and `ctr_cold_start` (05:30), so today's champions and canaries are the ones watched.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import Param, dag, task
+
+from ctr_airflow.operators import MOVES, REGISTRY_POOL, RevertModelVersionOperator
+from ctr_airflow.runtime import actor, pipeline_config, run_day
+
+
+def _day(context) -> str:
+    return (context.get("params") or {}).get("day") or run_day(context)
+
+
+@dag(
+    dag_id="ctr_champion_monitor",
+    schedule="0 6 * * *",
+    start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
+    # A window is one day: a missed day is monitored by hand with `day`. Catching up from start_date
+    # would score years of history in one go and could promote or revert on stale evidence.
+    catchup=False,
+    max_active_runs=1,   # decisions read the windows of earlier days: one day at a time
+    doc_md=__doc__,
+    tags=["ctr", "monitor", "registry"],
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
+    params={
+        "day": Param(None, type=["null", "string"], format="date",
+                     description="Partition to monitor (default: the logical date)"),
+        "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
+                          description="Override the click-log lake (default: configs/pipeline.yaml)"),
+    },
+)
+def ctr_champion_monitor():
+    # Bad data fails the same way on every try: no retries for validation.
+    @task(retries=0)
+    def validate(**context) -> dict:
+        from pipelines.validation.stage import validate_window
+
+        cfg = pipeline_config(context)
+        return validate_window(cfg, cfg.data.lake_uri, _day(context), 1, log_to_mlflow=True)
+
+    # Re-running is safe (windows are found, canary moves carry per-day op ids), so it keeps the
+    # retries. It moves canaries: a registry write like the others, in their one-slot pool.
+    @task(pool=REGISTRY_POOL, outlets=[MOVES])
+    def monitor(report: dict, **context) -> dict:
+        from ctr_airflow.operators import emit_move
+        from pipelines.config import load_gate_policy
+        from pipelines.promotion import live_metrics
+        from pipelines.promotion.monitor import monitor_day
+
+        cfg, policy = pipeline_config(context), load_gate_policy()
+        result = monitor_day(cfg, policy, cfg.data.lake_uri, _day(context), live=live_metrics.from_policy(policy),
+                             actor=actor(context), apply_reverts=False)
+        for model in result["models"]:
+            for move in model["moves"]:
+                emit_move(context, move)   # the asset event deployments schedule on, like every alias move
+        return result
+
+    @task
+    def reverts_due(result: dict) -> list[dict]:
+        return result["reverts"]
+
+    @task(retries=0)
+    def check(result: dict) -> None:
+        from pipelines.errors import PipelineError
+
+        errors = result["errors"]
+        if errors:
+            raise PipelineError(f"{len(errors)} models could not be monitored: "
+                                + "; ".join(f"{e['model']}: {e['error']}" for e in errors))
+
+    monitored = monitor(validate())
+    # One revert per model due (an empty list maps to no task). The target version is fixed by the
+    # monitor, so a retried revert finds it done instead of popping the history a second time.
+    # pool and outlets are given here: a mapped operator's __init__ defaults only apply once unmapped,
+    # after the scheduler has already picked the pool.
+    RevertModelVersionOperator.partial(task_id="auto_revert", pool=REGISTRY_POOL, outlets=[MOVES]).expand_kwargs(
+        reverts_due(monitored))
+    # A leaf of its own, next to auto_revert: it runs on days without reverts, and a refused revert
+    # still fails the run through its own task.
+    check(monitored)
+
+
+ctr_champion_monitor()

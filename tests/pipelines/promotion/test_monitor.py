@@ -1,0 +1,386 @@
+"""The champion monitor: the decisions as pure functions of window records, then `monitor_day` on a real
+SQLite MLflow store and synthetic lakes (real adapters, real pyfunc scoring, real alias moves).
+
+The world (built once per module, copied per test): a small synthetic ad world that a tiny model can
+learn, a base registered as ctr_base@champion, and three `ctr_lora_feed` versions:
+v1 trained up to 2024-01-04, v2 up to 2024-01-05 (a good canary / a second champion), v3 on the same
+days with every label flipped (a bad canary). Degraded days keep each slot's click rate (validation
+passes them) but give the clicks to the rows the serving champion ranks lowest.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.config import BaseTrainConfig, DataConfig, GatePolicy, LoraTrainConfig, PipelineConfig
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import SLOTS, SyntheticSpec, write_days
+from pipelines.errors import ConfigError
+from pipelines.promotion import aliases
+from pipelines.promotion.monitor import (EXPERIMENT, Window, canary_decision, load_windows, monitor_day,
+                                         reference_value, revert_decision)
+from tests.conftest import use_store_copy
+from tests.pipelines.training.helpers import CFG
+
+MODEL = "ctr_lora_feed"
+# Few users and items, no cold start, a higher CTR: a tiny model reaches AUC ~0.6 on a few days.
+SPEC = SyntheticSpec(n_users=300, n_items=60, n_advertisers=10, new_entity_rate=0.0, slot_ctr=(0.1, 0.15, 0.05),
+                     seed=7)
+ROWS = 4000
+FIRST, DAYS = "2024-01-02", 7                      # 2024-01-02 .. 2024-01-08
+POLICY = GatePolicy(canary_healthy_windows=2, canary_auc_tolerance=0.03, revert_windows=2)
+
+
+# ----------------------------------------------------------------------------- pure decisions
+def w(alias: str, version: str, day: int, auc: float | None, champion_version: str = "", **metrics) -> Window:
+    return Window(model=MODEL, alias=alias, version=version, day=f"2024-02-{day:02d}",
+                  metrics={"auc": auc, **metrics}, champion_version=champion_version)
+
+
+def paired(days_aucs: list[tuple[int, float, float]], canary: str = "3", champion: str = "2") -> list[Window]:
+    out = []
+    for day, can, champ in days_aucs:
+        out += [w("champion", champion, day, champ), w("canary", canary, day, can, champion_version=champion)]
+    return out
+
+
+def test_healthy_windows_promote_the_canary():
+    d = canary_decision(paired([(1, 0.70, 0.71), (2, 0.69, 0.70)]), POLICY)
+    assert d.action == "promote" and d.days == ("2024-02-01", "2024-02-02")
+    assert "canary v3" in d.reason and "champion v2" in d.reason and "0.6900 vs 0.7000" in d.reason
+
+
+def test_one_healthy_window_waits_and_says_how_many():
+    d = canary_decision(paired([(1, 0.70, 0.71)]), POLICY)
+    assert d.action == "wait" and "1/2 healthy" in d.reason
+
+
+def test_exactly_at_the_tolerance_is_healthy_and_just_below_withdraws():
+    assert canary_decision(paired([(1, 0.67, 0.70), (2, 0.67, 0.70)]), POLICY).action == "promote"
+    d = canary_decision(paired([(1, 0.70, 0.70), (2, 0.6699, 0.70)]), POLICY)
+    assert d.action == "withdraw" and d.days == ("2024-02-02",)
+    assert "0.6699 < champion v2 AUC 0.7000 - tolerance 0.03 on dt=2024-02-02" in d.reason
+
+
+def test_a_bad_window_in_between_restarts_the_count():
+    d = canary_decision(paired([(1, 0.70, 0.70), (2, 0.50, 0.70), (3, 0.70, 0.70)]), POLICY)
+    assert d.action == "wait" and "1/2" in d.reason
+
+
+def test_a_new_champion_restarts_the_canary_pair():
+    windows = paired([(1, 0.70, 0.70)], champion="2") + paired([(2, 0.70, 0.70)], champion="4")
+    d = canary_decision(windows, POLICY)
+    assert d.action == "wait" and "champion v4" in d.reason
+    # and only the asked-for pair counts
+    assert canary_decision(windows, POLICY, canary_version="9").action == "wait"
+
+
+def test_windows_without_an_auc_or_a_partner_are_no_evidence():
+    windows = paired([(1, 0.70, 0.70)]) + [w("canary", "3", 2, None, "2"), w("champion", "2", 2, 0.7),
+                                          w("canary", "3", 3, 0.70, "7")]  # its champion v7 was never scored
+    assert canary_decision(windows, POLICY).action == "wait"
+    assert canary_decision([], POLICY).action == "wait"
+
+
+def champ(days_aucs: list[tuple[int, float | None]], version: str = "2") -> list[Window]:
+    return [w("champion", version, d, a) for d, a in days_aucs]
+
+
+def test_revert_after_k_consecutive_bad_windows_and_not_after_k_minus_1():
+    # reference 0.70, drop 0.15: floor 0.595
+    assert revert_decision(champ([(1, 0.70), (2, 0.50)]), 0.70, POLICY).action == "keep"
+    d = revert_decision(champ([(1, 0.70), (2, 0.50), (3, 0.59)]), 0.70, POLICY)
+    assert d.action == "revert" and d.days == ("2024-02-02", "2024-02-03")
+    assert "below 0.5950" in d.reason and "dt=2024-02-02 0.5000, dt=2024-02-03 0.5900" in d.reason
+
+
+def test_a_good_window_interrupts_the_streak():
+    d = revert_decision(champ([(1, 0.50), (2, 0.60), (3, 0.50)]), 0.70, POLICY)
+    assert d.action == "keep" and "1/2" in d.reason
+
+
+def test_at_the_floor_is_not_bad():
+    assert revert_decision(champ([(1, 0.595), (2, 0.595)]), 0.70, POLICY).action == "keep"
+
+
+def test_a_different_champion_version_resets_the_streak():
+    windows = champ([(1, 0.50)], version="1") + champ([(2, 0.50)], version="2")
+    assert revert_decision(windows, 0.70, POLICY).action == "keep"
+    # the version asked for, not the latest window's: its streak ended when v2 took over
+    assert revert_decision(champ([(1, 0.5), (2, 0.5)], "1") + champ([(3, 0.9)], "2"), 0.7, POLICY,
+                           version="1").action == "keep"
+
+
+def test_canary_windows_do_not_count_towards_a_revert():
+    windows = [w("canary", "2", 1, 0.5, "1"), w("canary", "2", 2, 0.5, "1"), w("champion", "2", 3, 0.5)]
+    assert revert_decision(windows, 0.70, POLICY).action == "keep"
+
+
+def test_missing_metric_windows_neither_count_nor_break_the_streak():
+    windows = champ([(1, 0.50), (2, None), (3, 0.50)])
+    assert revert_decision(windows, 0.70, POLICY).action == "revert"
+    assert revert_decision(champ([(1, None), (2, None), (3, None)]), 0.70, POLICY).action == "keep"
+
+
+def test_no_reference_never_reverts():
+    assert revert_decision(champ([(1, 0.1), (2, 0.1)]), None, POLICY).action == "keep"
+
+
+def test_live_ctr_is_the_ctr_metric():
+    policy = replace(POLICY, revert_metric="ctr")
+    windows = [w("champion", "2", d, 0.7, live_ctr=c, ctr=0.1) for d, c in ((1, 0.10), (2, 0.08), (3, 0.08))]
+    assert revert_decision(windows, 0.10, policy).action == "revert"    # 0.08 < 0.085
+    assert revert_decision([replace(x, metrics={"auc": 0.7, "ctr": 0.01}) for x in windows], 0.10,
+                           policy).action == "keep"                     # observed CTR is not live CTR
+
+
+def test_reference_is_the_registration_auc_else_the_first_window():
+    windows = champ([(3, 0.61), (4, 0.55)]) + [w("canary", "2", 2, 0.64, "1")]
+    assert reference_value(POLICY, {"eval.candidate": '{"auc": 0.66}'}, windows, "2") == (
+        0.66, "eval.candidate (holdout AUC at registration)")
+    assert reference_value(POLICY, {"eval.candidate": "not json"}, windows, "2") == (
+        0.64, "first monitored window dt=2024-02-02 (canary)")
+    assert reference_value(POLICY, {}, windows, "5") == (None, "none yet")
+    live = [w("champion", "2", 1, 0.7, live_ctr=0.12), w("champion", "2", 2, 0.7, live_ctr=0.05)]
+    assert reference_value(replace(POLICY, revert_metric="ctr"), {"eval.candidate": '{"auc": 0.66}'}, live, "2")[0] == 0.12
+
+
+# ----------------------------------------------------------------------------- the world
+def day(i: int) -> str:
+    return f"2024-01-{i:02d}"
+
+
+def make_config(lake: str) -> PipelineConfig:
+    lora = LoraTrainConfig(r=4, alpha=8, epochs=1, batch_size=64, lr=0.02, window_days=2, min_rows=100, warmup_steps=2)
+    return PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG, lora=lora,
+                          base_training=BaseTrainConfig(train_start=FIRST, epochs=2, batch_size=256))
+
+
+def write_lake(uri: str, flip_labels: bool = False) -> str:
+    lake = Lake(uri)
+    write_days(lake, SPEC, FIRST, DAYS, ROWS)
+    if flip_labels:
+        for d in lake.list_partitions():
+            frame = lake.read_partition(d).frame
+            frame["label"] = (1 - frame["label"]).astype(frame["label"].dtype)
+            lake.write_partition(frame, d)
+    return uri
+
+
+def register_adapter(cfg: PipelineConfig, lake: str, end_day: str, slot: str = "feed") -> str:
+    """Train, register and mark gated (the gate itself is not what is tested here)."""
+    from pipelines.registry.register import register
+    from pipelines.training import adapter
+
+    cand = adapter.train(cfg, lake, end_day, slot)
+    reg = register(cfg, cand, {"candidate": cand["metrics"], "champion": None, "champion_version": None})
+    MlflowClient().set_model_version_tag(reg["model"], reg["version"], "gate.passed", "true")
+    return reg["version"]
+
+
+def build_world(root: Path, template_db: Path) -> dict:
+    """Base + adapters in a store under `root`; returns what tests need (paths, config)."""
+    from pipelines.training import base_model
+
+    lake = write_lake(str(root / "lake"))
+    flipped = write_lake(str(root / "flipped"), flip_labels=True)
+    with pytest.MonkeyPatch.context() as mp:
+        use_store_copy(template_db, root, mp)
+        mp.setenv("CTR_CHECKPOINT_ROOT", str(root / "ckpt"))
+        cfg = make_config(lake)
+        base_model.register(cfg, base_model.train(cfg, lake, day(3)), actor="test")
+        versions = {"v1": register_adapter(cfg, lake, day(4)), "v2": register_adapter(cfg, lake, day(5)),
+                    "bad": register_adapter(cfg, flipped, day(5))}
+        mlflow.set_tracking_uri(None)
+    assert versions == {"v1": "1", "v2": "2", "bad": "3"}
+    return {"db": root / "mlflow.db", "lake": lake, "cfg": cfg}
+
+
+def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str = "feed") -> None:
+    """Keep the slot's clicks per day but give them to the rows `model` v`version` ranks lowest."""
+    import numpy as np
+
+    lake = Lake(lake_uri)
+    m = mlflow.pyfunc.load_model(f"models:/{model}/{version}")
+    for d in days:
+        frame = lake.read_partition(d).frame
+        rows = frame.index[frame["slot"] == slot]
+        p = np.asarray(m.predict(frame.loc[rows]), dtype=np.float64)
+        clicks = int(frame.loc[rows, "label"].sum())
+        label = np.zeros(len(rows), dtype=frame["label"].dtype)
+        label[np.argsort(p, kind="stable")[:clicks]] = 1
+        frame.loc[rows, "label"] = label
+        lake.write_partition(frame, d)
+
+
+def validate(cfg: PipelineConfig, lake: str, d: str) -> None:
+    from pipelines.validation.stage import validate_window
+
+    assert validate_window(cfg, lake, d, 1)["success"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, template_db):
+    return build_world(tmp_path_factory.mktemp("monitor-world"), template_db)
+
+
+@pytest.fixture
+def store(world, tmp_path, monkeypatch):
+    """A fresh copy of the world's store and its own copy of the lake (tests write markers and labels)."""
+    use_store_copy(world["db"], tmp_path, monkeypatch)
+    lake = str(tmp_path / "lake")
+    shutil.copytree(world["lake"], lake)
+    yield {**world, "lake": lake, "cfg": replace(world["cfg"], data=replace(world["cfg"].data, lake_uri=lake))}
+    mlflow.set_tracking_uri(None)
+
+
+def start(model: str, champion: str, canary: str | None = None) -> None:
+    aliases.move_alias(model, "champion", champion, kind="promote", reason="test: serving", actor="test")
+    if canary:
+        aliases.start_canary(model, canary, 0.1, reason="test: canary", actor="test")
+
+
+def feed(result: dict) -> dict:
+    (out,) = [m for m in result["models"] if m["model"] == MODEL]
+    return out
+
+
+def monitor_runs() -> int:
+    exp = mlflow.get_experiment_by_name(EXPERIMENT)
+    return 0 if exp is None else len(MlflowClient().search_runs([exp.experiment_id]))
+
+
+# ----------------------------------------------------------------------------- monitor_day on a store
+def test_healthy_canary_is_promoted_after_n_windows_and_reruns_move_nothing(store):
+    cfg, lake = store["cfg"], store["lake"]
+    start(MODEL, "1", canary="2")
+    for i in (5, 6, 7):
+        validate(cfg, lake, day(i))
+
+    r5 = feed(monitor_day(cfg, POLICY, lake, day(5)))            # v2 was trained on dt=2024-01-05
+    assert "in-sample" in r5["skipped"]["canary"] and r5["windows"]["champion"]["version"] == "1"
+    assert r5["canary_decision"]["action"] == "wait" and r5["moves"] == []
+
+    r6 = feed(monitor_day(cfg, POLICY, lake, day(6)))
+    assert r6["canary_decision"]["action"] == "wait" and "1/2 healthy" in r6["canary_decision"]["reason"]
+    ch, ca = r6["windows"]["champion"]["auc"], r6["windows"]["canary"]["auc"]
+    assert ca >= ch - POLICY.canary_auc_tolerance and ch > 0.55
+
+    full = monitor_day(cfg, POLICY, lake, day(7))
+    r7 = feed(full)
+    assert r7["canary_decision"]["action"] == "promote" and r7["revert_decision"]["action"] == "keep"
+    assert aliases.current(MODEL) == "2" and aliases.current(MODEL, "canary") is None
+    promote = aliases.history(MODEL)[-1]
+    assert (promote["kind"], promote["from_version"], promote["to_version"]) == ("promote", "1", "2")
+    assert "dt=2024-01-06" in promote["reason"] and "dt=2024-01-07" in promote["reason"]
+    assert promote["op_id"] == f"monitor/{MODEL}/{day(7)}/promote-canary/v2"
+    # every monitored model is in the result, the ones without a champion as skips
+    others = {m["model"]: m["skipped"] for m in full["models"] if m["model"] != MODEL}
+    assert set(others) == {"ctr_lora_search", "ctr_lora_splash", "ctr_lora_cold_start"}
+    assert all("has no @champion" in s["model"] for s in others.values())
+    assert full["errors"] == [] and full["reverts"] == []
+    assert json.loads(json.dumps(full)) == full          # JSON-safe: what XCom and the CLI carry
+
+    # the same day again: the windows are found, nothing is scored, recorded or moved twice
+    runs, moves = monitor_runs(), len(aliases.history(MODEL, None))
+    again = feed(monitor_day(cfg, POLICY, lake, day(7)))
+    assert monitor_runs() == runs and len(aliases.history(MODEL, None)) == moves
+    assert again["windows"]["champion"]["how"] == "recorded earlier as canary"   # v2, promoted today
+    assert runs == 5   # 5: champion; 6, 7: champion + canary
+    recorded = load_windows(MODEL)
+    assert [(x.alias, x.version, x.day) for x in recorded][-2:] == [("champion", "1", day(7)), ("canary", "2", day(7))]
+    assert recorded[-1].champion_version == "1" and recorded[-1].metrics["rows"] > 1000
+
+
+def test_bad_canary_is_withdrawn_with_the_numbers(store):
+    cfg, lake = store["cfg"], store["lake"]
+    start(MODEL, "1", canary="3")
+    validate(cfg, lake, day(6))
+    r = feed(monitor_day(cfg, POLICY, lake, day(6)))
+    ch, ca = r["windows"]["champion"]["auc"], r["windows"]["canary"]["auc"]
+    assert ca < ch - POLICY.canary_auc_tolerance
+    assert r["canary_decision"]["action"] == "withdraw"
+    assert aliases.current(MODEL, "canary") is None and aliases.current(MODEL) == "1"
+    entry = aliases.history(MODEL, "canary")[-1]
+    assert entry["kind"] == "withdraw" and f"{ca:.4f} < champion v1 AUC {ch:.4f}" in entry["reason"]
+    n = len(aliases.history(MODEL, None))
+    monitor_day(cfg, POLICY, lake, day(6))
+    assert len(aliases.history(MODEL, None)) == n
+
+
+def test_degrading_champion_is_reverted_after_k_windows(store):
+    cfg, lake = store["cfg"], store["lake"]
+    start(MODEL, "1")
+    start(MODEL, "2")                                   # history: v1 then v2, so a revert has a target
+    degrade(lake, [day(7), day(8)], MODEL, "2")
+    for i in (6, 7, 8):
+        validate(cfg, lake, day(i))
+    r6 = feed(monitor_day(cfg, POLICY, lake, day(6)))
+    assert r6["revert_decision"]["action"] == "keep" and r6["reference"]["source"].startswith("eval.candidate")
+    r7 = monitor_day(cfg, POLICY, lake, day(7))
+    assert feed(r7)["revert_decision"]["action"] == "keep" and "1/2 windows" in feed(r7)["revert_decision"]["reason"]
+    assert r7["reverts"] == []
+    r8 = monitor_day(cfg, POLICY, lake, day(8))
+    (due,) = r8["reverts"]
+    assert due["model"] == MODEL and due["to_version"] == "1" and set(due) == {"model", "to_version", "reason"}
+    assert "dt=2024-01-07" in due["reason"] and "dt=2024-01-08" in due["reason"]
+    assert aliases.current(MODEL) == "2", "the DAG path leaves the move to the revert operator"
+
+    applied = monitor_day(cfg, POLICY, lake, day(8), apply_reverts=True)   # the CLI path
+    assert applied["applied_reverts"][0]["moved"] is True and aliases.current(MODEL) == "1"
+    entry = aliases.history(MODEL)[-1]
+    assert entry["kind"] == "revert" and entry["reason"] == due["reason"] and entry["actor"] == "ctr_champion_monitor"
+    again = monitor_day(cfg, POLICY, lake, day(8), apply_reverts=True)
+    assert again["reverts"] == [] and aliases.current(MODEL) == "1"   # v1 has no bad streak of its own
+
+
+def test_unvalidated_or_quarantined_days_are_skipped_without_records(store):
+    cfg, lake = store["cfg"], store["lake"]
+    start(MODEL, "1")
+    r = monitor_day(cfg, POLICY, lake, day(6))
+    assert "no validation marker" in r["skipped"] and r["models"] == [] and monitor_runs() == 0
+    validate(cfg, lake, day(6))
+    marker = Path(lake) / f"dt={day(6)}" / "_validation.json"
+    m = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**m, "status": "quarantined"}))
+    assert "'quarantined' by validation" in monitor_day(cfg, POLICY, lake, day(6))["skipped"]
+    marker.write_text(json.dumps({**m, "sha256": "0" * 64}))
+    assert "changed since it was validated" in monitor_day(cfg, POLICY, lake, day(6))["skipped"]
+    assert monitor_runs() == 0
+
+
+class CannedLive:
+    """A live-metrics source with fixed answers; `None` entries raise like an unreachable Prometheus."""
+
+    def __init__(self, answers: dict):
+        self.answers = answers
+
+    def window_metrics(self, model, version, day):
+        from pipelines.promotion.live_metrics import LiveMetricsError
+
+        got = self.answers[(version, day)]
+        if got is None:
+            raise LiveMetricsError("http://127.0.0.1:1", "ctr", "unreachable")
+        return got
+
+
+def test_live_metrics_are_merged_and_a_failing_source_is_no_data(store, caplog):
+    cfg, lake = store["cfg"], store["lake"]
+    start(MODEL, "1")
+    policy = replace(POLICY, revert_metric="ctr", revert_windows=1)
+    with pytest.raises(ConfigError, match="revert_metric is 'ctr'"):
+        monitor_day(cfg, policy, lake, day(6))
+    for i in (6, 7):
+        validate(cfg, lake, day(i))
+    live = CannedLive({("1", day(6)): {"ctr": 0.12}, ("1", day(7)): None})
+    r6 = feed(monitor_day(cfg, policy, lake, day(6), live=live))
+    assert r6["windows"]["champion"]["live_ctr"] == 0.12 and r6["reference"]["value"] == 0.12
+    r7 = feed(monitor_day(cfg, policy, lake, day(7), live=live))
+    assert "live_ctr" not in r7["windows"]["champion"] and r7["revert_decision"]["action"] == "keep"
+    assert "no live metrics for ctr_lora_feed v1 dt=2024-01-07: LiveMetricsError" in caplog.text
