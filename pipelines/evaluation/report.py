@@ -137,6 +137,25 @@ def _save(fig, path: Path) -> str:
     return str(path)
 
 
+def plot_gate(decision: dict, path: Path) -> str:
+    """The gate decision as a picture: one row per check, green pass / red fail, value vs threshold."""
+    plt = _pyplot()
+    checks = decision["checks"]
+    rows = [[c["name"], fmt(c["value"]), fmt(c["threshold"]), "PASS" if c["passed"] else "FAIL"] for c in checks]
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(rows) + 0.9))
+    ax.axis("off")
+    table = ax.table(cellText=rows, colLabels=["check", "value", "threshold", "result"], bbox=[0, 0, 1, 1],
+                     cellLoc="left", colWidths=[0.45, 0.2, 0.2, 0.15])
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    for i, c in enumerate(checks, start=1):
+        table[i, 3].set_facecolor("#c8e6c9" if c["passed"] else "#ffcdd2")
+    verdict = "PASSED" if decision["passed"] else "REJECTED"
+    extra = " (first run: absolute thresholds)" if decision.get("first_run") else ""
+    ax.set_title(f"{decision.get('model', '')} v{decision.get('version', '')}: gate {verdict}{extra}", fontsize=11)
+    return _save(fig, Path(path))
+
+
 def plot_roc(y, scores: dict[str, np.ndarray], path: Path) -> str | None:
     """ROC curve per named score vector; None when the labels hold a single class (no curve)."""
     from sklearn.metrics import roc_auc_score, roc_curve

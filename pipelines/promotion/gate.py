@@ -153,8 +153,15 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None) ->
         c.set_model_version_tag(model, version, "gate.checks", json.dumps(
             [{k: ch[k] for k in ("name", "value", "passed")} for ch in decision["checks"]])[:5000])
     if mv.run_id:
+        import tempfile
+        from pathlib import Path
+
+        from pipelines.evaluation.report import plot_gate
+
         suffix = "_override" if decision.get("override") else ""
         c.log_dict(mv.run_id, decision, f"gate/decision_v{version}{suffix}.json")
+        with tempfile.TemporaryDirectory() as tmp:   # the same record as a picture, for the MLflow UI
+            c.log_artifact(mv.run_id, plot_gate(decision, Path(tmp) / f"decision_v{version}{suffix}.png"), "gate")
     log.info("%s v%s\n%s", model, version, format_table(decision))
     model_card.publish(model, version, evaluation=evaluation, decision=decision)
 

@@ -120,6 +120,8 @@ def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, 
     card = mlflow_io.get_version(out["model"], out["version"]).description
     assert decision["passed"] and "**passed** (first run" in card and "auc_floor" in card
     assert f"{cand['data']['first']} .. {END_DAY}" in card
+    gate_files = {a.path for a in mlflow_io.client().list_artifacts(cand["run_id"], "gate")}
+    assert {f"gate/decision_v{out['version']}.json", f"gate/decision_v{out['version']}.png"} <= gate_files
 
 
 def test_registration_is_idempotent_for_the_same_data_config_and_code(cfg, lake):
