@@ -97,44 +97,47 @@ class RevertModelVersionOperator(_MoveOperator):
                               actor=actor(context), op_id=op_id(context))
 
 
-class PromoteModelVersionOperator(_MoveOperator):
+class _VersionMoveOperator(_MoveOperator):
+    """A move of `<model>` to a named version, asked for by a person with a reason."""
+
+    template_fields = ("model", "version", "reason")
+
+    def __init__(self, *, model: str, version: int | str, reason: str, **kwargs):
+        super().__init__(**kwargs)
+        self.model, self.version, self.reason = model, version, reason
+
+    def move(self, context):
+        from pipelines.errors import PipelineError
+
+        version = _version(self.version)
+        if version is None:
+            raise PipelineError(f"{self.what} needs a version")
+        return self.move_to(version, actor=actor(context), op_id=op_id(context))
+
+    def move_to(self, version: str, *, actor: str, op_id: str) -> dict:
+        raise NotImplementedError
+
+
+class PromoteModelVersionOperator(_VersionMoveOperator):
     """Make a gated version `<model>@champion` by hand (e.g. after a revert), recorded in the history."""
 
-    template_fields = ("model", "version", "reason")
     what = "promotion"
 
-    def __init__(self, *, model: str, version: int | str, reason: str, **kwargs):
-        super().__init__(**kwargs)
-        self.model, self.version, self.reason = model, version, reason
-
-    def move(self, context):
-        from pipelines.errors import PipelineError
+    def move_to(self, version, *, actor, op_id):
         from pipelines.promotion import aliases
 
-        version = _version(self.version)
-        if version is None:
-            raise PipelineError("promote needs a version")
-        return aliases.promote(self.model, version, reason=self.reason, actor=actor(context), op_id=op_id(context))
+        return aliases.promote(self.model, version, reason=self.reason, actor=actor, op_id=op_id)
 
 
-class OverrideGateOperator(_MoveOperator):
+class OverrideGateOperator(_VersionMoveOperator):
     """Release a version the gate rejected, by a person with a reason; never past base compatibility."""
 
-    template_fields = ("model", "version", "reason")
     what = "override"
 
-    def __init__(self, *, model: str, version: int | str, reason: str, **kwargs):
-        super().__init__(**kwargs)
-        self.model, self.version, self.reason = model, version, reason
-
-    def move(self, context):
-        from pipelines.errors import PipelineError
+    def move_to(self, version, *, actor, op_id):
         from pipelines.promotion import release
 
-        version = _version(self.version)
-        if version is None:
-            raise PipelineError("override needs a version")
-        return release.override(self.model, version, reason=self.reason, actor=actor(context), op_id=op_id(context))
+        return release.override(self.model, version, reason=self.reason, actor=actor, op_id=op_id)
 
 
 class ReleaseOperator(_MoveOperator):

@@ -7,6 +7,7 @@ day's feed clicks go to the rows v2 ranks lowest (the slot's click rate is kept:
 
 Day 1: the canary waits (1 of 2 healthy windows), nothing is reverted (no mapped revert task).
 Day 2: the canary is promoted. Day 3: the new champion collapses => auto_revert puts v1 back.
+Day 4: a bad canary (v3, trained on flipped labels) is started next to v1 => the monitor withdraws it.
 """
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ import pytest
 import yaml
 
 from pipelines.config import to_dict
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import write_days
 from tests.e2e.stack import REPO, Stack, make_env, metadata_stores
-from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, degrade, make_config, register_adapter, start,
-                                                    write_lake)
+from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, ROWS, SPEC, degrade, make_config,
+                                                    register_adapter, start, write_lake)
 
 BUCKET = "e2e-monitor-lake"
-DAYS = ("2024-01-06", "2024-01-07", "2024-01-08")
+DAYS = ("2024-01-06", "2024-01-07", "2024-01-08", "2024-01-09")
 E2E_POLICY = replace(POLICY, revert_windows=1)   # one collapsed window is enough here (K is unit-tested)
 
 
@@ -66,7 +69,7 @@ def stack(tmp_path_factory, s3_endpoint):
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         env = make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root)
         st = Stack({**env, "CTR_GATE_POLICY": str(policy_path), "CTR_TORCH_THREADS": "1"}, kind, tmp)
-        st.airflow("db", "migrate")
+        st.init_airflow()
         saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_CHECKPOINT_ROOT")}
         os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root,
                           CTR_CHECKPOINT_ROOT=str(tmp / "ckpt"))
@@ -74,6 +77,9 @@ def stack(tmp_path_factory, s3_endpoint):
         try:
             base_model.register(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
             assert (register_adapter(cfg, lake, "2024-01-04"), register_adapter(cfg, lake, "2024-01-05")) == ("1", "2")
+            flipped = write_lake(f"s3://{BUCKET}/flipped", flip_labels=True)
+            assert register_adapter(cfg, flipped, "2024-01-05") == "3"      # learns the opposite ranking
+            write_days(Lake(lake), SPEC, DAYS[3], 1, ROWS)                  # a fourth, ordinary day
             start(MODEL, "1", canary="2")
             degrade(lake, [DAYS[2]], MODEL, "2")
             yield st
@@ -87,7 +93,7 @@ def stack(tmp_path_factory, s3_endpoint):
 
 
 @pytest.mark.slow
-def test_three_days_wait_promote_then_auto_revert(stack):
+def test_four_days_wait_promote_auto_revert_then_withdraw(stack):
     import mlflow
 
     from pipelines.promotion.aliases import current, history
@@ -111,10 +117,19 @@ def test_three_days_wait_promote_then_auto_revert(stack):
     assert revert["reason"].startswith("auto-revert by the monitor: champion v2 auc below")
     assert f"dt={DAYS[2]}" in revert["reason"]
 
+    from pipelines.promotion import aliases
+
+    aliases.start_canary(MODEL, "3", 0.1, reason="e2e: a canary that ranks backwards", actor="e2e")
+    proc = stack.airflow("dags", "test", "ctr_champion_monitor", DAYS[3])
+    assert (current(MODEL), current(MODEL, "canary")) == ("1", None), (proc.stdout + proc.stderr)[-4000:]
+    withdraw = history(MODEL, "canary")[-1]
+    assert (withdraw["kind"], withdraw["from_version"]) == ("withdraw", "3") and "monitor" in withdraw["reason"]
+    assert history(MODEL)[-1]["kind"] == "revert"                    # the champion did not move on day 4
+
     # one window per version and day, in the ctr-monitor experiment; each day validated first
     assert [(w.alias, w.version, w.day) for w in load_windows(MODEL)] == [
         ("champion", "1", DAYS[0]), ("canary", "2", DAYS[0]), ("champion", "1", DAYS[1]), ("canary", "2", DAYS[1]),
-        ("champion", "2", DAYS[2])]
+        ("champion", "2", DAYS[2]), ("champion", "1", DAYS[3]), ("canary", "3", DAYS[3])]
     assert mlflow.get_experiment_by_name(EXPERIMENT) is not None
     runs = mlflow.search_runs(experiment_names=["ctr-data-validation"], output_format="list")
     assert sorted((r.data.tags["end_day"], r.data.tags["success"]) for r in runs) == [(d, "True") for d in DAYS]

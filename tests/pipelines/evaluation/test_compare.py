@@ -12,33 +12,14 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.config import LoraTrainConfig
-from pipelines.data.lake import Lake
-from pipelines.data.synthetic import write_days
 from pipelines.errors import PipelineError
 from pipelines.evaluation.compare import evaluate, score_holdout
 from pipelines.evaluation.delong import delong_test
 from pipelines.promotion import aliases
 from pipelines.registry.register import register
-from pipelines.training import adapter, checkpoint
-from tests.conftest import use_store_copy
-from tests.pipelines.training.helpers import SPEC, registered_base_config
+from pipelines.training import adapter
 
 END_DAY = "2024-01-05"
-
-
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> str:
-    uri = str(tmp_path_factory.mktemp("lake"))
-    write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
-    return uri
-
-
-@pytest.fixture
-def cfg(template_db, tmp_path, monkeypatch, lake):
-    use_store_copy(template_db, tmp_path, monkeypatch)
-    monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
-    yield registered_base_config(lake)
-    mlflow.set_tracking_uri(None)
 
 
 def champion_of(cfg, lake, slot: str, **lora) -> dict:

@@ -14,37 +14,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.config import GatePolicy, LoraTrainConfig, PipelineConfig, to_dict
+from pipelines.config import GatePolicy, LoraTrainConfig, to_dict
 from pipelines.data.lake import Lake, concat
-from pipelines.data.synthetic import write_days
 from pipelines.errors import RegistryError
 from pipelines.evaluation.compare import evaluate
 from pipelines.model import features, store
 from pipelines.promotion import gate
 from pipelines.registry import integrity, mlflow_io, register as reg
-from pipelines.training import adapter, checkpoint, lora
+from pipelines.training import adapter, lora
 from pipelines.training.loop import LoopSettings, fit, predict, seed_everything
-from tests.conftest import use_store_copy
-from tests.pipelines.training.helpers import CFG, SPEC, registered_base_config
+from tests.pipelines.training.helpers import CFG
 
 REPO = Path(__file__).resolve().parents[3]
 END_DAY = "2024-01-05"
-
-
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> str:
-    uri = str(tmp_path_factory.mktemp("lake"))
-    write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
-    return uri
-
-
-@pytest.fixture
-def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
-    """A fresh store with a registered serving base (ctr_base@champion)."""
-    use_store_copy(template_db, tmp_path, monkeypatch)
-    monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
-    yield registered_base_config(lake)
-    mlflow.set_tracking_uri(None)
 
 
 def _stored(tmp_path: Path, name: str) -> list[Path]:

@@ -2,41 +2,21 @@
 the run's params, the default checkpoint location, resume after a crash past training, cleanup."""
 from __future__ import annotations
 
-import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.config import (BaseTrainConfig, DataConfig, LoraTrainConfig, PipelineConfig, config_hash)
-from pipelines.data.lake import Lake
-from pipelines.data.synthetic import SLOTS, write_days
+from pipelines.config import PipelineConfig, config_hash
 from pipelines.registry import mlflow_io
-from pipelines.training import adapter, base_model, checkpoint
-from tests.conftest import use_store_copy
-from tests.pipelines.training.helpers import CFG, SPEC
+from pipelines.training import adapter, checkpoint
+from tests.pipelines.training.helpers import registered_base_config
 
 END_DAY = "2024-01-05"
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> str:
-    uri = str(tmp_path_factory.mktemp("lake"))
-    write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
-    return uri
-
-
 @pytest.fixture
-def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
-    """A registered serving base (ctr_base@champion) in a fresh store; checkpoints under tmp_path."""
-    use_store_copy(template_db, tmp_path, monkeypatch)
-    monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
-    c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
-                       base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
-                       # stability 0.05 * 4 / sqrt(64) = 0.025 > 0.01: trains at the rescaled lr 0.02
-                       lora=LoraTrainConfig(r=4, alpha=8, epochs=2, batch_size=64, lr=0.05, window_days=2,
-                                            min_rows=100, warmup_steps=2))
-    base_model.register(c, base_model.train(c, lake, "2024-01-03"), actor="test")
-    yield c
-    mlflow.set_tracking_uri(None)
+def cfg(serving_store, lake) -> PipelineConfig:
+    # stability 0.05 * 4 / sqrt(64) = 0.025 > 0.01: trains at the rescaled lr 0.02
+    return registered_base_config(lake, epochs=2, lr=0.05)
 
 
 def test_adapter_records_the_effective_lr_and_resumes_after_a_crash(cfg, lake, tmp_path, monkeypatch):

@@ -1,0 +1,38 @@
+"""Fixtures shared by the stage tests: a small synthetic lake and a fresh store with a serving base."""
+from __future__ import annotations
+
+import mlflow
+import pytest
+
+from tests.conftest import use_store_copy
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> str:
+    """Four synthetic days (2024-01-02..05, 2,000 rows each) in a local lake, once per test module."""
+    from pipelines.data.lake import Lake
+    from pipelines.data.synthetic import write_days
+    from tests.pipelines.training.helpers import SPEC
+
+    uri = str(tmp_path_factory.mktemp("lake"))
+    write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
+    return uri
+
+
+@pytest.fixture
+def serving_store(template_db, tmp_path, monkeypatch):
+    """A fresh MLflow store, checkpoints under tmp_path; the tracking URI is reset afterwards."""
+    from pipelines.training import checkpoint
+
+    use_store_copy(template_db, tmp_path, monkeypatch)
+    monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
+    yield
+    mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture
+def cfg(serving_store, lake):
+    """The small lake's config with its base registered as ctr_base@champion (see registered_base_config)."""
+    from tests.pipelines.training.helpers import registered_base_config
+
+    return registered_base_config(lake)
