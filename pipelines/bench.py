@@ -79,6 +79,24 @@ def bench_lora_step(rows: int = 20_000) -> dict:
     return out
 
 
+def bench_serving_quick() -> dict:
+    """`python -m pipelines bench serving --quick`: adapter switch / load times, routed and merged latency."""
+    from pipelines import bench_serving
+
+    return {"benchmark": "multi-adapter serving, quick (goals: switch < 1 ms, load < 200 ms, routed/merged <= 1.2, "
+                         "merged/base <= 1.05)", **{k: round(v, 3) for k, v in bench_serving.run(quick=True).items()}}
+
+
+def bench_training_quick() -> dict:
+    """`python -m pipelines bench training --quick`: LoRA vs dense AdamW vs SparseAdam on 2^20-row tables."""
+    from pipelines import bench_training
+
+    r = bench_training.run(quick=True)
+    keys = ("lora_samples_per_s", "full_samples_per_s", "sparse_full_samples_per_s", "speedup", "speedup_vs_sparse",
+            "optimizer_state_ratio", "artifact_ratio", "trainable_fraction", "all_goals_met")
+    return {"benchmark": "LoRA vs full fine-tuning, quick", **{k: r[k] for k in keys}}
+
+
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
@@ -106,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the synthetic validation benchmark")
     a = p.parse_args(argv)
     results = []
-    for fn in (lambda: bench_validation(a.rows), bench_lora_step):
+    for fn in (lambda: bench_validation(a.rows), bench_lora_step, bench_serving_quick, bench_training_quick):
         r = fn()
         r["peak_rss_mib"] = round(_rss_mib())
         print(json.dumps(r), flush=True)

@@ -56,16 +56,27 @@ def _temporary_registry(root: Path) -> Iterator[str]:
     """Point MLflow at a new SQLite store under `root`; yields the id of an experiment whose artifacts
     go to root/mlruns. Restores the tracking URI afterwards."""
     import mlflow
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
 
-    before = mlflow.get_tracking_uri()
+    # set_tracking_uri / set_registry_uri also export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, and
+    # set_registry_uri(None) does not take the variable back: restore the globals and the environment
+    # exactly, or every later MlflowClient in this process keeps using the deleted temporary store.
+    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
         yield mlflow.create_experiment("bench-serving", artifact_location=(root / "mlruns").as_uri())
     finally:
-        mlflow.set_tracking_uri(before)
-        mlflow.set_registry_uri(None)   # back to following the tracking URI (or $MLFLOW_REGISTRY_URI)
+        mlflow.set_tracking_uri(saved[0])
+        registry_utils._registry_uri = saved[1]
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _frame(rows: int):

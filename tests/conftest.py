@@ -63,6 +63,13 @@ def use_store_copy(template_db, tmp_path, monkeypatch) -> str:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CTR_MLFLOW_ARTIFACT_ROOT", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    # An experiment made active in an earlier test's store (mlflow.set_experiment exports it) does not
+    # exist in this one.
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    import mlflow.tracking.fluent as fluent
+
+    monkeypatch.setattr(fluent, "_active_experiment_id", None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
     return uri

@@ -68,8 +68,8 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     # A checkpoint only resumes this exact run: same config, base weights and data.
     run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": data_lineage["sha256"]}
 
-    mlflow.set_experiment(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment))
-    with mlflow.start_run(run_name=f"{model_name}-{end_day}") as run:
+    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
+                          run_name=f"{model_name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
         mlflow.set_tags({"stage": "lora_adapter", "slot": slot, "data.end": end_day,
                          "base.name": base_ref["name"], "base.version": base_ref["version"],
                          "base.fingerprint": base_ref["fingerprint"], "code.version": mlflow_io.code_version()})

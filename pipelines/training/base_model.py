@@ -31,8 +31,8 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     model = CTRModel(cfg.model)
     settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
 
-    mlflow.set_experiment(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment))
-    with mlflow.start_run(run_name=f"base-{cutoff_day}") as run:
+    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
+                          run_name=f"base-{cutoff_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
         mlflow.set_tags({"stage": "base_model", "data.cutoff": cutoff_day, "code.version": mlflow_io.code_version()})
         mlflow.log_params({f"model.{k}": v for k, v in to_dict(cfg.model).items()})
         mlflow.log_params({f"train.{k}": v for k, v in to_dict(bt).items()})

@@ -382,8 +382,8 @@ def distill_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = 
     baseline_settings = D.DistillSettings(lc.epochs, lc.batch_size, cs.transfer_batch_size, lc.lr, lc.weight_decay,
                                           lc.warmup_steps, lc.seed, D.LossWeights(1.0, 0.0, 0.0, cs.temperature))
 
-    mlflow.set_experiment(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment))
-    with mlflow.start_run(run_name=f"{name}-{end_day}") as run:
+    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
+                          run_name=f"{name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
         mlflow.set_tags({"stage": "cold_start", "slot": slot, "data.end": end_day, "base.name": base_ref["name"],
                          "base.version": base_ref["version"], "base.fingerprint": base_ref["fingerprint"],
                          "base.cutoff": prep.base["cutoff"], "code.version": mlflow_io.code_version(),
