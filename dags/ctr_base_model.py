@@ -14,6 +14,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from ctr_airflow.operators import MOVES, REGISTRY_POOL
 from ctr_airflow.runtime import actor, pipeline_config, run_day
 
 
@@ -51,11 +52,14 @@ def ctr_base_model():
         cfg = pipeline_config(context)
         return run_train(cfg, cfg.data.lake_uri, run_day(context))
 
-    @task(retries=0)
+    @task(retries=0, pool=REGISTRY_POOL, outlets=[MOVES])
     def register(trained: dict, **context) -> dict:
+        from ctr_airflow.operators import emit_move
         from pipelines.training.base_model import register as run_register
 
-        return run_register(pipeline_config(context), trained, actor=actor(context))
+        out = run_register(pipeline_config(context), trained, actor=actor(context))
+        emit_move(context, out["move"])   # mlflow://ctr_base/champion: adapters must follow a new base
+        return out
 
     register(train(validate()))
 

@@ -66,4 +66,5 @@ def register(cfg: PipelineConfig, trained: dict, actor: str = "cli") -> dict:
     version = mlflow_io.register(trained["model_uri"], name, tags, run_id=trained["run_id"])
     move = aliases.move_alias(name, "champion", version, kind="promote", actor=actor,
                               reason=f"base model trained up to {trained['cutoff']}")
-    return {"model": name, "version": version, "fingerprint": trained["fingerprint"], "moved": move["moved"]}
+    return {"model": name, "version": version, "fingerprint": trained["fingerprint"], "moved": move["moved"],
+            "move": move}
