@@ -83,6 +83,25 @@ class Stack:
                               capture_output=True, text=True, timeout=300)
 
 
+@contextlib.contextmanager
+def this_process_on(mlflow_uri: str, **env: str):
+    """Point this test process at the stack too (set-up done in-process), restoring everything after."""
+    import mlflow
+
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", *env)}
+    os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, **env)
+    mlflow.set_tracking_uri(mlflow_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, artifact_root: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "MLFLOW_TRACKING"))}
     env.update({

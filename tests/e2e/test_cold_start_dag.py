@@ -7,11 +7,10 @@ is the base. Then the DAG run: validate -> detect -> distill -> evaluate -> regi
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from tests.e2e.stack import Stack, make_env, metadata_stores, movielens_lake
+from tests.e2e.stack import Stack, make_env, metadata_stores, movielens_lake, this_process_on
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +20,6 @@ BUCKET = "e2e-cold-lake"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    import mlflow
-
     from pipelines.config import load_pipeline_config
     from pipelines.evaluation.compare import evaluate
     from pipelines.promotion import aliases
@@ -35,12 +32,7 @@ def stack(tmp_path_factory, s3_endpoint):
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root), kind, tmp)
         st.init_airflow()
-        saved = {k: os.environ.get(k)
-                 for k in ("MLFLOW_TRACKING_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_PIPELINE_CONFIG")}
-        os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root,
-                          CTR_PIPELINE_CONFIG=str(config_path))
-        mlflow.set_tracking_uri(mlflow_uri)
-        try:
+        with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_PIPELINE_CONFIG=str(config_path)):
             cfg = load_pipeline_config()
             base_model.register(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e")
             cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
@@ -48,13 +40,6 @@ def stack(tmp_path_factory, s3_endpoint):
             aliases.move_alias(reg["model"], "champion", reg["version"], kind="promote", actor="e2e",
                                reason="e2e: the teacher of the morning slot")
             yield st
-        finally:
-            mlflow.set_tracking_uri(None)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):

@@ -20,7 +20,7 @@ import yaml
 from pipelines.config import to_dict
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
-from tests.e2e.stack import REPO, Stack, make_env, metadata_stores
+from tests.e2e.stack import REPO, Stack, make_env, metadata_stores, this_process_on
 from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, ROWS, SPEC, degrade, make_config,
                                                     register_adapter, start, write_lake)
 
@@ -54,7 +54,6 @@ def test_monitor_dag_shape(dagbag):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
     import boto3
-    import mlflow
 
     from pipelines.training import base_model
 
@@ -70,11 +69,7 @@ def stack(tmp_path_factory, s3_endpoint):
         env = make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root)
         st = Stack({**env, "CTR_GATE_POLICY": str(policy_path), "CTR_TORCH_THREADS": "1"}, kind, tmp)
         st.init_airflow()
-        saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_CHECKPOINT_ROOT")}
-        os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root,
-                          CTR_CHECKPOINT_ROOT=str(tmp / "ckpt"))
-        mlflow.set_tracking_uri(mlflow_uri)
-        try:
+        with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_CHECKPOINT_ROOT=str(tmp / "ckpt")):
             base_model.register(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
             assert (register_adapter(cfg, lake, "2024-01-04"), register_adapter(cfg, lake, "2024-01-05")) == ("1", "2")
             flipped = write_lake(f"s3://{BUCKET}/flipped", flip_labels=True)
@@ -83,13 +78,6 @@ def stack(tmp_path_factory, s3_endpoint):
             start(MODEL, "1", canary="2")
             degrade(lake, [DAYS[2]], MODEL, "2")
             yield st
-        finally:
-            mlflow.set_tracking_uri(None)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 @pytest.mark.slow
