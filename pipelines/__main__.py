@@ -148,6 +148,10 @@ def cmd_bench(a) -> int:
         from pipelines.bench_quality_distill import make_distilled
 
         print(json.dumps(bench_quality.run(distilled=make_distilled())))
+    elif a.which == "headroom":
+        from pipelines import bench_quality_headroom
+
+        print(json.dumps(bench_quality_headroom.run()))
     elif a.which == "serving":
         from pipelines import bench_serving
 
@@ -230,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_status)
 
     bn = sub.add_parser("bench", help="one benchmark, printed as one JSON object (make bench runs them all)")
-    bn.add_argument("which", choices=["training", "quality", "validation", "serving"])
+    bn.add_argument("which", choices=["training", "quality", "headroom", "validation", "serving"])
     bn.add_argument("--quick", action="store_true", help="a short run (training, serving: under a minute)")
     bn.set_defaults(fn=cmd_bench)
 

@@ -97,6 +97,19 @@ def bench_training_quick() -> dict:
     return {"benchmark": "LoRA vs full fine-tuning, quick", **{k: r[k] for k in keys}}
 
 
+def bench_headroom() -> dict:
+    """`python -m pipelines bench headroom`: the best any variant gets above the one-hot LR (static protocol)."""
+    from pipelines import bench_quality_headroom
+
+    r = bench_quality_headroom.run()
+    fs = r["few_shot_reference"]
+    return {"benchmark": "MovieLens-100K headroom above the one-hot LR (goal margin 0.01)",
+            "variants": len(r["rows"]), "max_delta_auc": r["max_delta_auc"], "max_delta_auc_cold": r["max_delta_auc_cold"],
+            "chosen_on_validation": r["chosen_on_validation"],
+            "few_shot_k": fs["k_shot"], "few_shot_delta_auc_cold": round(fs["lr_with_support"]["auc_cold"]
+                                                                       - fs["lr_static"]["auc_cold"], 4)}
+
+
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
@@ -124,7 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the synthetic validation benchmark")
     a = p.parse_args(argv)
     results = []
-    for fn in (lambda: bench_validation(a.rows), bench_lora_step, bench_serving_quick, bench_training_quick):
+    for fn in (lambda: bench_validation(a.rows), bench_lora_step, bench_serving_quick, bench_training_quick,
+               bench_headroom):
         r = fn()
         r["peak_rss_mib"] = round(_rss_mib())
         print(json.dumps(r), flush=True)
