@@ -141,19 +141,24 @@ def revert(model: str, reason: str, to_version=None, actor: str = "cli", op_id: 
         return move_alias(model, "champion", target, kind="revert", reason=reason, actor=actor, op_id=op_id)
 
 
+def _replayed(model: str, op_id: str | None) -> dict | None:
+    """The recorded result of operation `op_id` if it already ran (a retried task must not move twice)."""
+    done = [e for e in history(model, None) if e["op_id"] == op_id] if op_id else []
+    return {"moved": False, "replayed": True, **done[-1]} if done else None
+
+
 def _revert_target(model: str, to_version, op_id: str | None):
-    if op_id:
-        done = [e for e in history(model, None) if e["op_id"] == op_id]
-        if done:
-            return {"moved": False, "replayed": True, **done[-1]}
+    replay = _replayed(model, op_id)
+    if replay:
+        return replay
     now = current(model)
     if now is None:
         raise PromotionError(f"{model} has no @champion to revert")
     if to_version is None:
-        stack = _champion_stack(history(model))
-        if len(stack) < 2:
-            raise PromotionError(f"{model} has no earlier champion to revert to (history: {stack}); name a version")
-        to_version = stack[-2]
+        to_version = previous_champion(model)
+        if to_version is None:
+            raise PromotionError(f"{model} has no earlier champion to revert to (history: "
+                                 f"{_champion_stack(history(model))}); name a version")
     to_version = str(to_version)
     if to_version == now:
         return {"moved": False, "model": model, "alias": "champion", "from_version": now, "to_version": now}
@@ -188,9 +193,9 @@ def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | Non
             raise PromotionError(f"{model}@canary is v{version}, not v{expected_version}: it was replaced after the "
                                  "decision; nothing promoted")
         if version is None:
-            done = [e for e in history(model, None) if op_id and e["op_id"] == op_id]
-            if done:
-                return {"moved": False, "replayed": True, **done[-1]}
+            replay = _replayed(model, op_id)
+            if replay:
+                return replay
             raise PromotionError(f"{model} has no @canary to promote")
         check_promotable(model, version)
         moved = move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id)
@@ -208,8 +213,6 @@ def previous_champion(model: str) -> str | None:
 def withdraw_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
     """Stop the canary: @canary is removed; the champion keeps serving everyone."""
     if current(model, "canary") is None:
-        done = [e for e in history(model, None) if op_id and e["op_id"] == op_id]
-        if done:
-            return {"moved": False, "replayed": True, **done[-1]}
-        return {"moved": False, "model": model, "alias": "canary", "from_version": None, "to_version": None}
+        return _replayed(model, op_id) or {"moved": False, "model": model, "alias": "canary", "from_version": None,
+                                           "to_version": None}
     return move_alias(model, "canary", None, kind="withdraw", reason=reason, actor=actor, op_id=op_id)
