@@ -39,124 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from pipelines.config import PipelineConfig, config_hash, to_dict
 from pipelines.errors import PipelineError
+from pipelines.training.cold_entities import ColdEntities, ColdSplit, cap_transfer, cold_mask, detect, split
 
 log = logging.getLogger(__name__)
 
 ALL = "all"
 BASELINE_ARTIFACT = "baseline_adapter"
-
-
-# ----------------------------------------------------------------------------- detection (pure)
-@dataclass(frozen=True)
-class ColdEntities:
-    """Cold users / items: `new_*` first seen after the base's cutoff, `sparse_*` with fewer than
-    `min_impressions` impressions in the history before the window."""
-    new_users: frozenset
-    sparse_users: frozenset
-    new_items: frozenset
-    sparse_items: frozenset
-
-    @property
-    def users(self) -> frozenset:
-        return self.new_users | self.sparse_users
-
-    @property
-    def items(self) -> frozenset:
-        return self.new_items | self.sparse_items
-
-    def counts(self) -> dict:
-        return {"new_users": len(self.new_users), "sparse_users": len(self.sparse_users - self.new_users),
-                "cold_users": len(self.users), "new_items": len(self.new_items),
-                "sparse_items": len(self.sparse_items - self.new_items), "cold_items": len(self.items)}
-
-
-def detect(history: pd.DataFrame, window: pd.DataFrame, cutoff: str, min_impressions: int,
-           items: bool = True) -> ColdEntities:
-    """Cold entities among those with impressions in `window`.
-
-    - new: no impression on or before `cutoff` (the last day the base model trained on) in
-      `history` or `window` (i.e. first seen after the cutoff);
-    - sparse: fewer than `min_impressions` impressions in `history` (the rows before the window).
-    """
-    cut = pd.Timestamp(cutoff, tz="UTC") + pd.Timedelta(days=1)  # cutoff is a whole day
-    both = pd.concat([history[["event_ts", "user_id", "item_id"]], window[["event_ts", "user_id", "item_id"]]],
-                     ignore_index=True)
-    seen_by_base = both[both["event_ts"] < cut]
-    out = {}
-    for col, key in (("user_id", "users"), ("item_id", "items")):
-        present = set(window[col].astype(str).unique())
-        if key == "items" and not items:
-            out[key] = (frozenset(), frozenset())
-            continue
-        known = set(seen_by_base[col].astype(str).unique())
-        counts = history[col].astype(str).value_counts()
-        sparse = {e for e in present if counts.get(e, 0) < min_impressions}
-        out[key] = (frozenset(present - known), frozenset(sparse))
-    return ColdEntities(new_users=out["users"][0], sparse_users=out["users"][1],
-                        new_items=out["items"][0], sparse_items=out["items"][1])
-
-
-def cold_mask(frame: pd.DataFrame, cold: ColdEntities) -> np.ndarray:
-    """Rows whose user or item is cold."""
-    return (frame["user_id"].astype(str).isin(cold.users) | frame["item_id"].astype(str).isin(cold.items)).to_numpy()
-
-
-@dataclass
-class ColdSplit:
-    labelled: pd.DataFrame   # the few labelled cold rows (BCE)
-    transfer: pd.DataFrame   # rows the teacher labels softly (distillation, alignment, covariance)
-    holdout: pd.DataFrame    # every row of the held-out cold users (evaluation only)
-    holdout_start: str       # the first impression of the held-out users: nothing at or after it trains
-    holdout_users: int
-
-
-def split(window: pd.DataFrame, cold: ColdEntities, holdout_fraction: float, labelled_per_entity: int,
-          transfer: str = "cold") -> ColdSplit:
-    """Entity-level temporal split of the window.
-
-    The cold users who showed up last (by their first impression in the window) are held out: all
-    of their rows are the evaluation slice, and nothing at or after the first of them trains, so
-    the held-out users are users the student has never seen (as a new user is at serving time).
-    Before that moment: `labelled` = cold rows, capped at the first `labelled_per_entity` rows of
-    each cold user (cold-item rows of warm users: of each cold item); 0 = no cap. `transfer` = the
-    cold rows (`"cold"`) or every row (`"window"`) before that moment; labels are not used on it.
-    """
-    frame = window.sort_values(["event_ts", "user_id", "item_id"], kind="stable").reset_index(drop=True)
-    uid = frame["user_id"].astype(str)
-    cold_users = uid.isin(cold.users)
-    first = frame[cold_users].groupby(uid[cold_users], sort=False)["event_ts"].min().sort_values(kind="stable")
-    if first.empty:
-        raise ValueError("no cold users in the window: nothing to hold out")
-    n_hold = max(1, int(round(len(first) * holdout_fraction)))
-    if n_hold >= len(first):
-        raise ValueError(f"only {len(first)} cold users: cannot hold out {n_hold} and train on the rest")
-    t_h = first.iloc[len(first) - n_hold]
-    holdout_users = set(first.index[first >= t_h])
-    holdout = frame[uid.isin(holdout_users)].reset_index(drop=True)
-    before = frame[frame["event_ts"] < t_h]
-    mask = cold_mask(before, cold)
-    cold_rows = before[mask]
-    if labelled_per_entity > 0:
-        u = cold_rows["user_id"].astype(str)
-        by_user = u.isin(cold.users)
-        rank_u = cold_rows.groupby(u, sort=False).cumcount()
-        rank_i = cold_rows.groupby(cold_rows["item_id"].astype(str), sort=False).cumcount()
-        keep = np.where(by_user, rank_u < labelled_per_entity, rank_i < labelled_per_entity)
-        cold_rows = cold_rows[keep]
-    if transfer not in ("cold", "window"):
-        raise ValueError(f"transfer must be 'cold' or 'window', got {transfer!r}")
-    tr = before[mask] if transfer == "cold" else before
-    return ColdSplit(labelled=cold_rows.reset_index(drop=True), transfer=tr.reset_index(drop=True),
-                     holdout=holdout, holdout_start=t_h.isoformat(), holdout_users=len(holdout_users))
-
-
-def cap_transfer(transfer: pd.DataFrame, max_rows: int) -> pd.DataFrame:
-    """The newest `max_rows` rows (the frame is time-sorted)."""
-    return transfer if len(transfer) <= max_rows else transfer.iloc[len(transfer) - max_rows:].reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- stage plumbing
