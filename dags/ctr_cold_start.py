@@ -15,7 +15,9 @@ day `D` (the logical date, or the `end_day` param) and the `slot` param (`all`, 
 4. **evaluate** teacher, baseline and student on the held-out cold users (AUC, logloss; logged to
    the student's MLflow run) and the serving `ctr_lora_cold_start@champion` on the same rows.
 5. **register** the student as `ctr_lora_cold_start` (alias `candidate`, full lineage).
-6. **gate_and_promote**: the same gate as every candidate (`configs/gate_policy.yaml`).
+6. **gate_and_promote**: the same gate as every candidate (`configs/gate_policy.yaml`). With
+   `approval: true`, the task group **approval** gates, asks a person (**approve_release**) and only
+   then **release**s, as in `ctr_lora_retrain`.
 
 Daily at 05:30 UTC, after `ctr_lora_retrain` (03:00), so the teacher is the freshest champion:
 new users arrive every day and the gate keeps a worse student from serving. Trigger from the UI
@@ -26,9 +28,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, TaskGroup, dag, task
 
-from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator, ReleaseOperator
+from ctr_airflow.approval import GROUP as APPROVAL_GROUP
+from ctr_airflow.approval import gate_approve_release
+from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
@@ -93,15 +97,11 @@ def ctr_cold_start():
         return register_stage(pipeline_config(context), evaluated["candidate"], evaluated["evaluation"])
 
     registered = register(evaluate(distill(detect(validate()))))
-    needs_approval = approval_required()
-    gated = GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered,
-                                   release=not needs_approval)
-    if needs_approval:  # the same human-in-the-loop step as ctr_lora_retrain
-        from airflow.providers.standard.operators.hitl import ApprovalOperator
-
-        approve = ApprovalOperator(task_id="approve_release", subject="Release the distilled cold-start adapter?",
-                                   body="It passed its gate; see its model card in the MLflow registry.")
-        gated >> approve >> ReleaseOperator(task_id="release", retries=0, decision=gated.output)
+    if approval_required():  # the same human-in-the-loop step as ctr_lora_retrain (ctr_airflow.approval)
+        with TaskGroup(group_id=APPROVAL_GROUP):
+            gate_approve_release(registered, subject="Release the distilled cold-start adapter?")
+    else:
+        GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered)
 
 
 ctr_cold_start()

@@ -15,8 +15,10 @@ For the run's day `D` (the logical date, or the `end_day` param):
    latency, base compatibility. A rejection skips the task (the champion is untouched). A pass is
    released to `@canary` (`promotion: canary`; `ctr_champion_monitor` then promotes or withdraws it)
    or to `@champion`; the first version of a model always becomes `@champion`.
-   With `approval: true` in the policy, a person approves each release in the UI first
-   (**approve_release**, Airflow's human-in-the-loop), then **release** moves the alias.
+   With `approval: true` in the policy, the task group **approval** (mapped, one per candidate) runs
+   **gate_and_promote** without releasing, then **approve_release** (Airflow's human-in-the-loop:
+   the UI's Required Actions) and **release**, which moves the alias only after a recorded
+   "Approve" and records the approver. Rejecting one slot's candidate skips only that slot.
 
 Every alias move is recorded in the alias history and emits the Asset event
 `mlflow://<model>/<alias>`. Registry writes run in the one-slot pool `ctr_registry`.
@@ -26,9 +28,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag, task, task_group
 
-from ctr_airflow.operators import MOVES, REGISTRY_POOL, GatedPromotionOperator, ReleaseOperator
+from ctr_airflow.approval import GROUP as APPROVAL_GROUP
+from ctr_airflow.approval import gate_approve_release
+from ctr_airflow.operators import MOVES, REGISTRY_POOL, GatedPromotionOperator
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
@@ -83,20 +87,17 @@ def ctr_lora_retrain():
 
     trained = train_adapter.expand(slot=slots(validate()))
     registered = register.expand(evaluated=evaluate.expand(candidate=trained))
-    needs_approval = approval_required()
-    # .partial() does not run __init__, so the pool and the asset alias are named here as well
-    gated = GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0, pool=REGISTRY_POOL, outlets=[MOVES],
-                                           release=not needs_approval).expand(registered=registered)
-    if needs_approval:
-        from airflow.providers.standard.operators.hitl import ApprovalOperator
+    if approval_required():
+        # gate >> approval >> release per candidate, paired by map index (see ctr_airflow.approval)
+        @task_group(group_id=APPROVAL_GROUP)
+        def approval(registered: dict):
+            gate_approve_release(registered, subject="Release a CTR adapter that passed its gate?")
 
-        approved = ApprovalOperator.partial(
-            task_id="approve_release", subject="Release a CTR adapter that passed its gate?",
-        ).expand(body=gated.output.map(lambda d: f"{d['model']} v{d['version']} passed its gate against "
-                                                 f"champion v{d['champion_version']}. See its model card."))
-        release = ReleaseOperator.partial(task_id="release", retries=0, pool=REGISTRY_POOL,
-                                          outlets=[MOVES]).expand(decision=gated.output)
-        approved >> release
+        approval.expand(registered=registered)
+    else:
+        # .partial() does not run __init__, so the pool and the asset alias are named here as well
+        GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0, pool=REGISTRY_POOL,
+                                       outlets=[MOVES]).expand(registered=registered)
 
 
 ctr_lora_retrain()

@@ -11,6 +11,8 @@ can schedule on. Registry writes run in the pool `ctr_registry` (one slot; see `
 """
 from __future__ import annotations
 
+import json
+
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -141,14 +143,41 @@ class OverrideGateOperator(_VersionMoveOperator):
 
 
 class ReleaseOperator(_MoveOperator):
-    """Release a gated candidate (`decision` from GatedPromotionOperator) to @canary or @champion."""
+    """Release a gated candidate (`decision` from GatedPromotionOperator) to @canary or @champion.
+
+    `approval_task_id`: the HITL ApprovalOperator that must have recorded "Approve" (same map index)
+    before anything moves; the approver's name goes into the recorded reason. Without a recorded
+    answer (e.g. the approval task was marked success by hand) the release is refused.
+    """
 
     template_fields = ("decision", "policy_path")
     what = "release"
 
-    def __init__(self, *, decision: dict, policy_path: str | None = None, **kwargs):
+    def __init__(self, *, decision: dict, policy_path: str | None = None, approval_task_id: str | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
-        self.decision, self.policy_path = decision, policy_path
+        self.decision, self.policy_path, self.approval_task_id = decision, policy_path, approval_task_id
+
+    def _approver(self, context) -> str | None:
+        """The approver's name; a recorded "Reject" skips the release (Airflow's own skip of the
+        downstream task does not reach a mapped task group's instances), no answer refuses it."""
+        if not self.approval_task_id:
+            return None
+        from pipelines.registry import mlflow_io
+
+        ti, version = context["ti"], self.decision["version"]
+        answer = ti.xcom_pull(task_ids=self.approval_task_id, map_indexes=ti.map_index)
+        chosen = list(answer.get("chosen_options") or []) if isinstance(answer, dict) else []
+        if chosen not in (["Approve"], ["Reject"]):
+            raise ModelMoveRefused(f"release of {self.model} v{version} refused: no recorded answer from "
+                                   f"{self.approval_task_id} (got {answer!r})")
+        user = answer.get("responded_by_user") or {}
+        who = user.get("name") or user.get("id") or "unknown user"
+        record = {"answer": chosen[0], "by": who, "at": str(answer.get("responded_at") or ""), "task": op_id(context)}
+        mlflow_io.client().set_model_version_tag(self.model, version, "release.approval", json.dumps(record))
+        if chosen == ["Reject"]:
+            raise AirflowSkipException(f"{self.model} v{version}: release rejected by {who}; nothing moves")
+        return who
 
     def move(self, context):
         from pipelines.config import load_gate_policy
@@ -156,7 +185,7 @@ class ReleaseOperator(_MoveOperator):
 
         self.model = self.decision["model"]
         return release.release(load_gate_policy(self.policy_path), self.model, self.decision["version"],
-                               actor=actor(context), op_id=op_id(context))
+                               actor=actor(context), op_id=op_id(context), approved_by=self._approver(context))
 
 
 class GatedPromotionOperator(BaseOperator):

@@ -96,9 +96,14 @@ bag = DagBag(dag_folder={str(REPO / 'dags')!r})
 assert not bag.import_errors, bag.import_errors
 for dag_id in ("ctr_lora_retrain", "ctr_cold_start"):
     dag = bag.dags[dag_id]
-    gate, approve, release = (dag.get_task(t) for t in ("gate_and_promote", "approve_release", "release"))
+    assert "gate_and_promote" not in dag.task_ids
+    gate, approve, release = (dag.get_task(f"approval.{{t}}") for t in ("gate_and_promote", "approve_release", "release"))
     assert approve.task_type == "ApprovalOperator", approve.task_type
-    assert "approve_release" in gate.downstream_task_ids and "release" in approve.downstream_task_ids
+    assert approve.task_id in gate.downstream_task_ids and release.task_id in approve.downstream_task_ids
+    assert release.approval_task_id == approve.task_id and gate.release is False
+    assert release.pool == gate.pool == "ctr_registry"
+# One group per candidate: gate, approval and release of index i depend on each other only.
+assert type(bag.dags["ctr_lora_retrain"].task_group_dict["approval"]).__name__ == "MappedTaskGroup"
 print("ok")
 """
     env = {**os.environ, "CTR_GATE_POLICY": str(policy), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}

@@ -143,3 +143,32 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return lake.uri, path
+
+
+@contextlib.contextmanager
+def synthetic_stack(tmp: Path, bucket: str, policy):
+    """The in-process set-up of the synthetic e2e modules: test_monitor's synthetic lake in
+    s3://<bucket>/clicks, its pipeline config and `policy` (a GatePolicy) on disk, fresh metadata
+    stores with Airflow initialised, this process pointed at the stack, and the serving base
+    (trained up to 2024-01-03) registered. Yields (stack, config, lake URI)."""
+    import boto3
+    import yaml
+
+    from pipelines.config import to_dict
+    from pipelines.training import base_model
+    from tests.pipelines.promotion.test_monitor import make_config, write_lake
+
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    lake = write_lake(f"s3://{bucket}/clicks")
+    cfg = make_config(lake)
+    config_path, policy_path = tmp / "pipeline.yaml", tmp / "gate_policy.yaml"
+    config_path.write_text(yaml.safe_dump(to_dict(cfg)))
+    policy_path.write_text(yaml.safe_dump(to_dict(policy)))
+    artifact_root = f"s3://{bucket}/mlflow"
+    with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
+        env = make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root)
+        st = Stack({**env, "CTR_GATE_POLICY": str(policy_path), "CTR_TORCH_THREADS": "1"}, kind, tmp)
+        st.init_airflow()
+        with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_CHECKPOINT_ROOT=str(tmp / "ckpt")):
+            base_model.register(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
+            yield st, cfg, lake

@@ -15,14 +15,12 @@ import os
 from dataclasses import replace
 
 import pytest
-import yaml
 
-from pipelines.config import to_dict
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
-from tests.e2e.stack import REPO, Stack, make_env, metadata_stores, this_process_on
-from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, ROWS, SPEC, degrade, make_config,
-                                                    register_adapter, start, write_lake)
+from tests.e2e.stack import REPO, synthetic_stack
+from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, ROWS, SPEC, degrade, register_adapter, start,
+                                                    write_lake)
 
 BUCKET = "e2e-monitor-lake"
 DAYS = ("2024-01-06", "2024-01-07", "2024-01-08", "2024-01-09")
@@ -53,31 +51,14 @@ def test_monitor_dag_shape(dagbag):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    import boto3
-
-    from pipelines.training import base_model
-
-    tmp = tmp_path_factory.mktemp("e2e-monitor")
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    lake = write_lake(f"s3://{BUCKET}/clicks")
-    cfg = make_config(lake)
-    config_path, policy_path = tmp / "pipeline.yaml", tmp / "gate_policy.yaml"
-    config_path.write_text(yaml.safe_dump(to_dict(cfg)))
-    policy_path.write_text(yaml.safe_dump(to_dict(E2E_POLICY)))
-    artifact_root = f"s3://{BUCKET}/mlflow"
-    with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
-        env = make_env(tmp, airflow_conn, mlflow_uri, config_path, artifact_root)
-        st = Stack({**env, "CTR_GATE_POLICY": str(policy_path), "CTR_TORCH_THREADS": "1"}, kind, tmp)
-        st.init_airflow()
-        with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_CHECKPOINT_ROOT=str(tmp / "ckpt")):
-            base_model.register(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
-            assert (register_adapter(cfg, lake, "2024-01-04"), register_adapter(cfg, lake, "2024-01-05")) == ("1", "2")
-            flipped = write_lake(f"s3://{BUCKET}/flipped", flip_labels=True)
-            assert register_adapter(cfg, flipped, "2024-01-05") == "3"      # learns the opposite ranking
-            write_days(Lake(lake), SPEC, DAYS[3], 1, ROWS)                  # a fourth, ordinary day
-            start(MODEL, "1", canary="2")
-            degrade(lake, [DAYS[2]], MODEL, "2")
-            yield st
+    with synthetic_stack(tmp_path_factory.mktemp("e2e-monitor"), BUCKET, E2E_POLICY) as (st, cfg, lake):
+        assert (register_adapter(cfg, lake, "2024-01-04"), register_adapter(cfg, lake, "2024-01-05")) == ("1", "2")
+        flipped = write_lake(f"s3://{BUCKET}/flipped", flip_labels=True)
+        assert register_adapter(cfg, flipped, "2024-01-05") == "3"      # learns the opposite ranking
+        write_days(Lake(lake), SPEC, DAYS[3], 1, ROWS)                  # a fourth, ordinary day
+        start(MODEL, "1", canary="2")
+        degrade(lake, [DAYS[2]], MODEL, "2")
+        yield st
 
 
 @pytest.mark.slow

@@ -48,3 +48,24 @@ def test_moves_run_in_the_registry_pool_and_announce_the_alias_asset():
     gate = GatedPromotionOperator(task_id="g", registered={})
     assert gate.pool == REGISTRY_POOL and MOVES in gate.outlets
     assert asset_uri("ctr_lora_feed", "champion") == "mlflow://ctr_lora_feed/champion"
+
+
+@pytest.mark.parametrize("answer", [None, {}, {"chosen_options": []}, {"chosen_options": ["Maybe"]}])
+def test_release_without_a_recorded_answer_is_refused_before_touching_the_registry(monkeypatch, answer):
+    """The approval task marked success by hand (no HITL answer in XCom) must not release anything.
+    The real answer path (Approve / Reject through the HITL API) is tests/e2e/test_approval_dag.py."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")   # any registry call would hang, then fail
+
+    class AnsweredTI:   # the one TaskInstance method the check reads
+        map_index = 1
+        dag_id, run_id, task_id = "ctr_lora_retrain", "manual__x", "approval.release"
+
+        def xcom_pull(self, task_ids, map_indexes):
+            assert (task_ids, map_indexes) == ("approval.approve_release", 1)
+            return answer
+
+    op = ReleaseOperator(task_id="release", decision={"model": "ctr_lora_feed", "version": "3"},
+                         approval_task_id="approval.approve_release")
+    op.model = "ctr_lora_feed"
+    with pytest.raises(ModelMoveRefused, match="no recorded answer from approval.approve_release"):
+        op._approver({"ti": AnsweredTI()})

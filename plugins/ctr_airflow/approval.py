@@ -1,0 +1,36 @@
+"""The human-in-the-loop release step: gate (no release) >> Airflow's ApprovalOperator >> release.
+
+Used by ctr_lora_retrain (one step per adapter, in a task group mapped over the registered
+candidates) and ctr_cold_start (one step) when the gate policy says `approval: true`. Inside a
+mapped task group the three tasks of index i depend only on each other, so rejecting one slot's
+candidate (or its gate failing) skips that slot's release and nobody else's; with plain mapped
+tasks `approve >> release`, one rejection skipped every slot's release.
+
+The release reads the answer of the approval task of its own index: "Approve" releases and puts
+the approver in the alias history's reason; "Reject" skips it (the ApprovalOperator's own skip of
+its downstream does not reach the instances of a mapped group); no answer (the approval task
+marked success by hand) refuses it. Either answer is recorded on the version (`release.approval`).
+"""
+from __future__ import annotations
+
+from ctr_airflow.operators import GatedPromotionOperator, ReleaseOperator
+
+GROUP = "approval"
+GATE, APPROVE, RELEASE = f"{GROUP}.gate_and_promote", f"{GROUP}.approve_release", f"{GROUP}.release"
+# Rendered when the approval task runs: the gate's decision of the same map index.
+BODY = ("{% set d = ti.xcom_pull(task_ids='" + GATE + "', map_indexes=ti.map_index) %}"
+        "**{{ d.model }} v{{ d.version }}** passed its gate"
+        "{% if d.champion_version %} against champion v{{ d.champion_version }}{% else %} (first version){% endif %}. "
+        "Approve to release it as the gate policy says (canary or champion); its model card and gate report "
+        "are on the version in the MLflow registry.")
+
+
+def gate_approve_release(registered, subject: str):
+    """Call inside a task group whose group_id is GROUP. Returns the release task."""
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    gated = GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered, release=False)
+    approve = ApprovalOperator(task_id="approve_release", subject=subject, body=BODY)
+    release = ReleaseOperator(task_id="release", retries=0, decision=gated.output, approval_task_id=APPROVE)
+    gated >> approve >> release
+    return release
