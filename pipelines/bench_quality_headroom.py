@@ -192,9 +192,9 @@ def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID)
     fit, val = temporal_split(train, 1.0 - VAL_FRACTION)
     # Counters run over the whole time-ordered log (causal by construction); taste reads train labels only,
     # and the fit/val pair reads fit labels only.
-    with_counters = add_counters(add_crosses(frame), train)
-    train_c, test_c = temporal_split(with_counters, TRAIN_FRACTION)
-    fit_c, val_c = temporal_split(add_counters(add_crosses(frame), fit).iloc[:len(train)], 1.0 - VAL_FRACTION)
+    crossed = add_crosses(frame)
+    train_c, test_c = temporal_split(add_counters(crossed, train), TRAIN_FRACTION)
+    fit_c, val_c = temporal_split(add_counters(crossed.iloc[:len(train)], fit), 1.0 - VAL_FRACTION)
     cold = cold_mask(train, test)
     y = test["label"].to_numpy()
     base = list(LR_FEATURES)

@@ -117,14 +117,7 @@ def logits_and_pooled(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Ten
     The pooled representation is the mean over fields of the final LayerNorm's output, the vector
     the head reads: CTRModel.forward is `head(norm(blocks(embed(x))).mean(1))`.
     """
-    m = _ctr_model(model)
-    if hasattr(m, "logits_and_pooled"):   # CTRModel: includes the optional first-order (wide) term
-        return m.logits_and_pooled(tokens)
-    x = m.embed(tokens)
-    for block in m.blocks:
-        x = block(x)
-    h = m.norm(x).mean(dim=1)
-    return m.head(h).squeeze(-1), h
+    return _ctr_model(model).logits_and_pooled(tokens)   # includes the optional first-order (wide) term
 
 
 def forward_by_group(models: dict, tokens: np.ndarray, groups: np.ndarray,

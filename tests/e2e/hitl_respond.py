@@ -24,9 +24,10 @@ def pending(dag_id: str) -> list[tuple[str, str, int, str]]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.execute(select(TI.run_id, TI.task_id, TI.map_index, HITLDetail.body, HITLDetail.responded_at)
-                               .join(HITLDetail, HITLDetail.ti_id == TI.id).where(TI.dag_id == dag_id)).all()
-    return [(r, t, m, b or "") for r, t, m, b, at in rows if at is None]
+        rows = session.execute(select(TI.run_id, TI.task_id, TI.map_index, HITLDetail.body)
+                               .join(HITLDetail, HITLDetail.ti_id == TI.id)
+                               .where(TI.dag_id == dag_id, HITLDetail.responded_at.is_(None))).all()
+    return [(r, t, m, b or "") for r, t, m, b in rows]
 
 
 def answer(dag_id: str, run_id: str, task_id: str, map_index: int, option: str, user: str) -> None:

@@ -15,8 +15,8 @@ from pipelines.data.synthetic import SyntheticSpec, generate_day
 SPEC = SyntheticSpec(n_users=400, n_items=120, n_advertisers=10, new_users_per_day=150, new_items_per_day=10,
                      slot_ctr=(0.3, 0.3, 0.3), seed=3)
 TINY = ModelConfig(embed_dim=8, n_heads=2, n_blocks=1, id_buckets=1024, small_buckets=64)
-# Plain (not `wide`) candidates: the distilled row needs distill.logits_and_pooled to see the wide term,
-# see test_distilled_val_stage_reads_only_fit_and_keeps_warm_rows_on_the_base.
+# Plain (not `wide`) candidates keep the run short; the distilled row with a wide base is
+# test_distilled_val_stage_reads_only_fit_and_keeps_warm_rows_on_the_base.
 GRID = (bq.BaseCandidate(model=TINY, max_epochs=1, batch_size=256),
         bq.BaseCandidate(model=TINY, max_epochs=2, batch_size=256, drop_fields=("hour", "weekday")))
 LCFG = LoraTrainConfig(r=2, alpha=4, min_rows=50, batch_size=128)
@@ -84,11 +84,7 @@ def _ctx(frame, tmp_path, cfg: ModelConfig, drop=(), test_part=True):
 def test_distilled_val_stage_reads_only_fit_and_keeps_warm_rows_on_the_base(frame, tmp_path, wide):
     cfg = ModelConfig(**{**TINY.__dict__, "wide": wide})
     ctx, model, cand = _ctx(frame, tmp_path, cfg, drop=("hour",), test_part=False)  # train/test/base_dir unusable
-    try:
-        p = bqd.make_distilled(CS)(ctx, stage="val")
-    except RuntimeError as exc:  # distill.logits_and_pooled not wide-aware (yet)
-        assert wide and "logits_and_pooled" in str(exc)
-        return
+    p = bqd.make_distilled(CS)(ctx, stage="val")
     assert p.shape == (len(ctx.val),) and np.isfinite(p).all() and ((p > 0) & (p < 1)).all()
     cold = bq.cold_mask(ctx.fit, ctx.val)
     assert cold.any() and (~cold).any()

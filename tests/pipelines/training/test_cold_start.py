@@ -24,17 +24,13 @@ def test_choose_teacher_falls_back_to_the_base_only_when_it_predicts_the_labelle
 
     from pipelines.model.base import CTRModel
 
-    class Const(torch.nn.Module):
-        """A stand-in with CTRModel's modules and a constant logit (what logits_and_pooled reads)."""
-
-        def __init__(self, logit: float):
-            super().__init__()
-            torch.manual_seed(0)
-            m = CTRModel(CFG)
-            self.embed, self.blocks, self.norm = m.embed, m.blocks, m.norm
-            self.head = torch.nn.Linear(CFG.embed_dim, 1)
-            torch.nn.init.zeros_(self.head.weight)
-            torch.nn.init.constant_(self.head.bias, logit)
+    def Const(logit: float) -> CTRModel:
+        """A real CTRModel whose logit is `logit` for every row (zero head weights, constant bias)."""
+        torch.manual_seed(0)
+        m = CTRModel(CFG)
+        torch.nn.init.zeros_(m.head.weight)
+        torch.nn.init.constant_(m.head.bias, logit)
+        return m
 
     x = np.zeros((40, 9), dtype=np.int64)
     y = np.r_[np.ones(30), np.zeros(10)].astype(np.float32)   # 75% positive

@@ -366,3 +366,21 @@ def test_first_step_sees_zero_distillation_when_the_teacher_is_the_base():
     assert D.kd_term(logits, torch.from_numpy(tl), 2.0).item() == pytest.approx(0.0, abs=1e-7)
     assert D.align_term(h, torch.from_numpy(th)).item() == pytest.approx(0.0, abs=1e-10)
     copy.deepcopy(student)  # the wrapped student stays a plain, copyable module
+
+
+def test_logits_and_pooled_is_the_whole_logit_of_a_wrapped_wide_model():
+    """Distillation reads the teacher's and the student's logits through logits_and_pooled: with the
+    first-order (wide) term and LoRA injected they must still be exactly model(x)."""
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    base = CTRModel(replace(CFG, wide=True)).eval()
+    with torch.no_grad():
+        for emb in base.wide.values():
+            emb.weight.normal_(std=0.5)          # a trained wide term, not its zero init
+    model = lora_wrap(base)
+    randomise_B(model)
+    x = tokens()
+    logits, pooled = D.logits_and_pooled(model.eval(), torch.from_numpy(x))
+    assert torch.allclose(logits, out(model, x), atol=1e-6) and pooled.shape == (len(x), CFG.embed_dim)
+    assert base.wide_logit(torch.from_numpy(x)).abs().max() > 0.1   # the wide term is part of what matched
