@@ -119,8 +119,13 @@ def register(model_uri: str, name: str, tags: dict, alias: str | None = None, ru
             c.create_registered_model(name)
         except Exception:  # created concurrently
             c.get_registered_model(name)
+    # A tracking server (HTTP) accepts a `models:/m-...` source only together with the logged model's
+    # id; a directly opened store accepts either. Passing the id always keeps the lineage link too.
+    from mlflow.store.artifact.utils.models import _parse_model_id_if_present
+
     mv = c.create_model_version(name=name, source=model_uri, run_id=run_id,
-                                tags={k: str(v) for k, v in tags.items()})
+                                tags={k: str(v) for k, v in tags.items()},
+                                model_id=_parse_model_id_if_present(model_uri))
     if alias:
         c.set_registered_model_alias(name, alias, mv.version)
     return str(mv.version)
