@@ -1,7 +1,9 @@
 """`python -m pipelines <stage> ...`: every stage runs without Airflow.
 
 Tracking and S3 come from the standard MLFLOW_TRACKING_URI and AWS_ENDPOINT_URL variables.
-Exit codes: 0 ok, 1 invalid data / refused move / rejected candidate, 2 usage or config error.
+Exit codes: 0 ok, 1 invalid data / refused move / rejected candidate, 2 usage or config error,
+3 unexpected error (one line naming the stage and the exception; --verbose adds the traceback),
+130 interrupted.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 
 
 def _print(obj) -> None:
@@ -163,10 +166,13 @@ def cmd_bench(a) -> int:
     return 0
 
 
+VERBOSE_HELP = "log at INFO, and print the full traceback of an unexpected error"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
     g = sub.add_parser("generate", help="write click-log partitions (dt=YYYY-MM-DD) to s3:// or a directory")
@@ -245,15 +251,35 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--policy")
     mo.add_argument("--dry-run", action="store_true", help="decide and record windows, but apply no revert")
     mo.set_defaults(fn=cmd_monitor)
+    for stage_parser in sub.choices.values():
+        # Also accepted after the stage name. SUPPRESS: when it is not given there, the stage parser
+        # sets nothing, so a --verbose given before the stage name is not reset to False.
+        stage_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                  help=VERBOSE_HELP)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.errors import ConfigError, DataValidationError, PipelineError
-
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # a usage error exits 2 here, with argparse's message
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run_stage(args)
+    except KeyboardInterrupt:
+        print(f"interrupted in {args.stage}", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the last resort: whoever runs the CLI gets one line, not a traceback
+        if args.verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"error in {args.stage}: {one_line(exc)}", file=sys.stderr)
+        return 3
+
+
+def run_stage(args) -> int:
+    """The stage's exit code; an error raised on purpose (pipelines.errors) becomes its own code and
+    lines, anything else propagates to main."""
+    from pipelines.errors import ConfigError, DataValidationError, PipelineError
+
     try:
         return args.fn(args)
     except DataValidationError as exc:
@@ -268,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: message` on a single line (messages of HTTP and SQL errors span several)."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 if __name__ == "__main__":

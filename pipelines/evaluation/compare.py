@@ -39,6 +39,7 @@ def score_holdout(cfg: PipelineConfig, lake_uri: str, candidate: dict, models: d
     A holdout row is *cold* when its user has fewer than `cold_start.min_impressions` impressions
     among the window's rows before the holdout (the rows this adapter learned from).
     """
+    from pipelines.evaluation.model_input import predict_pctr
     from pipelines.training.adapter import holdout_streams
 
     streams = holdout_streams(cfg, lake_uri, candidate["end_day"], candidate["slot"], cfg.model)
@@ -55,7 +56,7 @@ def score_holdout(cfg: PipelineConfig, lake_uri: str, candidate: dict, models: d
         sample = frame.head(64) if sample is None else sample
         parts.append(_compact(frame))
         for k, m in models.items():
-            preds[k].append(np.asarray(m.predict(frame), dtype=np.float64))
+            preds[k].append(predict_pctr(m, frame))
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SLICE_COLUMNS)
     k = cfg.cold_start.min_impressions
     cold = np.array([seen.get(u, 0) < max(k, 1) for u in rows["user_id"].tolist()], dtype=bool)

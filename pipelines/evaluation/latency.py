@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipelines.evaluation.model_input import model_input
+
 
 def pyfunc_latency(model, rows: pd.DataFrame, batch_sizes=(1, 32), warmup: int = 5, repeats: int = 50) -> dict:
     """{"batch_<n>": {"p50_ms", "p99_ms", "calls"}} for each batch size (rows are cycled when short)."""
     if len(rows) == 0:
         return {}
+    rows = model_input(model, rows)  # time what serving sends: the signature's columns, nothing more
     out = {}
     for n in batch_sizes:
         reps = -(-n // len(rows))

@@ -222,13 +222,12 @@ class _Scorer:
 
     def predict(self, model: str, version: str, rows):
         import mlflow.pyfunc
-        import numpy as np
 
-        from pipelines.data.schema import FEATURE_FIELDS
+        from pipelines.evaluation.model_input import predict_pctr
 
         if (model, version) not in self._models:
             self._models[model, version] = mlflow.pyfunc.load_model(f"models:/{model}/{version}")
-        return np.asarray(self._models[model, version].predict(rows.loc[:, list(FEATURE_FIELDS)]), dtype=np.float64)
+        return predict_pctr(self._models[model, version], rows)
 
 
 def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[Window], live, scorer: _Scorer,

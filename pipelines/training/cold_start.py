@@ -328,6 +328,7 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     import mlflow
 
     from pipelines.evaluation.metrics import summary as metric_summary
+    from pipelines.evaluation.model_input import predict_pctr
     from pipelines.model import features
     from pipelines.registry import mlflow_io
     from pipelines.registry.pyfunc import load_base_from_registry
@@ -354,11 +355,12 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     local = mlflow.artifacts.download_artifacts(run_id=candidate["run_id"], artifact_path=BASELINE_ARTIFACT)
     baseline = metric_summary(y, predict(lora.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]),
                                                    local), x))
-    student = metric_summary(y, mlflow.pyfunc.load_model(candidate["model_uri"]).predict(rows))  # the served path
+    student = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(candidate["model_uri"]), rows))  # the served path
     champion_mv = mlflow_io.version_by_alias(name, "champion")
     champion = None
     if champion_mv is not None:
-        champion = metric_summary(y, mlflow.pyfunc.load_model(f"models:/{name}/{champion_mv.version}").predict(rows))
+        champion = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(f"models:/{name}/{champion_mv.version}"),
+                                                   rows))
     start_day = candidate["holdout_start"][:10]
     saw = sorted(s for s, r in candidate["teachers"].items() if r.get("data_last") and r["data_last"] >= start_day)
     result = {"model_name": name, "slot": slot, "candidate": student, "champion": champion,

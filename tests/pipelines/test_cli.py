@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +18,24 @@ import yaml
 
 from pipelines.config import REPO_ROOT
 from pipelines.data.lake import Lake
+from tests.conftest import free_port
 
 STAGES = ("generate", "validate", "train-base", "train-adapter", "cold-start", "promote", "revert", "history", "status", "bench")
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
 
-def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def cli_env(extra: dict | None = None) -> dict:
+    """This process's environment without the variables that would point a stage at the caller's own
+    config or tracking server, plus `extra`."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("CTR_PIPELINE_CONFIG", "CTR_GATE_POLICY", "MLFLOW_TRACKING_URI")}
-    return subprocess.run([PYTHON, "-m", "pipelines", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return {**env, **(extra or {})}
+
+
+def cli(*args: str, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "pipelines", *args], cwd=REPO_ROOT, env=cli_env(env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def no_traceback(p: subprocess.CompletedProcess) -> None:
@@ -154,3 +163,45 @@ def test_generated_synthetic_data_passes_validation_with_the_synthetic_config(tm
     # The MovieLens config's slots (time-of-day proxies) do not admit ad placements.
     p = cli("validate", "--data", str(out / "dt=2026-01-01"))
     assert p.returncode == 1 and "expect_column_values_to_be_in_set(slot)" in p.stderr
+
+
+# ----------------------------------------------------------------------------- unexpected errors
+def unreachable_tracking() -> dict:
+    """A tracking server URI at a port nothing listens on, without retries: the first registry call of
+    a stage fails at once with MLflow's own exception (not one of pipelines.errors)."""
+    return {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+
+
+def test_an_unexpected_error_is_one_line_naming_the_stage_and_the_exception():
+    p = cli("status", env=unreachable_tracking())
+    assert p.returncode == 3, p.stderr
+    assert len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("error in status: MlflowException: API request to http://127.0.0.1:"), p.stderr
+    assert "Connection refused" in p.stderr and p.stdout == ""
+    no_traceback(p)
+
+
+@pytest.mark.parametrize("argv", [("--verbose", "status"), ("status", "-v")],
+                         ids=["before-stage", "after-stage"])
+def test_verbose_adds_the_full_traceback_before_the_one_line(argv):
+    p = cli(*argv, env=unreachable_tracking())
+    assert p.returncode == 3, p.stderr
+    assert "Traceback (most recent call last):" in p.stderr and "ConnectionRefusedError" in p.stderr
+    assert p.stderr.splitlines()[-1].startswith("error in status: MlflowException: "), p.stderr
+
+
+def test_an_interrupted_stage_exits_130_with_one_line():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(60)
+        env = cli_env({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.getsockname()[1]}",
+                       "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
+        proc = subprocess.Popen([PYTHON, "-m", "pipelines", "status"], cwd=REPO_ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        conn, _ = server.accept()  # the stage now waits on a server that never answers: Ctrl-C it there
+        with conn:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["interrupted in status"] and out == ""
