@@ -1,5 +1,5 @@
 # The two commands a new user needs are `make demo` and `make test` (see README.md).
-.PHONY: install demo test test-fast bench compose-check clean
+.PHONY: install demo test test-fast bench compose-check clean stack stack-down bench-stack
 
 install:
 	scripts/install.sh
@@ -20,7 +20,20 @@ bench: install
 	.venv/bin/python -m pipelines.bench --write docs/benchmarks.md
 
 compose-check:
-	docker compose -f docker-compose.yml config -q && docker compose -f docker-compose.yml --profile celery config -q
+	docker compose -f docker-compose.yml config -q && docker compose -f docker-compose.yml --profile debug config -q
 
 clean:
 	rm -rf .demo .bench
+
+# The production topology on one machine (no Docker): moto S3, mlflow server on PostgreSQL, Airflow
+# api-server + scheduler + dag-processor + triggerer, CeleryExecutor (Redis) with two workers.
+stack: install
+	.venv/bin/python scripts/stack.py up
+
+stack-down:
+	.venv/bin/python scripts/stack.py down
+
+# Stack start-up, a retrain DAG run under Celery (with and without the worker preload) and under
+# `airflow dags test`: the "Local stack" section of docs/benchmarks.md.
+bench-stack: install
+	.venv/bin/python scripts/bench_stack.py --write docs/benchmarks.md

@@ -1,0 +1,196 @@
+"""The deployment users run, end to end: `scripts/stack.py up` (what `make stack` runs) starts moto's
+S3, an `mlflow server` on PostgreSQL with proxied artifacts, and Airflow's api-server, scheduler,
+dag-processor, triggerer and two Celery workers. Everything below goes through Airflow's REST API v2
+(JWT) as the UI would, and every result is read back through the tracking server over HTTP.
+
+Flow: base model -> retrain day 1 (first champions) -> retrain day 2 (canaries), each release
+approved through the HITL REST endpoint -> model ops (promote a canary, revert, override, an invalid
+form) -> cold start -> champion monitor. Then: versions, aliases, alias history, gate records,
+Asset events, and that the mapped tasks ran on both Celery workers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.e2e.airflow_rest import AirflowREST
+from tests.e2e.stack import REPO, movielens_lake, this_process_on
+
+pytestmark = pytest.mark.slow
+
+CUTOFF, DAY1, DAY2, MONITOR_DAY = "1997-12-31", "1998-03-01", "1998-03-02", "1998-03-03"
+SLOTS = ("morning", "afternoon", "night")
+WORKERS = ("worker-1", "worker-2")
+
+
+class LiveStack:
+    def __init__(self, env: dict, tmp: Path):
+        self.env, self.tmp = env, tmp
+        self.dir = Path(env["STACK_DIR"])
+
+    def cli(self, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), *args], env=self.env, cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def service_env(self) -> dict:
+        out = self.cli("env").stdout
+        return {k: shlex.split(v)[0] for k, v in re.findall(r"^export (\w+)=(.*)$", out, flags=re.M)}
+
+    def rest(self) -> AirflowREST:
+        pw = json.loads((self.dir / "airflow" / "passwords.json").read_text())["admin"]
+        return AirflowREST(f"http://127.0.0.1:{self.env['STACK_API_PORT']}", "admin", pw)
+
+    def worker_log(self, worker: str) -> str:
+        return (self.dir / "logs" / f"{worker}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stack")
+    name = f"ctr_e2e_{uuid.uuid4().hex[:8]}"
+    bucket = name.replace("_", "-")
+    policy = yaml.safe_load((REPO / "configs" / "gate_policy.yaml").read_text())
+    policy["approval"] = True  # every release waits for a person (answered through the REST API below)
+    (tmp / "gate_policy.yaml").write_text(yaml.safe_dump(policy))
+    env = {**os.environ, "STACK_NAME": name, "STACK_DIR": str(tmp / "stack"), "STACK_BUCKET": bucket,
+           "STACK_S3_PORT": str(free_port()), "STACK_MLFLOW_PORT": str(free_port()),
+           "STACK_API_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
+           "STACK_REDIS_URL": "redis://127.0.0.1:6379/13", "STACK_LOAD_MOVIELENS": "0",
+           "CTR_PIPELINE_CONFIG": str(tmp / "pipeline.yaml"), "CTR_GATE_POLICY": str(tmp / "gate_policy.yaml"),
+           "CTR_TORCH_THREADS": "1"}
+    st = LiveStack(env, tmp)
+    try:
+        up = st.cli("up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        st.up_output = up.stdout
+        svc = st.service_env()
+        # The lake (MovieLens 1997-11-01..MONITOR_DAY) and the smaller test config, written from here
+        # into the stack's S3: the workers read both at task time.
+        with this_process_on(svc["MLFLOW_TRACKING_URI"], AWS_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"],
+                             AWS_ACCESS_KEY_ID=svc["AWS_ACCESS_KEY_ID"],
+                             AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
+                             MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
+            movielens_lake(tmp, bucket, MONITOR_DAY, cold_start={"window_days": 45, "history_days": 60})
+            yield st
+    finally:
+        down = st.cli("down", "--purge")
+        print(down.stdout, down.stderr)
+
+
+def approve_all(rest: AirflowREST, dag_id: str, run_id: str, answered: list, reject: set = frozenset()):
+    """Answer each open approval of a run through `PATCH .../hitlDetails`, as a person in the UI would."""
+    def poll():
+        for detail in rest.pending_approvals(dag_id, run_id):
+            option = "Reject" if any(m in (detail.get("body") or "") for m in reject) else "Approve"
+            rest.answer(detail, option)
+            answered.append((detail["task_instance"]["map_index"], option))
+    return poll
+
+
+def versions(name: str) -> list:
+    from mlflow import MlflowClient
+
+    return sorted(MlflowClient().search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
+
+
+def alias_of(name: str, alias: str = "champion") -> str | None:
+    from pipelines.promotion import aliases
+
+    return aliases.current(name, alias)
+
+
+def test_stack_is_up_and_a_second_up_is_idempotent(live):
+    assert "stack healthy in" in live.up_output and "Airflow UI" in live.up_output
+    again = live.cli("up")
+    assert again.returncode == 0, again.stderr
+    for comp in ("s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", *WORKERS):
+        assert f"{comp}: already running" in again.stdout
+    assert live.cli("status").returncode == 0
+
+
+def test_base_model_through_the_rest_api(live):
+    rest = live.rest()
+    for dag_id in ("ctr_base_model", "ctr_lora_retrain", "ctr_model_ops", "ctr_cold_start", "ctr_champion_monitor"):
+        rest.unpause(dag_id)
+    rest.trigger("ctr_base_model", "base", CUTOFF)
+    assert rest.wait("ctr_base_model", "base")["state"] == "success"
+    assert alias_of("ctr_base") == "1"
+    assert len(versions("ctr_base")[0].tags["fingerprint"]) == 64
+
+
+@pytest.mark.parametrize("day", [DAY1, DAY2])
+def test_retrain_with_approvals_answered_over_rest(live, day):
+    rest, run_id, answered = live.rest(), f"retrain_{day}", []
+    rest.trigger("ctr_lora_retrain", run_id, day)
+    run = rest.wait("ctr_lora_retrain", run_id, on_poll=approve_all(rest, "ctr_lora_retrain", run_id, answered))
+    assert run["state"] == "success", rest.task_instances("ctr_lora_retrain", run_id)
+    assert answered, "no release asked for an approval"
+    for slot in SLOTS:
+        name = f"ctr_lora_{slot}"
+        latest = versions(name)[-1]
+        assert latest.tags["data.last"] == day
+        gate = json.loads(latest.tags["gate.checks"])
+        assert gate and all({"name", "passed"} <= set(c) for c in gate)
+        if latest.tags["gate.passed"] == "true":
+            assert "Approve" in latest.tags["release.approval"]
+            expected = "champion" if day == DAY1 else "canary"
+            assert alias_of(name, expected) == latest.version
+    # clean task logs: no per-batch MLflow signature warnings, nothing shown as an error
+    log = rest.task_log("ctr_lora_retrain", run_id, "evaluate", map_index=0)
+    assert "Found extra inputs" not in log
+    assert not [line for line in log.splitlines() if line.startswith("[error]")], log[-3000:]
+    # the mapped adapters were spread over both Celery workers
+    tis = [t for t in rest.task_instances("ctr_lora_retrain", run_id) if t["task_id"] == "train_adapter"]
+    assert len(tis) == len(SLOTS)
+    ran_on = {w for w in WORKERS for t in tis if t["id"] in live.worker_log(w)}
+    assert ran_on == set(WORKERS), f"train_adapter ran on {ran_on} only"
+
+
+def test_model_ops_forms(live):
+    from pipelines.promotion.aliases import history
+
+    rest = live.rest()
+    canaries = [f"ctr_lora_{s}" for s in SLOTS if alias_of(f"ctr_lora_{s}", "canary")]
+    assert canaries, "no day-2 candidate passed its gate: the canary paths would be untested"
+    name = canaries[0]
+    v1, v2 = alias_of(name), alias_of(name, "canary")
+    for run_id, conf in (("promote_canary", {"action": "promote_canary", "reason": "e2e: canary healthy"}),
+                         ("revert", {"action": "revert", "reason": "e2e: back to day 1"}),
+                         ("override", {"action": "override", "version": int(v2), "reason": "e2e: override by hand"})):
+        rest.trigger("ctr_model_ops", run_id, conf={**conf, "model": name})
+        assert rest.wait("ctr_model_ops", run_id)["state"] == "success", rest.task_instances("ctr_model_ops", run_id)
+    moves = [(h["kind"], h["from_version"], h["to_version"]) for h in history(name)]
+    assert moves[-3:] == [("promote", v1, v2), ("revert", v2, v1), ("override", v1, v2)]
+    assert history(name)[-1]["reason"].startswith("e2e: override by hand")
+    # an invalid form is refused by the API before any run exists
+    bad = rest.trigger("ctr_model_ops", "invalid", conf={"action": "revert", "model": "not a model", "reason": "x"},
+                       ok=(400, 422))
+    assert "model" in bad.text or "reason" in bad.text
+    events = rest.asset_events(f"mlflow://{name}/champion")
+    assert len(events) >= 3
+
+
+def test_cold_start_and_monitor(live):
+    rest = live.rest()
+    answered = []
+    rest.trigger("ctr_cold_start", "cold", DAY2)
+    run = rest.wait("ctr_cold_start", "cold", on_poll=approve_all(rest, "ctr_cold_start", "cold", answered))
+    assert run["state"] == "success", rest.task_instances("ctr_cold_start", "cold")
+    (mv,) = versions("ctr_lora_cold_start")
+    assert mv.tags["gate.passed"] in ("true", "false") and mv.tags["base.version"] == "1"
+
+    rest.trigger("ctr_champion_monitor", "monitor", conf={"day": MONITOR_DAY})
+    run = rest.wait("ctr_champion_monitor", "monitor")
+    assert run["state"] == "success", rest.task_instances("ctr_champion_monitor", "monitor")
+    log = rest.task_log("ctr_champion_monitor", "monitor", "monitor")
+    assert MONITOR_DAY in log
