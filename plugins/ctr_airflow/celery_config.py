@@ -18,7 +18,7 @@ import logging
 import os
 import time
 
-from airflow.providers.celery.default_celery import DEFAULT_CELERY_CONFIG
+from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 from celery.signals import worker_init
 
 log = logging.getLogger(__name__)
