@@ -1,9 +1,17 @@
-"""Shared fixtures: a real S3-compatible server (moto's server mode) on 127.0.0.1, over HTTP."""
+"""Shared fixtures: a real S3-compatible server (moto's server mode) on 127.0.0.1, over HTTP, and a real
+MLflow tracking server (`mlflow_server`, `on_mlflow_server`) whose artifacts it proxies to that S3."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +92,164 @@ def template_db(tmp_path_factory):
     uri = f"sqlite:///{d / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
     return d / "mlflow.db"
+
+
+# ----------------------------------------------------------------------------- a real MLflow tracking server
+# Registry code must work against `mlflow server` over HTTP, not only a directly opened store
+# (issue 11). One server per session: PostgreSQL backend (a fresh database), artifacts proxied by
+# the server to a bucket on the moto S3 server, so clients need nothing but the tracking URI.
+
+REDIS_URL = "redis://127.0.0.1:6379/15"   # db 15: out of the way of a Celery broker on db 0
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str, fallback_dir: Path):
+    """A fresh PostgreSQL database `<prefix><hex>` as a SQLAlchemy URI, dropped WITH (FORCE) afterwards;
+    a SQLite file in `fallback_dir` when PostgreSQL is unreachable, unless CTR_REQUIRE_POSTGRES=1."""
+    from tests.e2e.stack import PG, postgres_available
+
+    if postgres_available():
+        import psycopg2
+
+        name = f"{prefix}{uuid.uuid4().hex[:10]}"
+        conn = psycopg2.connect(**PG)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+        finally:
+            with conn.cursor() as cur:
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.close()
+    elif os.environ.get("CTR_REQUIRE_POSTGRES") == "1":
+        pytest.fail("CTR_REQUIRE_POSTGRES=1 but PostgreSQL at 127.0.0.1:5432 is not reachable")
+    else:
+        yield f"sqlite:///{fallback_dir / f'{prefix}mlflow.db'}"
+
+
+def redis_available(url: str = REDIS_URL) -> bool:
+    try:
+        import redis
+
+        with redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2) as r:
+            return bool(r.ping())
+    except Exception:
+        return False
+
+
+def cross_machine_lock_url(backend: str) -> str | None:
+    """A CTR_REGISTRY_LOCK_URL for clients of a tracking server on `backend`: the backend database itself
+    when it is PostgreSQL (what production does), else Redis when reachable, else None."""
+    if backend.startswith("postgresql"):
+        return backend
+    return REDIS_URL if redis_available() else None
+
+
+def start_mlflow_server(backend: str, port: int, artifact_args: list[str], cwd: Path,
+                        env: dict | None = None, timeout_s: float = 120) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:`port` (one uvicorn worker, no job runner), healthy on return.
+
+    Its own session (process group), so `stop_mlflow_server` ends the CLI and its uvicorn child by
+    the CLI's PID. Output goes to cwd/mlflow-server-<port>.log, quoted when it does not come up."""
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", backend, *artifact_args,
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    # The job runner is a second long-lived process the registry never uses.
+    env = {**(env or os.environ), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log_path = Path(cwd) / f"mlflow-server-{port}.log"
+    with open(log_path, "wb") as log_fh:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log_fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.3)
+    stop_mlflow_server(proc)
+    raise AssertionError(f"mlflow server on port {port} did not become healthy (exit {proc.returncode}):\n"
+                         + log_path.read_text(errors="replace")[-4000:])
+
+
+def stop_mlflow_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (CLI + uvicorn), SIGKILL if it is still there after 30 s."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):   # a uvicorn child that outlived its CLI
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    uri: str              # http://127.0.0.1:PORT: all a client needs
+    backend: str          # the backend store: postgresql://…/ctr_test_mlflow_<hex>, or sqlite:///… (fallback)
+    artifacts: str        # where the server puts artifacts: s3://<bucket>/mlflow on the moto server
+    lock_url: str | None  # a CTR_REGISTRY_LOCK_URL for its clients (see cross_machine_lock_url)
+    pid: int
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(s3_endpoint, tmp_path_factory):
+    """A real `mlflow server` for the session (see MlflowServer): a fresh PostgreSQL database as backend
+    (SQLite when PostgreSQL is unreachable and CTR_REQUIRE_POSTGRES != 1), artifacts proxied to a fresh
+    bucket on the moto S3 server (`--artifacts-destination … --serve-artifacts`)."""
+    import boto3
+
+    tmp = tmp_path_factory.mktemp("mlflow-server")
+    bucket = f"mlflow-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    # Only the server talks to S3; these reach moto whatever the calling process's environment says.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "MLFLOW_REGISTRY"))}
+    env.update(MLFLOW_S3_ENDPOINT_URL=s3_endpoint, AWS_ENDPOINT_URL=s3_endpoint, AWS_ACCESS_KEY_ID="testing",
+               AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    with fresh_database("ctr_test_mlflow_", tmp) as backend:
+        port = free_port()
+        artifacts = f"s3://{bucket}/mlflow"
+        proc = start_mlflow_server(backend, port, ["--artifacts-destination", artifacts, "--serve-artifacts"],
+                                   cwd=tmp, env=env)
+        try:
+            yield MlflowServer(f"http://127.0.0.1:{port}", backend, artifacts, cross_machine_lock_url(backend),
+                               proc.pid)
+        finally:
+            stop_mlflow_server(proc)
+
+
+def use_mlflow_server(server: MlflowServer, tmp_path: Path, monkeypatch) -> str:
+    """Point this process (MLFLOW_TRACKING_URI + mlflow.set_tracking_uri) at `server`, as its clients are
+    configured: no CTR_MLFLOW_ARTIFACT_ROOT (experiments get the server's mlflow-artifacts:/ root) and
+    CTR_REGISTRY_LOCK_URL = server.lock_url (skips the test when there is none). cwd is tmp_path; the
+    caller resets the tracking URI afterwards (monkeypatch restores the environment)."""
+    import mlflow
+    import mlflow.tracking.fluent as fluent
+
+    if server.lock_url is None:
+        pytest.skip("no cross-machine registry lock: PostgreSQL and Redis are both unreachable")
+    monkeypatch.chdir(tmp_path)
+    for k in ("CTR_MLFLOW_ARTIFACT_ROOT", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(fluent, "_active_experiment_id", None)
+    monkeypatch.setenv("CTR_REGISTRY_LOCK_URL", server.lock_url)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    mlflow.set_tracking_uri(server.uri)
+    return server.uri
+
+
+@pytest.fixture
+def on_mlflow_server(mlflow_server, tmp_path, monkeypatch):
+    """This test's process on the session's `mlflow_server` (see use_mlflow_server); yields the server.
+    The server is shared: use model names of your own, or assert only on what the test created."""
+    import mlflow
+
+    use_mlflow_server(mlflow_server, tmp_path, monkeypatch)
+    yield mlflow_server
+    mlflow.set_tracking_uri(None)

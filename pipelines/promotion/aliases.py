@@ -174,10 +174,15 @@ def start_canary(model: str, version, share: float, reason: str, actor: str = "c
     """Send `share` of the traffic (users hashed on user_id, see pipelines.serving) to `version` as @canary."""
     if not 0.0 < float(share) < 1.0:
         raise PromotionError(f"canary share must be in (0, 1), got {share}")
+    from pipelines.promotion.lock import registry_lock
+
     version = str(version)
     check_promotable(model, version)
-    mlflow_io.client().set_model_version_tag(model, version, CANARY_SHARE_TAG, str(float(share)))
-    return move_alias(model, "canary", version, kind="canary", reason=reason, actor=actor, op_id=op_id)
+    # The share is part of the move: written under the lock (re-entrant: move_alias takes it again), so
+    # nothing changes when the lock is refused and two concurrent canary starts cannot mix shares.
+    with registry_lock(model):
+        mlflow_io.client().set_model_version_tag(model, version, CANARY_SHARE_TAG, str(float(share)))
+        return move_alias(model, "canary", version, kind="canary", reason=reason, actor=actor, op_id=op_id)
 
 
 def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None,

@@ -2,7 +2,12 @@
 
 Tracking and artifact settings come from the standard environment (`MLFLOW_TRACKING_URI`,
 `AWS_ENDPOINT_URL` / `MLFLOW_S3_ENDPOINT_URL`); `CTR_MLFLOW_ARTIFACT_ROOT` (e.g. s3://bucket/mlflow)
-places new experiments' artifacts there.
+places new experiments' artifacts there. Against a tracking server that proxies artifacts
+(`mlflow server --artifacts-destination s3://… --serve-artifacts`) leave it unset: new experiments
+then get the server's `mlflow-artifacts:/` root, every upload and download (logged models, the pyfunc's
+base, model cards) goes through the server, and clients need no S3 endpoint or credentials. Everything
+here works the same on a directly opened SQLite / PostgreSQL store and over HTTP
+(tests/pipelines/registry/test_http_registry.py).
 """
 from __future__ import annotations
 

@@ -53,9 +53,12 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
 
 
 def register(cfg: PipelineConfig, trained: dict, actor: str = "cli") -> dict:
-    from pipelines.promotion import aliases
+    from pipelines.promotion import aliases, lock
     from pipelines.registry import mlflow_io
 
+    # The new version becomes @champion: without a registry lock (an HTTP tracking server and no
+    # CTR_REGISTRY_LOCK_URL) that move is refused, so refuse before registering a version nothing serves.
+    lock.backend()
     name = cfg.registry.base_model_name
     tags = {"fingerprint": trained["fingerprint"], "config.hash": trained["config_hash"],
             "code.version": mlflow_io.code_version(), "data.first": trained["data"]["first"],

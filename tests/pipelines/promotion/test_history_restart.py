@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,36 +15,24 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.promotion import aliases
-from tests.conftest import free_port
+from tests.conftest import cross_machine_lock_url, free_port, start_mlflow_server, stop_mlflow_server
 from tests.pipelines.promotion.test_concurrency import MODEL
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def start_server(backend: str, artifacts: Path, port: int) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", backend,
-           "--default-artifact-root", str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise AssertionError("mlflow server did not become healthy in 120 s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=60)
+def start_server(backend: str, artifacts: Path, port: int):
+    artifacts.mkdir(parents=True, exist_ok=True)
+    return start_mlflow_server(backend, port, ["--default-artifact-root", str(artifacts)], cwd=artifacts.parent)
 
 
 @pytest.mark.slow
 def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    lock_url = cross_machine_lock_url(store_uri)       # over HTTP, alias moves need a configured lock
+    if lock_url is None:
+        pytest.skip("no cross-machine registry lock: PostgreSQL and Redis are both unreachable")
+    monkeypatch.setenv("CTR_REGISTRY_LOCK_URL", lock_url)
     MlflowClient(tracking_uri=store_uri).search_experiments()       # create the schema once
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -62,7 +49,7 @@ def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, 
         aliases.revert(MODEL, reason="incident", actor="carol")
         before = aliases.history(MODEL, None)
     finally:
-        stop_server(server)
+        stop_mlflow_server(server)
     with pytest.raises(OSError):                                    # the server is really gone
         urllib.request.urlopen(f"{url}/health", timeout=2)
 
@@ -85,4 +72,4 @@ def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, 
             ("promote", "alice", "first"), ("promote", "bob", "better"), ("revert", "carol", "incident")]
     finally:
         mlflow.set_tracking_uri(None)
-        stop_server(server)
+        stop_mlflow_server(server)

@@ -1,6 +1,7 @@
 """Registry entries serving can trust: a fresh process loads base + adapter from the registry alone and
 predicts what the training process predicted; tampered adapter files and a changed base are refused;
-every version carries its lineage and file hashes; registration is idempotent; a model card is kept."""
+every version carries its lineage and file hashes; registration is idempotent; a model card is kept.
+The fresh-process load and the lineage checks also run against a real `mlflow server` over HTTP."""
 from __future__ import annotations
 
 import json
@@ -50,6 +51,8 @@ def _fresh_process_predict(model_uri: str, rows: pd.DataFrame, tmp_path: Path) -
     return np.load(out)
 
 
+# over HTTP too: the session's mlflow server (tests/pipelines/registry/conftest.py)
+@pytest.mark.parametrize("serving_store", ["sqlite", pytest.param("http", marks=pytest.mark.slow)], indirect=True)
 def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake, tmp_path):
     rows = concat(Lake(lake).read_window(END_DAY, 1)).head(300).reset_index(drop=True)
     seed_everything(3)
@@ -76,6 +79,8 @@ def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake,
     np.testing.assert_allclose(fresh, in_process, rtol=0, atol=1e-6)
 
 
+# over HTTP too: the session's mlflow server (tests/pipelines/registry/conftest.py)
+@pytest.mark.parametrize("serving_store", ["sqlite", pytest.param("http", marks=pytest.mark.slow)], indirect=True)
 def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, tmp_path):
     cand = adapter.train(cfg, lake, END_DAY, "feed")
     ev = evaluate(cfg, lake, cand)
