@@ -1,8 +1,11 @@
 """
-### CTR champion monitor (daily, after the retrain and the cold start)
+### CTR champion monitor (daily, when the day's partition is validated)
 
 Watches what serves, on each newly arrived labelled partition (delayed feedback: a day's clicks
-arrive with its partition). For the run's day `D` (the logical date, or the `day` param):
+arrive with its partition). Scheduled on the Asset `ctr_lake_validated`, which `ctr_lake_arrival`
+emits once the day's partition has arrived and passed validation (unpausing starts nothing until the
+next one). For the run's day `D` (the `day` param of a manual run, else the `day` of the triggering
+event on that event's lake, else the logical date of `airflow dags test <dag> <date>`):
 
 1. **validate** the partition `dt=D` (GX suite, marker `_validation.json`); a quarantined
    partition stops the run here: nothing is scored, no alias moves.
@@ -21,8 +24,9 @@ arrive with its partition). For the run's day `D` (the logical date, or the `day
 4. **check** (next to auto_revert) fails the run when a model could not be monitored (the others
    still were).
 
-Thresholds: `configs/gate_policy.yaml`. Daily at 06:00 UTC, after `ctr_lora_retrain` (03:00)
-and `ctr_cold_start` (05:30), so today's champions and canaries are the ones watched.
+Thresholds: `configs/gate_policy.yaml`. Triggered by the same event as `ctr_lora_retrain` and
+`ctr_cold_start`; the order between them does not change a decision: a version is never scored on
+the days it was trained on, so a canary released by today's retrain is first scored tomorrow.
 """
 from __future__ import annotations
 
@@ -31,20 +35,17 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from ctr_airflow.assets import VALIDATED
 from ctr_airflow.operators import MOVES, REGISTRY_POOL, RevertModelVersionOperator
 from ctr_airflow.runtime import actor, pipeline_config, run_day
 
 
-def _day(context) -> str:
-    return (context.get("params") or {}).get("day") or run_day(context)
-
-
 @dag(
     dag_id="ctr_champion_monitor",
-    schedule="0 6 * * *",
+    schedule=[VALIDATED],   # data-aware: one window per validated day (ctr_lake_arrival), not a clock
     start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
-    # A window is one day: a missed day is monitored by hand with `day`. Catching up from start_date
-    # would score years of history in one go and could promote or revert on stale evidence.
+    # A window is one day: a missed day is monitored by hand with `day`. (catchup is moot for an asset
+    # schedule; kept False so a return to a clock schedule cannot score years of history in one go.)
     catchup=False,
     max_active_runs=1,   # decisions read the windows of earlier days: one day at a time
     doc_md=__doc__,
@@ -52,7 +53,8 @@ def _day(context) -> str:
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
     params={
         "day": Param(None, type=["null", "string"], format="date",
-                     description="Partition to monitor (default: the logical date)"),
+                     description="Partition to monitor (default: the validated day that triggered the run, "
+                                 "else the logical date)"),
         "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
                           description="Override the click-log lake (default: configs/pipeline.yaml)"),
     },
@@ -64,7 +66,7 @@ def ctr_champion_monitor():
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        return validate_window(cfg, cfg.data.lake_uri, _day(context), 1, log_to_mlflow=True)
+        return validate_window(cfg, cfg.data.lake_uri, run_day(context), 1, log_to_mlflow=True)
 
     # Re-running is safe (windows are found, canary moves carry per-day op ids), so it keeps the
     # retries. It moves canaries: a registry write like the others, in their one-slot pool.
@@ -76,7 +78,7 @@ def ctr_champion_monitor():
         from pipelines.promotion.monitor import monitor_day
 
         cfg, policy = pipeline_config(context), load_gate_policy()
-        result = monitor_day(cfg, policy, cfg.data.lake_uri, _day(context), live=live_metrics.from_policy(policy),
+        result = monitor_day(cfg, policy, cfg.data.lake_uri, run_day(context), live=live_metrics.from_policy(policy),
                              actor=actor(context), apply_reverts=False)
         for model in result["models"]:
             for move in model["moves"]:

@@ -1,8 +1,11 @@
 """
-### CTR cold start (daily, after the retrain)
+### CTR cold start (daily, when the day's partition is validated)
 
-A LoRA adapter for **new users and items**, distilled from what serves them today. For the run's
-day `D` (the logical date, or the `end_day` param) and the `slot` param (`all`, or one slot):
+A LoRA adapter for **new users and items**, distilled from what serves them today. Scheduled on the
+Asset `ctr_lake_validated` (emitted by `ctr_lake_arrival` once the day's partition has arrived and
+passed validation; unpausing starts nothing until the next one). For the run's day `D` (the `end_day`
+param of a manual run, else the `day` of the triggering event on that event's lake, else the logical
+date of `airflow dags test <dag> <date>`) and the `slot` param (`all`, or one slot):
 
 1. **validate** the `cold_start.window_days` partitions ending at `D` (GX suite; a failure stops the run).
 2. **detect** the cold users / items: first seen after the serving base's training cutoff
@@ -19,9 +22,10 @@ day `D` (the logical date, or the `end_day` param) and the `slot` param (`all`, 
    `approval: true`, the task group **approval** gates, asks a person (**approve_release**) and only
    then **release**s, as in `ctr_lora_retrain`.
 
-Daily at 05:30 UTC, after `ctr_lora_retrain` (03:00), so the teacher is the freshest champion:
-new users arrive every day and the gate keeps a worse student from serving. Trigger from the UI
-with another `end_day`, a single `slot` (registers `ctr_lora_cold_start_<slot>`) or `lake_uri`.
+Triggered by the same event as `ctr_lora_retrain`: the teacher is whatever `@champion` serves when
+distill starts (with `promotion: canary` a retrain releases to `@canary` and leaves it); new users
+arrive every day and the gate keeps a worse student from serving. Trigger from the UI with another
+`end_day`, a single `slot` (registers `ctr_lora_cold_start_<slot>`) or `lake_uri`.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from airflow.sdk import Param, TaskGroup, dag, task
 
 from ctr_airflow.approval import GROUP as APPROVAL_GROUP
 from ctr_airflow.approval import gate_approve_release
+from ctr_airflow.assets import VALIDATED
 from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
@@ -42,7 +47,7 @@ def _slot(context) -> str:
 
 @dag(
     dag_id="ctr_cold_start",
-    schedule="30 5 * * *",
+    schedule=[VALIDATED],   # data-aware: one run per validated day (ctr_lake_arrival), not a clock
     start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests on historical days (MovieLens is 1997-98)
     catchup=False,  # a missed day is re-run by hand with end_day
     max_active_runs=1,
@@ -51,7 +56,8 @@ def _slot(context) -> str:
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
     params={
         "end_day": Param(None, type=["null", "string"], format="date",
-                         description="Last day of the cold-start window (default: the logical date)"),
+                         description="Last day of the cold-start window (default: the validated day "
+                                     "that triggered the run, else the logical date)"),
         "slot": Param("all", type="string", pattern="^[a-z0-9_]+$",
                       description="'all' (one adapter for every slot) or one configured slot"),
         "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",

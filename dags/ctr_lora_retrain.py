@@ -1,7 +1,11 @@
 """
-### CTR LoRA retrain (daily)
+### CTR LoRA retrain (daily, when the day's partition is validated)
 
-For the run's day `D` (the logical date, or the `end_day` param):
+Scheduled on the Asset `ctr_lake_validated`: `ctr_lake_arrival` emits it once the day's click-log
+partition has arrived and passed validation, so a run never starts on a day the lake does not have
+(unpausing this DAG starts nothing until the next such event). For the run's day `D` (the `end_day`
+param of a manual run, else the `day` of the triggering event on that event's lake, the newest one
+when several days were queued into one run, else the logical date of `airflow dags test <dag> <date>`):
 
 1. **validate** every click-log partition in the trailing window ending at `D` with the GX suite;
    any failure stops the run here: nothing trains, nothing is registered, `@champion` is untouched.
@@ -32,13 +36,14 @@ from airflow.sdk import Param, dag, task, task_group
 
 from ctr_airflow.approval import GROUP as APPROVAL_GROUP
 from ctr_airflow.approval import gate_approve_release
+from ctr_airflow.assets import VALIDATED
 from ctr_airflow.operators import MOVES, REGISTRY_POOL, GatedPromotionOperator
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
 @dag(
     dag_id="ctr_lora_retrain",
-    schedule="0 3 * * *",
+    schedule=[VALIDATED],   # data-aware: one run per validated day (ctr_lake_arrival), not a clock
     start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
     catchup=False,  # a missed day is retrained by hand with end_day; backfilling old windows is rarely wanted
     max_active_runs=1,
@@ -47,7 +52,8 @@ from ctr_airflow.runtime import approval_required, pipeline_config, run_day
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
     params={
         "end_day": Param(None, type=["null", "string"], format="date",
-                         description="Last day of the training window (default: the logical date)"),
+                         description="Last day of the training window (default: the validated day that "
+                                     "triggered the run, else the logical date)"),
         "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
                           description="Override the click-log lake (default: configs/pipeline.yaml)"),
     },

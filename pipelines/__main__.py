@@ -64,6 +64,10 @@ def cmd_train_base(a) -> int:
     from pipelines.training import base_model
 
     cfg = load_pipeline_config(a.config)
+    if a.register:
+        from pipelines.promotion import lock
+
+        lock.backend()  # no registry lock to move @champion with: refuse now, not after training
     trained = base_model.train(cfg, a.data or cfg.data.lake_uri, a.cutoff)
     _print(base_model.register(cfg, trained) if a.register else trained)
     return 0

@@ -1,4 +1,4 @@
-"""What tasks need from their Airflow context: the day a run is about, who acted, S3 settings.
+"""What tasks need from their Airflow context: the day a run is about, which lake, who acted, S3 settings.
 
 Kept free of heavy imports: DAG files import this at parse time.
 """
@@ -7,20 +7,59 @@ from __future__ import annotations
 import logging
 import os
 
+from ctr_airflow.assets import VALIDATED
+
 log = logging.getLogger(__name__)
 
 LAKE_CONN_ID_ENV = "CTR_LAKE_AWS_CONN_ID"
 
 
+def validated_event(context) -> dict | None:
+    """The extra (`day`, `lake_uri`) of the `ctr_lake_validated` event this run was triggered by.
+
+    A run consumes every event recorded since the DAG's previous asset-triggered run up to the one
+    that queued it, so it can have several (days validated while the DAG was paused, or within one
+    scheduler loop): the newest day wins, not the latest event (it is the end of the window and the
+    older days are inside it); the latest event breaks a tie (a day validated twice, maybe in another
+    lake). None for a run that no such event triggered (manual, `airflow dags test`, cron).
+    """
+    events = context.get("triggering_asset_events") or {}
+    found = [e for e in events.get(VALIDATED, ()) if (e.extra or {}).get("day")]
+    if not found:
+        return None
+    newest = max(found, key=lambda e: (str(e.extra["day"]), e.timestamp))
+    return dict(newest.extra)
+
+
 def run_day(context) -> str:
-    """The partition date a run is about: `params.end_day`, else the logical date, else run_after."""
+    """The partition date a run is about, the first of:
+
+    1. `params.end_day` / `params.day`: a run triggered by hand for that day;
+    2. the day of the `ctr_lake_validated` event that triggered the run: asset-triggered runs have
+       no logical date (`validated_event`);
+    3. the logical date: `airflow dags test <dag> <date>`, a cron run, a UI trigger with a date;
+    4. run_after.
+    """
     params = context.get("params") or {}
-    if params.get("end_day"):
-        return str(params["end_day"])
+    for key in ("end_day", "day"):
+        if params.get(key):
+            return str(params[key])
+    event = validated_event(context)
+    if event:
+        return str(event["day"])
     if context.get("ds"):
         return context["ds"]
     dag_run = context.get("dag_run")
     return dag_run.run_after.date().isoformat()
+
+
+def lake_override(context) -> str | None:
+    """The lake this run reads instead of the config's: `params.lake_uri`, else the lake named by the
+    triggering `ctr_lake_validated` event (a partition validated in lake X is trained on in lake X)."""
+    params = context.get("params") or {}
+    if params.get("lake_uri"):
+        return str(params["lake_uri"])
+    return (validated_event(context) or {}).get("lake_uri") or None
 
 
 def actor(context) -> str:
@@ -55,13 +94,12 @@ def apply_aws_connection() -> None:
 
 
 def pipeline_config(context):
-    """The pipeline config for this run: the YAML file plus `params.lake_uri` when given."""
+    """The pipeline config for this run: the YAML file, with the lake of `lake_override` when there is one."""
     from pipelines.config import load_pipeline_config
 
     apply_aws_connection()
-    params = context.get("params") or {}
-    overrides = {"data": {"lake_uri": params["lake_uri"]}} if params.get("lake_uri") else None
-    return load_pipeline_config(overrides=overrides)
+    lake = lake_override(context)
+    return load_pipeline_config(overrides={"data": {"lake_uri": lake}} if lake else None)
 
 
 def approval_required() -> bool:

@@ -1,4 +1,5 @@
-"""Every DAG file imports without error, quickly, without heavy libraries, with tags and retries."""
+"""Every DAG file imports without error, quickly, without heavy libraries, with tags and retries; the
+daily DAGs wait for validated data (ctr_lake_arrival's asset) instead of a clock."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
+DAG_IDS = [p.stem for p in DAG_FILES]   # one DAG per file, named after it (test_every_file_is_one_dag)
 HEAVY = ("torch", "peft", "mlflow", "great_expectations", "sklearn", "pandas")
+# Daily work that reads the day's partition: started by its validation, never by a clock.
+ON_VALIDATED_DATA = ("ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor")
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +28,22 @@ def dagbag(tmp_path_factory):
 
 
 def test_dag_files_exist():
-    assert {p.stem for p in DAG_FILES} >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start"}
+    assert set(DAG_IDS) >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start",
+                            "ctr_champion_monitor", "ctr_lake_arrival"}
 
 
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start"}
 
 
-@pytest.mark.parametrize("dag_id", ["ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start"])
+def test_every_file_is_one_dag(dagbag):
+    """DAG_IDS is derived from the file names: each file defines exactly the DAG it is named after."""
+    assert sorted(dagbag.dag_ids) == DAG_IDS
+    for dag_id in DAG_IDS:
+        assert Path(dagbag.dags[dag_id].fileloc).stem == dag_id
+
+
+@pytest.mark.parametrize("dag_id", DAG_IDS)
 def test_tags_retries_docs(dagbag, dag_id):
     dag = dagbag.dags[dag_id]
     assert dag.tags, f"{dag_id} has no tags"
@@ -44,8 +55,69 @@ def test_tags_retries_docs(dagbag, dag_id):
 
 
 def test_validation_never_retries(dagbag):
-    for dag_id in ("ctr_lora_retrain", "ctr_base_model", "ctr_cold_start"):
-        assert dagbag.dags[dag_id].get_task("validate").retries == 0
+    validating = [d for d in DAG_IDS if "validate" in dagbag.dags[d].task_ids]
+    assert set(validating) >= {"ctr_lora_retrain", "ctr_base_model", "ctr_cold_start", "ctr_champion_monitor",
+                               "ctr_lake_arrival"}
+    for dag_id in validating:
+        assert dagbag.dags[dag_id].get_task("validate").retries == 0, dag_id
+
+
+def test_lake_arrival_waits_then_validates_then_announces(dagbag):
+    from ctr_airflow.assets import VALIDATED
+    from ctr_airflow.sensors import LakePartitionSensor
+
+    dag = dagbag.dags["ctr_lake_arrival"]
+    assert set(dag.task_ids) == {"wait_for_partition", "validate"}
+    sensor, validate = dag.get_task("wait_for_partition"), dag.get_task("validate")
+    assert sensor.downstream_task_ids == {"validate"} and not sensor.upstream_task_ids
+    assert isinstance(sensor, LakePartitionSensor)
+    # A day that never comes ends skipped (soft_fail), never failed; the slot is free between pokes.
+    assert sensor.soft_fail is True and sensor.never_fail is False
+    assert sensor.mode == "reschedule" and sensor.reschedule
+    assert sensor.poke_interval == 600 and sensor.timeout == 24 * 3600
+    assert sensor.wait_timeout_s == "{{ params.wait_timeout_s }}"
+    assert [o.name for o in validate.outlets] == [VALIDATED.name] and validate.outlets[0] == VALIDATED
+    assert validate.retries == 0 and sensor.retries >= 1   # retries: only a lake that cannot be listed
+    assert set(dag.params) == {"day", "lake_uri", "wait_timeout_s"}
+    assert type(dag.timetable).__name__ == "CronTriggerTimetable" and dag.catchup is False
+
+
+@pytest.mark.parametrize("dag_id", ON_VALIDATED_DATA)
+def test_daily_dags_are_scheduled_on_validated_data(dagbag, dag_id):
+    from ctr_airflow.assets import VALIDATED
+
+    dag = dagbag.dags[dag_id]
+    assert type(dag.timetable).__name__ == "AssetTriggeredTimetable"
+    assert list(dag.schedule) == [VALIDATED]
+    assert dag.catchup is False and dag.max_active_runs == 1
+    assert "ctr_lake_validated" in dag.doc_md and "ctr_lake_arrival" in dag.doc_md
+
+
+def test_only_lake_arrival_announces_validated_data_and_only_sensors_wait_on_a_clock(dagbag):
+    """The asset has one producer; a DAG on a time schedule starts with a sensor, never with a task
+    that reads a partition which may not be there yet (the red run this design removes)."""
+    from ctr_airflow.assets import VALIDATED
+
+    producers = [(d, t.task_id) for d in DAG_IDS for t in dagbag.dags[d].tasks
+                 if any(getattr(o, "name", None) == VALIDATED.name for o in t.outlets)]
+    assert producers == [("ctr_lake_arrival", "validate")]
+    clocked = [d for d in DAG_IDS if type(dagbag.dags[d].timetable).__name__ not in
+               ("NullTimetable", "AssetTriggeredTimetable")]
+    assert clocked == ["ctr_lake_arrival"]
+    for dag_id in clocked:
+        roots = dagbag.dags[dag_id].roots
+        assert roots and all(getattr(t, "_is_sensor", False) for t in roots), dag_id
+
+
+@pytest.mark.parametrize("dag_id", DAG_IDS)
+def test_serialises_for_the_scheduler(dagbag, dag_id):
+    """What the DAG processor stores is what the scheduler and workers run: the sensor keeps its mode."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dagbag.dags[dag_id]))
+    assert set(dag.task_ids) == set(dagbag.dags[dag_id].task_ids)
+    if dag_id == "ctr_lake_arrival":
+        assert dag.get_task("wait_for_partition").reschedule is True
 
 
 def test_retrain_wiring(dagbag):
