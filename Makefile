@@ -8,9 +8,12 @@ install:
 demo: install
 	scripts/demo.sh
 
-# Every test, slow ones included (end-to-end DAG runs on PostgreSQL when reachable, else SQLite).
+# Every test, slow ones included (end-to-end DAG runs on PostgreSQL when reachable, else SQLite; the
+# local stack through its REST API). Two xdist workers, one test file each at a time: module-scoped
+# stacks are built once, and every test isolates its stores, buckets, ports and databases.
+PYTEST_WORKERS ?= 2
 test: install
-	.venv/bin/python -m pytest -q -p no:cacheprovider
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 test-fast: install
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow"

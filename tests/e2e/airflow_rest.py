@@ -50,6 +50,10 @@ class AirflowREST:
                 "conf": conf or {}}
         return self.request("POST", f"/dags/{dag_id}/dagRuns", json=body, ok=ok)
 
+    def runs(self, dag_id: str, run_type: str | None = None) -> list[dict]:
+        params = {"limit": 100, **({"run_type": run_type} if run_type else {})}
+        return self.request("GET", f"/dags/{dag_id}/dagRuns", params=params).json()["dag_runs"]
+
     def run(self, dag_id: str, run_id: str) -> dict:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
 

@@ -3,10 +3,12 @@ S3, an `mlflow server` on PostgreSQL with proxied artifacts, and Airflow's api-s
 dag-processor, triggerer and two Celery workers. Everything below goes through Airflow's REST API v2
 (JWT) as the UI would, and every result is read back through the tracking server over HTTP.
 
-Flow: base model -> retrain day 1 (first champions) -> retrain day 2 (canaries), each release
-approved through the HITL REST endpoint -> model ops (promote a canary, revert, override, an invalid
-form) -> cold start -> champion monitor. Then: versions, aliases, alias history, gate records,
-Asset events, and that the mapped tasks ran on both Celery workers.
+Flow: base model -> unpausing (the arrival DAG's run for today waits, nothing fails) -> retrain
+day 1 (first champions) -> day 2 arrives: `ctr_lake_arrival` validates it and its Asset event
+starts retrain (canaries), cold start and the monitor by itself; every release is approved through
+the HITL REST endpoint -> model ops (promote a canary, revert, override, an invalid form). Checked:
+versions, aliases, alias history, gate records, Asset events, clean task logs, and that the mapped
+tasks ran on both Celery workers.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -28,7 +31,9 @@ from tests.e2e.stack import REPO, movielens_lake, this_process_on
 
 pytestmark = pytest.mark.slow
 
-CUTOFF, DAY1, DAY2, MONITOR_DAY = "1997-12-31", "1998-03-01", "1998-03-02", "1998-03-03"
+CUTOFF, DAY1, DAY2 = "1997-12-31", "1998-03-01", "1998-03-02"
+DAILY = ("ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor")
+VALIDATED_URI = "x-ctr-lake://clicks/validated"
 SLOTS = ("morning", "afternoon", "night")
 WORKERS = ("worker-1", "worker-2")
 
@@ -74,13 +79,13 @@ def live(tmp_path_factory):
         assert up.returncode == 0, up.stdout + up.stderr
         st.up_output = up.stdout
         svc = st.service_env()
-        # The lake (MovieLens 1997-11-01..MONITOR_DAY) and the smaller test config, written from here
+        # The lake (MovieLens 1997-11-01..DAY2) and the smaller test config, written from here
         # into the stack's S3: the workers read both at task time.
         with this_process_on(svc["MLFLOW_TRACKING_URI"], AWS_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"],
                              AWS_ACCESS_KEY_ID=svc["AWS_ACCESS_KEY_ID"],
                              AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
                              MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
-            movielens_lake(tmp, bucket, MONITOR_DAY, cold_start={"window_days": 45, "history_days": 60})
+            movielens_lake(tmp, bucket, DAY2, cold_start={"window_days": 45, "history_days": 60})
             yield st
     finally:
         down = st.cli("down", "--purge")
@@ -120,21 +125,34 @@ def test_stack_is_up_and_a_second_up_is_idempotent(live):
 
 def test_base_model_through_the_rest_api(live):
     rest = live.rest()
-    for dag_id in ("ctr_base_model", "ctr_lora_retrain", "ctr_model_ops", "ctr_cold_start", "ctr_champion_monitor"):
-        rest.unpause(dag_id)
     rest.trigger("ctr_base_model", "base", CUTOFF)
+    for dag_id in ("ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY):
+        rest.unpause(dag_id)
     assert rest.wait("ctr_base_model", "base")["state"] == "success"
     assert alias_of("ctr_base") == "1"
     assert len(versions("ctr_base")[0].tags["fingerprint"]) == 64
 
 
-@pytest.mark.parametrize("day", [DAY1, DAY2])
-def test_retrain_with_approvals_answered_over_rest(live, day):
-    rest, run_id, answered = live.rest(), f"retrain_{day}", []
-    rest.trigger("ctr_lora_retrain", run_id, day)
-    run = rest.wait("ctr_lora_retrain", run_id, on_poll=approve_all(rest, "ctr_lora_retrain", run_id, answered))
-    assert run["state"] == "success", rest.task_instances("ctr_lora_retrain", run_id)
-    assert answered, "no release asked for an approval"
+def test_unpausing_waits_for_data_instead_of_failing(live):
+    """Unpaused, the arrival DAG starts a run for today at once: its sensor waits (reschedule mode)
+    for a partition the lake does not have; the data-aware DAGs start nothing by themselves."""
+    rest = live.rest()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        runs = rest.runs("ctr_lake_arrival", run_type="scheduled")
+        tis = rest.task_instances("ctr_lake_arrival", runs[0]["dag_run_id"]) if runs else []
+        if any(t["task_id"] == "wait_for_partition" and t["state"] == "up_for_reschedule" for t in tis):
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError(f"today's arrival run never waited: {runs} {tis}")
+    assert rest.run("ctr_lake_arrival", runs[0]["dag_run_id"])["state"] == "running"
+    for dag_id in DAILY:
+        assert rest.runs(dag_id) == [], f"{dag_id} started without a validated partition"
+
+
+def check_retrain(live, rest: AirflowREST, run_id: str, day: str) -> None:
+    """Versions, gate records, approvals and aliases of one retrain run; its logs; both workers used."""
     for slot in SLOTS:
         name = f"ctr_lora_{slot}"
         latest = versions(name)[-1]
@@ -154,6 +172,37 @@ def test_retrain_with_approvals_answered_over_rest(live, day):
     assert len(tis) == len(SLOTS)
     ran_on = {w for w in WORKERS for t in tis if t["id"] in live.worker_log(w)}
     assert ran_on == set(WORKERS), f"train_adapter ran on {ran_on} only"
+
+
+def test_retrain_day1_triggered_with_approvals_answered_over_rest(live):
+    rest, run_id, answered = live.rest(), f"retrain_{DAY1}", []
+    rest.trigger("ctr_lora_retrain", run_id, DAY1)
+    run = rest.wait("ctr_lora_retrain", run_id, on_poll=approve_all(rest, "ctr_lora_retrain", run_id, answered))
+    assert run["state"] == "success", rest.task_instances("ctr_lora_retrain", run_id)
+    assert answered, "no release asked for an approval"
+    check_retrain(live, rest, run_id, DAY1)
+
+
+def test_a_validated_day_starts_retrain_cold_start_and_monitor(live):
+    rest = live.rest()
+    rest.trigger("ctr_lake_arrival", "arrival", conf={"day": DAY2})
+    assert rest.wait("ctr_lake_arrival", "arrival")["state"] == "success"
+    assert [e["extra"]["day"] for e in rest.asset_events(VALIDATED_URI)] == [DAY2]
+    deadline, started = time.monotonic() + 180, {}
+    while len(started) < len(DAILY) and time.monotonic() < deadline:
+        started = {d: r[0]["dag_run_id"] for d in DAILY if (r := rest.runs(d, run_type="asset_triggered"))}
+        time.sleep(3)
+    assert set(started) == set(DAILY), f"asset-triggered runs: {started}"
+    answered: list = []
+    for dag_id in DAILY:  # all three run at once; answer any approval while waiting for each
+        polls = [approve_all(rest, d, r, answered) for d, r in started.items()]
+        run = rest.wait(dag_id, started[dag_id], on_poll=lambda: [p() for p in polls])
+        assert run["state"] == "success", (dag_id, rest.task_instances(dag_id, started[dag_id]))
+    check_retrain(live, rest, started["ctr_lora_retrain"], DAY2)
+    (cold,) = versions("ctr_lora_cold_start")
+    assert cold.tags["data.last"] == DAY2 and cold.tags["base.version"] == "1"
+    assert cold.tags["gate.passed"] in ("true", "false")
+    assert DAY2 in rest.task_log("ctr_champion_monitor", started["ctr_champion_monitor"], "monitor")
 
 
 def test_model_ops_forms(live):
@@ -178,19 +227,3 @@ def test_model_ops_forms(live):
     assert "model" in bad.text or "reason" in bad.text
     events = rest.asset_events(f"mlflow://{name}/champion")
     assert len(events) >= 3
-
-
-def test_cold_start_and_monitor(live):
-    rest = live.rest()
-    answered = []
-    rest.trigger("ctr_cold_start", "cold", DAY2)
-    run = rest.wait("ctr_cold_start", "cold", on_poll=approve_all(rest, "ctr_cold_start", "cold", answered))
-    assert run["state"] == "success", rest.task_instances("ctr_cold_start", "cold")
-    (mv,) = versions("ctr_lora_cold_start")
-    assert mv.tags["gate.passed"] in ("true", "false") and mv.tags["base.version"] == "1"
-
-    rest.trigger("ctr_champion_monitor", "monitor", conf={"day": MONITOR_DAY})
-    run = rest.wait("ctr_champion_monitor", "monitor")
-    assert run["state"] == "success", rest.task_instances("ctr_champion_monitor", "monitor")
-    log = rest.task_log("ctr_champion_monitor", "monitor", "monitor")
-    assert MONITOR_DAY in log
