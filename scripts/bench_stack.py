@@ -4,9 +4,9 @@
 
 1. start to healthy: `stack.py up` on fresh databases (cold), then again after `down` (warm);
 2. one `ctr_lora_retrain` run on MovieLens (configs/pipeline.yaml, three slots) under the Celery stack,
-   workers with the task-library preload (ctr_airflow/celery_config.py) and without it, and under
-   `airflow dags test` against the same tracking server: wall time of the run and per-task durations
-   from Airflow's REST API;
+   workers without and with the task-library preload (ctr_airflow/celery_config.py), after one
+   unreported warm-up run, and under `airflow dags test` against the same tracking server: wall time
+   of the run and per-task durations from Airflow's REST API (consecutive days, same window size);
 3. what a task process pays to import its libraries in a fresh interpreter (the cost the preload removes).
 
 Runs on ports of its own and drops its databases at the end; a user's `make stack` is not touched.
@@ -33,7 +33,7 @@ from tests.conftest import free_port  # noqa: E402
 from tests.e2e.airflow_rest import AirflowREST  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN bench stack -->", "<!-- END bench stack -->"
-BASE_DAY, DAYS = "1997-12-31", ("1998-03-01", "1998-03-02", "1998-03-03")
+BASE_DAY, DAYS = "1997-12-31", ("1998-03-01", "1998-03-02", "1998-03-03", "1998-03-04")
 LIBS = "torch, pandas, pyarrow.parquet, sklearn.metrics, matplotlib.pyplot, mlflow, mlflow.pyfunc, peft, great_expectations"
 
 
@@ -83,17 +83,40 @@ def celery_run(rest: AirflowREST, day: str) -> dict:
             "task_s_total": sum(sum(v) for v in per_task.values()), "task_count": sum(len(v) for v in per_task.values())}
 
 
-def dags_test_run(env: dict, day: str) -> float:
+def dags_test_run(env: dict, day: str, home: Path) -> float:
+    """`airflow dags test` on an Airflow database of its own (SQLite): sharing the stack's with a
+    running scheduler would let the scheduler hand the run's tasks to the Celery workers (and the
+    two schedulers deadlock on its rows). MLflow, S3 and the lock are the stack's."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    env = {k: v for k, v in env.items() if k != "CTR_LAKE_AWS_CONN_ID"}   # that connection is in the stack's DB
+    env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db"}
+    home.mkdir(parents=True, exist_ok=True)
+    for args in (["db", "migrate"], ["pools", "set", "ctr_registry", "1", "registry writes"]):
+        subprocess.run([airflow, *args], env=env, cwd=REPO, capture_output=True, check=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "test", "ctr_lora_retrain", day],
-                          env=env, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([airflow, "dags", "test", "ctr_lora_retrain", day], env=env, cwd=REPO,
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"airflow dags test failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return time.perf_counter() - t0
 
 
 def fresh_import_s(env: dict) -> float:
+    """Seconds a task process spends importing the task libraries when nothing is preloaded."""
     code = f"import time; t = time.perf_counter(); import {LIBS}; print(time.perf_counter() - t)"
+    return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+
+
+def forked_import_s(env: dict) -> float:
+    """The same in a process forked from a parent that preloaded them (what a preloading worker's task
+    process does; Airflow's supervisor forks on Linux)."""
+    code = (f"import os, sys, time; import {LIBS}\n"
+            "r, w = os.pipe()\n"
+            "if os.fork() == 0:\n"
+            f"    t = time.perf_counter(); import {LIBS}; os.write(w, str(time.perf_counter() - t).encode()); os._exit(0)\n"
+            "os.wait(); print(os.read(r, 64).decode())")
     return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip())
 
@@ -116,11 +139,15 @@ def measure() -> dict:
             rest.unpause(dag_id)
         rest.trigger("ctr_base_model", "bench_base", BASE_DAY)
         assert rest.wait("ctr_base_model", "bench_base", timeout_s=3600)["state"] == "success"
-        out["celery_preload"] = celery_run(rest, DAYS[0])
+        celery_run(rest, DAYS[0])   # warm-up, not reported: the first run validates the whole window
         restart_workers(env, "")
         out["celery_no_preload"] = celery_run(rest, DAYS[1])
-        out["dags_test_s"] = dags_test_run({**env, **svc}, DAYS[2])
+        restart_workers(env, None)
+        out["celery_preload"] = celery_run(rest, DAYS[2])
+        print(json.dumps(out), flush=True)   # what is measured so far, in case a later step fails
+        out["dags_test_s"] = dags_test_run({**env, **svc}, DAYS[3], Path(env["STACK_DIR"]) / "dags-test")
         out["fresh_import_s"] = fresh_import_s({**env, **svc})
+        out["forked_import_s"] = forked_import_s({**env, **svc})
     finally:
         stack_cli(env, "down", "--purge")
     return out
@@ -140,7 +167,7 @@ Generated by `{command}` on {dt.date.today()} ({platform.machine()}, {os.cpu_cou
 | one `ctr_lora_retrain` run (3 slots, MovieLens), Celery stack, workers preloading the task libraries | {pre['wall_s']:.0f} s wall, {pre['task_s_total']:.0f} s summed over {pre['task_count']} task instances | |
 | the same run, workers without the preload (what every task paid before) | {nopre['wall_s']:.0f} s wall, {nopre['task_s_total']:.0f} s summed | |
 | the same run under `airflow dags test` (one process, same tracking server) | {r['dags_test_s']:.0f} s | |
-| importing the task libraries in a fresh interpreter ({LIBS}) | {r['fresh_import_s']:.1f} s per task process | halve it: preload makes it ~0 |
+| per-task start-up overhead, imports: a task process importing the task libraries ({LIBS}) | {r['fresh_import_s']:.1f} s without the preload, {r['forked_import_s']:.3f} s forked from a preloading worker | halve it |
 
 Median task duration (s) by task, without / with the preload:
 
