@@ -5,7 +5,9 @@ Watches what serves, on each newly arrived labelled partition (delayed feedback:
 arrive with its partition). Scheduled on the Asset `ctr_lake_validated`, which `ctr_lake_arrival`
 emits once the day's partition has arrived and passed validation (unpausing starts nothing until the
 next one). For the run's day `D` (the `day` param of a manual run, else the `day` of the triggering
-event on that event's lake, else the logical date of `airflow dags test <dag> <date>`):
+event on that event's lake, else the logical date of `airflow dags test <dag> <date>`; a run that
+consumed several validated days, e.g. during a backfill of `ctr_lake_arrival`, handles each of
+them in turn, oldest first, one window per day):
 
 1. **validate** the partition `dt=D` (GX suite, marker `_validation.json`); a quarantined
    partition stops the run here: nothing is scored, no alias moves.
@@ -37,7 +39,7 @@ from airflow.sdk import Param, dag, task
 
 from ctr_airflow.assets import VALIDATED
 from ctr_airflow.operators import MOVES, REGISTRY_POOL, RevertModelVersionOperator
-from ctr_airflow.runtime import actor, pipeline_config, run_day
+from ctr_airflow.runtime import actor, pipeline_config, run_days
 
 
 @dag(
@@ -66,7 +68,8 @@ def ctr_champion_monitor():
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        return validate_window(cfg, cfg.data.lake_uri, run_day(context), 1, log_to_mlflow=True)
+        days = run_days(context)   # several when the run consumed several validated days
+        return {d: validate_window(cfg, cfg.data.lake_uri, d, 1, log_to_mlflow=True) for d in days}
 
     # Re-running is safe (windows are found, canary moves carry per-day op ids), so it keeps the
     # retries. It moves canaries: a registry write like the others, in their one-slot pool.
@@ -75,11 +78,11 @@ def ctr_champion_monitor():
         from ctr_airflow.operators import emit_move
         from pipelines.config import load_gate_policy
         from pipelines.promotion import live_metrics
-        from pipelines.promotion.monitor import monitor_day
+        from pipelines.promotion.monitor import monitor_days
 
         cfg, policy = pipeline_config(context), load_gate_policy()
-        result = monitor_day(cfg, policy, cfg.data.lake_uri, run_day(context), live=live_metrics.from_policy(policy),
-                             actor=actor(context), apply_reverts=False)
+        result = monitor_days(cfg, policy, cfg.data.lake_uri, run_days(context), live=live_metrics.from_policy(policy),
+                              actor=actor(context), apply_reverts=False)
         for model in result["models"]:
             for move in model["moves"]:
                 emit_move(context, move)   # the asset event deployments schedule on, like every alias move

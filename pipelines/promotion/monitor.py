@@ -389,6 +389,24 @@ def monitor_day(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str
     return result
 
 
+def monitor_days(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, days: list[str], **kwargs) -> dict:
+    """`monitor_day` for each of `days`, oldest first (a run that consumed several validated days):
+    every day is one window, as if each had had a run of its own. One result: the models' entries and
+    errors of all days, each model's first revert due (later days decide on the champion the first
+    revert replaces, so theirs would target the same version), `days` the days scored."""
+    results = [monitor_day(cfg, policy, lake_uri, d, **kwargs) for d in sorted(set(days))]
+    if len(results) == 1:
+        return results[0]
+    merged = {**results[-1], "days": [r["day"] for r in results], "reverts": [],
+              "models": [m for r in results for m in r["models"]],
+              "applied_reverts": [m for r in results for m in r["applied_reverts"]],
+              "errors": [e for r in results for e in r["errors"]]}
+    for revert in (rv for r in results for rv in r["reverts"]):
+        if revert["model"] not in {x["model"] for x in merged["reverts"]}:
+            merged["reverts"].append(revert)
+    return merged
+
+
 def _fmt(v) -> str:
     return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
 

@@ -53,6 +53,21 @@ def run_day(context) -> str:
     return dag_run.run_after.date().isoformat()
 
 
+def run_days(context) -> list[str]:
+    """Every day a run is about, oldest first: for a run that consumed several `ctr_lake_validated`
+    events (days validated while it was busy or paused, e.g. during a backfill), each of their days in
+    the lake of the newest event; otherwise `[run_day(context)]`. For the monitor, whose windows are
+    days: the retrain and cold start train on the newest window, which holds the older days."""
+    params = context.get("params") or {}
+    newest = None if any(params.get(k) for k in ("end_day", "day")) else validated_event(context)
+    if not newest:
+        return [run_day(context)]
+    events = (context.get("triggering_asset_events") or {}).get(VALIDATED, ())
+    lake = newest.get("lake_uri")
+    return sorted({str(e.extra["day"]) for e in events
+                   if (e.extra or {}).get("day") and (e.extra or {}).get("lake_uri") == lake})
+
+
 def lake_override(context) -> str | None:
     """The lake this run reads instead of the config's: `params.lake_uri`, else the lake named by the
     triggering `ctr_lake_validated` event (a partition validated in lake X is trained on in lake X)."""

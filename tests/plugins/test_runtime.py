@@ -13,7 +13,7 @@ from airflow.sdk.execution_time.comms import AssetEventDagRunReferenceResult
 from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
 
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.runtime import lake_override, pipeline_config, run_day, validated_event
+from ctr_airflow.runtime import lake_override, pipeline_config, run_day, run_days, validated_event
 
 T0 = dt.datetime(2024, 1, 9, 2, 0, tzinfo=dt.timezone.utc)
 
@@ -86,3 +86,14 @@ def test_the_run_reads_the_lake_of_its_event_unless_a_lake_is_given(tmp_path, mo
     ctx["params"] = {"lake_uri": "/data/by-hand"}
     assert pipeline_config(ctx).data.lake_uri == "/data/by-hand"
     assert pipeline_config({"params": {}, "ds": "2024-01-08"}).data.lake_uri == "s3://configured/clicks"
+
+
+def test_every_consumed_day_of_the_newest_lake_oldest_first():
+    """The monitor's windows are days: a run that consumed several days scores each of them."""
+    ctx = triggered(event(VALIDATED, {"day": "2024-01-08", "lake_uri": "s3://a/clicks"}, minutes=30),
+                    event(VALIDATED, {"day": "2024-01-06", "lake_uri": "s3://a/clicks"}, minutes=40),
+                    event(VALIDATED, {"day": "2024-01-07", "lake_uri": "s3://other/clicks"}, minutes=50),
+                    event(VALIDATED, {"day": "2024-01-06", "lake_uri": "s3://a/clicks"}, minutes=60))
+    assert run_days(ctx) == ["2024-01-06", "2024-01-08"]
+    assert run_days({**ctx, "params": {"day": "2024-01-02"}}) == ["2024-01-02"]   # by hand: that day only
+    assert run_days({"params": {}, "ds": "2024-01-09"}) == ["2024-01-09"]

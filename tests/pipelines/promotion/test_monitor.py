@@ -23,7 +23,7 @@ from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, SyntheticSpec, write_days
 from pipelines.errors import ConfigError
 from pipelines.promotion import aliases
-from pipelines.promotion.monitor import (EXPERIMENT, Window, canary_decision, load_windows, monitor_day,
+from pipelines.promotion.monitor import (EXPERIMENT, Window, canary_decision, load_windows, monitor_day, monitor_days,
                                          reference_value, revert_decision)
 from tests.conftest import use_store_copy
 from tests.pipelines.training.helpers import CFG
@@ -206,12 +206,14 @@ def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str 
     """Keep the slot's clicks per day but give them to the rows `model` v`version` ranks lowest."""
     import numpy as np
 
+    from pipelines.evaluation.model_input import predict_pctr
+
     lake = Lake(lake_uri)
     m = mlflow.pyfunc.load_model(f"models:/{model}/{version}")
     for d in days:
         frame = lake.read_partition(d).frame
         rows = frame.index[frame["slot"] == slot]
-        p = np.asarray(m.predict(frame.loc[rows]), dtype=np.float64)
+        p = predict_pctr(m, frame.loc[rows])
         clicks = int(frame.loc[rows, "label"].sum())
         label = np.zeros(len(rows), dtype=frame["label"].dtype)
         label[np.argsort(p, kind="stable")[:clicks]] = 1
@@ -338,6 +340,25 @@ def test_degrading_champion_is_reverted_after_k_windows(store):
     assert entry["kind"] == "revert" and entry["reason"] == due["reason"] and entry["actor"] == "ctr_champion_monitor"
     again = monitor_day(cfg, POLICY, lake, day(8), apply_reverts=True)
     assert again["reverts"] == [] and aliases.current(MODEL) == "1"   # v1 has no bad streak of its own
+
+
+def test_several_days_in_one_run_are_one_window_each(store):
+    """A run that consumed several validated days (the DAG during a backfill of ctr_lake_arrival)
+    decides as if each day had had a run of its own: the bad streak spans them, the revert is due once."""
+    cfg, lake = store["cfg"], store["lake"]
+    start(MODEL, "1")
+    start(MODEL, "2")
+    degrade(lake, [day(7), day(8)], MODEL, "2")
+    for i in (6, 7, 8):
+        validate(cfg, lake, day(i))
+    result = monitor_days(cfg, POLICY, lake, [day(8), day(6), day(7), day(8)])
+    assert result["days"] == [day(6), day(7), day(8)]
+    entries = [m for m in result["models"] if m["model"] == MODEL]
+    assert [m["revert_decision"]["action"] for m in entries] == ["keep", "keep", "revert"]
+    (due,) = result["reverts"]
+    assert due["to_version"] == "1" and "dt=2024-01-07" in due["reason"] and "dt=2024-01-08" in due["reason"]
+    assert monitor_runs() == 3 and aliases.current(MODEL) == "2"   # three windows; the operator moves
+    assert monitor_days(cfg, POLICY, lake, [day(8)])["day"] == day(8)   # one day: monitor_day's own result
 
 
 def test_unvalidated_or_quarantined_days_are_skipped_without_records(store):
