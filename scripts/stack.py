@@ -166,9 +166,10 @@ def stop(s: dict, comp: str, grace_s: float = 20) -> str:
         return f"{comp}: not running"
     _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _alive(pid):
+    # the whole group: a Celery pool's or uvicorn's children may outlive their parent by a moment
+    while time.monotonic() < deadline and (_alive(pid) or _group_alive(pid)):
         time.sleep(0.2)
-    if _alive(pid):
+    if _alive(pid) or _group_alive(pid):
         _signal_group(pid, signal.SIGKILL)
         return f"{comp}: killed (pid {pid})"
     return f"{comp}: stopped (pid {pid})"
@@ -179,6 +180,14 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except OSError:
         pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -227,3 +227,19 @@ def test_model_ops_forms(live):
     assert "model" in bad.text or "reason" in bad.text
     events = rest.asset_events(f"mlflow://{name}/champion")
     assert len(events) >= 3
+
+
+def test_stack_down_stops_every_process_it_started(live):
+    """Last in the module: `make stack-down` stops each component by the PID `up` recorded, children
+    included (each runs in a session of its own), and leaves no PID file behind."""
+    pids = {p.stem: int(p.read_text()) for p in (live.dir / "pids").glob("*.pid")}
+    assert set(pids) == {"s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", *WORKERS}
+    down = live.cli("down")
+    assert down.returncode == 0, down.stderr
+    for comp, pid in pids.items():
+        assert f"{comp}: stopped" in down.stdout or f"{comp}: killed" in down.stdout
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)   # no process of its group is left
+    assert not list((live.dir / "pids").glob("*.pid"))
+    assert live.cli("status").returncode == 1
+
