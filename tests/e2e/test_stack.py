@@ -151,8 +151,8 @@ def test_unpausing_waits_for_data_instead_of_failing(live):
         assert rest.runs(dag_id) == [], f"{dag_id} started without a validated partition"
 
 
-def check_retrain(live, rest: AirflowREST, run_id: str, day: str) -> None:
-    """Versions, gate records, approvals and aliases of one retrain run; its logs; both workers used."""
+def check_retrain(rest: AirflowREST, run_id: str, day: str) -> None:
+    """Versions, gate records, approvals and aliases of one retrain run; its logs; one adapter per slot."""
     for slot in SLOTS:
         name = f"ctr_lora_{slot}"
         latest = versions(name)[-1]
@@ -167,11 +167,7 @@ def check_retrain(live, rest: AirflowREST, run_id: str, day: str) -> None:
     log = rest.task_log("ctr_lora_retrain", run_id, "evaluate", map_index=0)
     assert "Found extra inputs" not in log
     assert not [line for line in log.splitlines() if line.startswith("[error]")], log[-3000:]
-    # the mapped adapters were spread over both Celery workers
-    tis = [t for t in rest.task_instances("ctr_lora_retrain", run_id) if t["task_id"] == "train_adapter"]
-    assert len(tis) == len(SLOTS)
-    ran_on = {w for w in WORKERS for t in tis if t["id"] in live.worker_log(w)}
-    assert ran_on == set(WORKERS), f"train_adapter ran on {ran_on} only"
+    assert len([t for t in rest.task_instances("ctr_lora_retrain", run_id) if t["task_id"] == "train_adapter"]) == len(SLOTS)
 
 
 def test_retrain_day1_triggered_with_approvals_answered_over_rest(live):
@@ -180,7 +176,7 @@ def test_retrain_day1_triggered_with_approvals_answered_over_rest(live):
     run = rest.wait("ctr_lora_retrain", run_id, on_poll=approve_all(rest, "ctr_lora_retrain", run_id, answered))
     assert run["state"] == "success", rest.task_instances("ctr_lora_retrain", run_id)
     assert answered, "no release asked for an approval"
-    check_retrain(live, rest, run_id, DAY1)
+    check_retrain(rest, run_id, DAY1)
 
 
 def test_a_validated_day_starts_retrain_cold_start_and_monitor(live):
@@ -198,11 +194,24 @@ def test_a_validated_day_starts_retrain_cold_start_and_monitor(live):
         polls = [approve_all(rest, d, r, answered) for d, r in started.items()]
         run = rest.wait(dag_id, started[dag_id], on_poll=lambda: [p() for p in polls])
         assert run["state"] == "success", (dag_id, rest.task_instances(dag_id, started[dag_id]))
-    check_retrain(live, rest, started["ctr_lora_retrain"], DAY2)
+    check_retrain(rest, started["ctr_lora_retrain"], DAY2)
     (cold,) = versions("ctr_lora_cold_start")
     assert cold.tags["data.last"] == DAY2 and cold.tags["base.version"] == "1"
     assert cold.tags["gate.passed"] in ("true", "false")
     assert DAY2 in rest.task_log("ctr_champion_monitor", started["ctr_champion_monitor"], "monitor")
+
+
+def test_mapped_tasks_ran_on_both_celery_workers(live):
+    """The per-slot tasks of the retrain runs were spread over the two workers (a task instance's id is
+    in the log of the worker that executed it). Over all runs: Celery assigns each task to whichever
+    worker has a free slot, so one run alone, sharing the workers with cold start and monitor, may
+    land on one of them."""
+    rest = live.rest()
+    tis = [t for r in rest.runs("ctr_lora_retrain") for t in rest.task_instances("ctr_lora_retrain", r["dag_run_id"])
+           if t["map_index"] >= 0 and t["task_id"] in ("train_adapter", "evaluate")]
+    assert len(tis) == 4 * len(SLOTS)
+    ran_on = {w: sum(t["id"] in live.worker_log(w) for t in tis) for w in WORKERS}
+    assert sum(ran_on.values()) == len(tis) and all(ran_on.values()), f"mapped task instances per worker: {ran_on}"
 
 
 def test_model_ops_forms(live):
