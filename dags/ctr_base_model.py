@@ -55,7 +55,7 @@ def ctr_base_model():
     @task(retries=0, pool=REGISTRY_POOL, outlets=[MOVES])
     def register(trained: dict, **context) -> dict:
         from ctr_airflow.operators import emit_move
-        from pipelines.training.base_model import register as run_register
+        from pipelines.flows.base import register_base as run_register
 
         out = run_register(pipeline_config(context), trained, actor=actor(context))
         emit_move(context, out["move"])   # mlflow://ctr_base/champion: adapters must follow a new base

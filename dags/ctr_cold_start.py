@@ -90,7 +90,7 @@ def ctr_cold_start():
 
     @task
     def evaluate(candidate: dict, **context) -> dict:
-        from pipelines.training.cold_start import evaluate_stage
+        from pipelines.evaluation.cold_start import evaluate_stage
 
         cfg = pipeline_config(context)
         return {"candidate": candidate, "evaluation": evaluate_stage(cfg, cfg.data.lake_uri, candidate)}
@@ -98,7 +98,7 @@ def ctr_cold_start():
     # A retry would register a second version: registration runs once.
     @task(retries=0, pool=REGISTRY_POOL)
     def register(evaluated: dict, **context) -> dict:
-        from pipelines.training.cold_start import register_stage
+        from pipelines.flows.cold_start import register_stage
 
         return register_stage(pipeline_config(context), evaluated["candidate"], evaluated["evaluation"])
 

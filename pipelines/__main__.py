@@ -61,41 +61,34 @@ def cmd_validate(a) -> int:
 
 def cmd_train_base(a) -> int:
     from pipelines.config import load_pipeline_config
+    from pipelines.flows import base
     from pipelines.training import base_model
 
     cfg = load_pipeline_config(a.config)
-    if a.register:
-        from pipelines.promotion import lock
-
-        lock.backend()  # no registry lock to move @champion with: refuse now, not after training
-    trained = base_model.train(cfg, a.data or cfg.data.lake_uri, a.cutoff)
-    _print(base_model.register(cfg, trained) if a.register else trained)
+    lake = a.data or cfg.data.lake_uri
+    _print(base.run(cfg, lake, a.cutoff) if a.register else base_model.train(cfg, lake, a.cutoff))
     return 0
 
 
 def cmd_train_adapter(a) -> int:
     from pipelines.config import load_gate_policy, load_pipeline_config
-    from pipelines.evaluation.compare import evaluate
+    from pipelines.flows import retrain
     from pipelines.promotion import gate
-    from pipelines.promotion.release import gate_and_release
-    from pipelines.registry.register import register
     from pipelines.training import adapter
 
     cfg = load_pipeline_config(a.config)
     lake = a.data or cfg.data.lake_uri
-    cand = adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty())
     if not a.register:
-        _print(cand)
+        _print(adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty()))
         return 0
-    reg = register(cfg, cand, evaluate(cfg, lake, cand))
-    decision = gate_and_release(load_gate_policy(a.policy), reg["model"], reg["version"], reg["evaluation"])
+    decision = retrain.run(cfg, load_gate_policy(a.policy), lake, a.end_day, a.slot, progress=sys.stderr.isatty())
     print(gate.format_table(decision))
     return 0 if decision["passed"] else 1
 
 
 def cmd_cold_start(a) -> int:
     from pipelines.config import load_gate_policy, load_pipeline_config
-    from pipelines.training import cold_start
+    from pipelines.flows import cold_start
 
     cfg = load_pipeline_config(a.config)
     result = cold_start.run_all(cfg, a.data or cfg.data.lake_uri, a.end_day, a.slot, policy=load_gate_policy(a.policy))
@@ -147,20 +140,20 @@ def cmd_monitor(a) -> int:
 
 def cmd_bench(a) -> int:
     if a.which == "training":
-        from pipelines import bench_training
+        from pipelines.bench import training as bench_training
 
         print(json.dumps(bench_training.run(quick=a.quick)))
     elif a.which == "quality":
-        from pipelines import bench_quality
-        from pipelines.bench_quality_distill import make_distilled
+        from pipelines.bench import quality as bench_quality
+        from pipelines.bench.quality_distill import make_distilled
 
         print(json.dumps(bench_quality.run(distilled=make_distilled())))
     elif a.which == "headroom":
-        from pipelines import bench_quality_headroom
+        from pipelines.bench import quality_headroom as bench_quality_headroom
 
         print(json.dumps(bench_quality_headroom.run()))
     elif a.which == "serving":
-        from pipelines import bench_serving
+        from pipelines.bench import serving as bench_serving
 
         print(json.dumps(bench_serving.run(quick=a.quick)))
     else:

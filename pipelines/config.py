@@ -146,7 +146,7 @@ class LoraTrainConfig:
     val_fraction: float = 0.1
     early_stopping_patience: int = 2   # epochs without val-logloss improvement; 0 disables
     # Stability rule lr * r / sqrt(batch_size) <= stability_max; the default and the evidence for
-    # it are in pipelines.training.lora.STABILITY_EVIDENCE.
+    # it are in pipelines.model.adapters.STABILITY_EVIDENCE.
     stability_max: float = 0.01
     stability_action: Literal["rescale", "reject"] = "rescale"
 

@@ -1,7 +1,7 @@
 """Stage: score the candidate and the serving @champion on the same holdout rows, and judge them.
 
-The holdout is re-read from the lake with the training task's definition (`training.adapter.
-holdout_streams`), chunk by chunk; its lineage hash must equal the one training saw, so both models
+The holdout is re-read from the lake with the training task's definition
+(`model.stream.holdout_streams`), chunk by chunk; its lineage hash must equal the one training saw, so both models
 are judged on exactly the rows the candidate held out. Only labels, the two models' pCTRs and the
 slice columns are kept, not the features.
 
@@ -39,8 +39,8 @@ def score_holdout(cfg: PipelineConfig, lake_uri: str, candidate: dict, models: d
     A holdout row is *cold* when its user has fewer than `cold_start.min_impressions` impressions
     among the window's rows before the holdout (the rows this adapter learned from).
     """
-    from pipelines.evaluation.model_input import predict_pctr
-    from pipelines.training.adapter import holdout_streams
+    from pipelines.registry.model_input import predict_pctr
+    from pipelines.model.stream import holdout_streams
 
     streams = holdout_streams(cfg, lake_uri, candidate["end_day"], candidate["slot"], cfg.model)
     sha = streams["index"].lineage()["sha256"]

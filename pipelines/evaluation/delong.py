@@ -15,7 +15,7 @@ import math
 import numpy as np
 from scipy.stats import norm, rankdata
 
-from pipelines.evaluation.metrics import EvaluationInputError
+from pipelines.metrics import EvaluationInputError
 
 
 def _checked(y, scores: list, where: str) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.evaluation.metrics import EvaluationInputError, check_inputs
+from pipelines.metrics import EvaluationInputError, check_inputs
 
 NULL_GROUP = "<null>"
 DEFAULT_MIN_ROWS = 30

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.evaluation.metrics import EvaluationInputError
+from pipelines.metrics import EvaluationInputError
 
 ADAPTER_FILE = "adapter_model.safetensors"
 _PREFIX = "base_model.model."

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.evaluation.model_input import model_input
+from pipelines.registry.model_input import model_input
 
 
 def pyfunc_latency(model, rows: pd.DataFrame, batch_sizes=(1, 32), warmup: int = 5, repeats: int = 50) -> dict:

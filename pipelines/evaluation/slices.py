@@ -14,7 +14,7 @@ import pandas as pd
 from pipelines.evaluation.delong import delong_test
 from pipelines.evaluation.fairness import (DEFAULT_MIN_ROWS, NULL_GROUP, demographic_parity_difference,
                                            equalized_odds_difference)
-from pipelines.evaluation.metrics import EvaluationInputError, check_inputs, gauc, reliability_curve, summary
+from pipelines.metrics import EvaluationInputError, check_inputs, gauc, reliability_curve, summary
 
 DEFAULT_SLICE_MIN_ROWS = 100   # below this a slice's AUC is mostly noise: reported as skipped
 _METRIC_KEYS = ("auc", "logloss", "ne", "calibration_ratio", "ece")

@@ -223,7 +223,7 @@ class _Scorer:
     def predict(self, model: str, version: str, rows):
         import mlflow.pyfunc
 
-        from pipelines.evaluation.model_input import predict_pctr
+        from pipelines.registry.model_input import predict_pctr
 
         if (model, version) not in self._models:
             self._models[model, version] = mlflow.pyfunc.load_model(f"models:/{model}/{version}")
@@ -234,7 +234,7 @@ def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[W
            champion_version: str = "") -> tuple[Window | None, str]:
     """The window of `mv` on `day`: found (a version is scored once per day, in the role it had then),
     or scored and recorded as model@alias; (None, why) when the day is in-sample for it."""
-    from pipelines.evaluation.metrics import summary
+    from pipelines.metrics import summary
 
     version, trained_to = str(mv.version), mv.tags.get("data.last", "")
     if trained_to and day <= trained_to:

@@ -38,7 +38,7 @@ def load_base_from_registry(name: str, version: str, expected_fingerprint: str |
 class CTRPyfunc(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         from pipelines.model import store
-        from pipelines.training import lora
+        from pipelines.model import adapters
 
         self.meta = json.loads(Path(context.artifacts["meta"]).read_text())
         if self.meta["kind"] == "base":
@@ -50,12 +50,12 @@ class CTRPyfunc(mlflow.pyfunc.PythonModel):
             verify_files(context.artifacts["adapter"], self.meta.get("adapter_files"),
                          f"adapter of slot {self.meta.get('slot')!r} (base {b['name']} v{b['version']})")
             base = load_base_from_registry(b["name"], b["version"], b["fingerprint"])
-            self.model = lora.load(base, context.artifacts["adapter"])
+            self.model = adapters.load(base, context.artifacts["adapter"])
         self._cfg = self.model.cfg if hasattr(self.model, "cfg") else self.model.get_base_model().cfg
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
         from pipelines.model.features import encode
-        from pipelines.training.loop import predict
+        from pipelines.model.inference import predict
 
         missing = [c for c in FEATURE_FIELDS if c not in model_input.columns]
         if missing:

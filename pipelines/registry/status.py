@@ -8,8 +8,7 @@ from pipelines.config import PipelineConfig
 
 
 def model_status(name: str) -> dict:
-    from pipelines.promotion import aliases
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import history, mlflow_io
 
     c = mlflow_io.client()
     rm = c.get_registered_model(name)
@@ -27,7 +26,7 @@ def model_status(name: str) -> dict:
         if t.get("gate.kind") == "direct":
             versions[-1]["gate"] = "direct (no gate)"
     return {"model": name, "aliases": dict(sorted(rm.aliases.items())) if rm.aliases else {},
-            "versions": versions, "history": aliases.history(name)}
+            "versions": versions, "history": history.history(name)}
 
 
 def _float(v):

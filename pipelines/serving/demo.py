@@ -1,6 +1,6 @@
 """Fill the active MLflow registry with a base and LoRA adapter versions, as the pipeline registers them.
 
-For the serving tests (tests/pipelines/serving/fixtures.py) and `pipelines.bench_serving`: the models
+For the serving tests (tests/pipelines/serving/fixtures.py) and `pipelines.bench.serving`: the models
 are untrained, but every adapter gets random non-zero LoRA matrices (PEFT initialises lora_B to zero,
 which would make every adapter equal the base), so adapters differ from the base and each other.
 Logging and tags follow `training.base_model` / `training.adapter` + `registry.register`.
@@ -56,9 +56,9 @@ def register_base(model: CTRModel, example: pd.DataFrame, name: str = BASE_NAME,
 
 def random_adapter(base: CTRModel, seed: int, lora_cfg: LoraTrainConfig | None = None, scale: float = 0.3):
     """A PeftModel on a copy of `base` whose LoRA A and B matrices are seeded random values."""
-    from pipelines.training import lora
+    from pipelines.model import adapters
 
-    model = lora.attach(copy.deepcopy(base), lora_cfg or LoraTrainConfig())
+    model = adapters.attach(copy.deepcopy(base), lora_cfg or LoraTrainConfig())
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -74,11 +74,11 @@ def log_adapter(model, slot: str, base: BaseVersion, example: pd.DataFrame,
     import mlflow
 
     from pipelines.registry import integrity, mlflow_io
-    from pipelines.training import lora
+    from pipelines.model import adapters
 
     base_ref = {**base.ref(), "fingerprint": recorded_fingerprint or base.fingerprint}
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_name=f"adapter-{slot}-demo", experiment_id=experiment_id) as run:
-        lora.save(model, tmp)
+        adapters.save(model, tmp)
         info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref}, example, adapter_dir=tmp)
     hashes = mlflow.MlflowClient().get_run(run.info.run_id).data.tags[integrity.TAG]
     return LoggedAdapter(info.model_uri, run.info.run_id, hashes, base_ref["fingerprint"])

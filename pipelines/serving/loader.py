@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipelines.errors import RegistryError
 from pipelines.registry import integrity
-from pipelines.training.lora import LAYERNORM_BIAS_FILE
+from pipelines.model.adapters import LAYERNORM_BIAS_FILE
 
 CHAMPION, CANARY = "champion", "canary"
 # MLflow's answers for "no such model" and "no such alias": the route is simply absent.

@@ -18,7 +18,7 @@ Mixed batches. Options measured (default ModelConfig, batch 32 over 4 adapters, 
   the base (tensors shared again) whose targeted layers have a forward hook adding each row's LoRA term
   from weights stacked for that table (a gather and two batched matmuls per targeted layer, any number
   of adapters): 1.16x the merged model's forward on the same batch, ~1.1x end to end
-  (`pipelines.bench_serving`). Each thread passes its rows' stack indices through a ContextVar;
+  (`pipelines.bench.serving`). Each thread passes its rows' stack indices through a ContextVar;
   requests share no mutable state.
 
 Swap and unload safety. A refresh resolves the aliases, loads (download + verify + inject into the
@@ -58,7 +58,7 @@ from pipelines.serving import batched, loader, routing
 from pipelines.serving.loader import CANARY, CHAMPION, RefusedVersion, VersionRef
 from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import RoutingTable
-from pipelines.training.loop import configure_threads
+from pipelines.model.inference import configure_threads
 
 if TYPE_CHECKING:
     from pipelines.config import PipelineConfig

@@ -11,19 +11,9 @@ import tempfile
 
 from pipelines.config import PipelineConfig, config_hash, to_dict
 from pipelines.errors import PipelineError
+from pipelines.registry.models import serving_base
 
 log = logging.getLogger(__name__)
-
-
-def serving_base(cfg: PipelineConfig) -> dict:
-    """The base model version behind ctr_base@champion (what adapters are trained on and served with)."""
-    from pipelines.registry import mlflow_io
-
-    name = cfg.registry.base_model_name
-    mv = mlflow_io.version_by_alias(name, "champion")
-    if mv is None:
-        raise PipelineError(f"no serving base model: {name}@champion is not set; run the ctr_base_model DAG first")
-    return {"name": name, "version": str(mv.version), "fingerprint": mv.tags["fingerprint"]}
 
 
 def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkpoint_uri: str | None = None,
@@ -45,20 +35,22 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
 
     from pipelines.registry import mlflow_io
     from pipelines.registry.pyfunc import load_base_from_registry
-    from pipelines.training import checkpoint, lora
+    from pipelines.model import adapters
+    from pipelines.training import checkpoint
+    from pipelines.model.stream import holdout_streams
     from pipelines.training.loop import LoopSettings, fit, seed_everything
 
     if slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)})")
     lc = cfg.lora
     base_ref = serving_base(cfg)
-    stab = lora.stable_lr(lc)
+    stab = adapters.stable_lr(lc)
     seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
-    model = lora.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
+    model = adapters.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
     streams = holdout_streams(cfg, lake_uri, end_day, slot, model.get_base_model().cfg)
     data_lineage = streams["index"].lineage()
     fit_rows, val_rows, holdout = streams["train"], streams["val"], streams["holdout"]
-    sizes = lora.trainable_fraction(model)
+    sizes = adapters.trainable_fraction(model)
     settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
                             patience=lc.early_stopping_patience)
     model_name = cfg.adapter_model_name(slot)
@@ -96,7 +88,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(data_lineage, "lineage/data.json")
         with tempfile.TemporaryDirectory() as tmp:
-            lora.save(model, tmp)
+            adapters.save(model, tmp)
             info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
                                            mlflow_io.input_example(holdout.head(5)), adapter_dir=tmp)
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
@@ -108,20 +100,10 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
             "resumed_from_epoch": result["resumed_from_epoch"]}
 
 
-def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, model_cfg) -> dict:
-    """train / val / holdout streams of a slot's window: the one definition that training and the
-    evaluation stage share, so both see exactly the same holdout rows."""
-    from pipelines.training.stream import stream_split
-
-    lc = cfg.lora
-    return stream_split(lake_uri, end_day, model_cfg, days=lc.window_days, slot=slot,
-                        holdout_fraction=lc.holdout_fraction, val_fraction=lc.val_fraction, min_rows=lc.min_rows)
-
-
 def score_stream(model, stream) -> dict:
     """Metric summary of `model` over a stream's rows (in order, under no_grad)."""
-    from pipelines.evaluation.metrics import summary
-    from pipelines.training.loop import evaluate_arrays
+    from pipelines.metrics import summary
+    from pipelines.model.inference import evaluate_arrays
 
     y, p = evaluate_arrays(model, stream)
     return summary(y, p)

@@ -16,12 +16,13 @@ log = logging.getLogger(__name__)
 def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     import mlflow
 
-    from pipelines.evaluation.metrics import summary
+    from pipelines.metrics import summary
     from pipelines.model import features, store
     from pipelines.model.base import CTRModel
     from pipelines.registry import mlflow_io
-    from pipelines.training.data import load_split
-    from pipelines.training.loop import LoopSettings, predict, seed_everything, train as train_loop
+    from pipelines.data.splits import load_split
+    from pipelines.model.inference import predict
+    from pipelines.training.loop import LoopSettings, seed_everything, train as train_loop
 
     bt = cfg.base_training
     split = load_split(lake_uri, cutoff_day, bt.holdout_fraction, start_day=bt.train_start, min_rows=100)
@@ -50,24 +51,3 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "fingerprint": meta["fingerprint"],
             "metrics": metrics, "data": {k: split.lineage[k] for k in ("first", "last", "count", "sha256")},
             "config_hash": config_hash(cfg.model), "cutoff": cutoff_day}
-
-
-def register(cfg: PipelineConfig, trained: dict, actor: str = "cli") -> dict:
-    from pipelines.promotion import aliases, lock
-    from pipelines.registry import mlflow_io
-
-    # The new version becomes @champion: without a registry lock (an HTTP tracking server and no
-    # CTR_REGISTRY_LOCK_URL) that move is refused, so refuse before registering a version nothing serves.
-    lock.backend()
-    name = cfg.registry.base_model_name
-    tags = {"fingerprint": trained["fingerprint"], "config.hash": trained["config_hash"],
-            "code.version": mlflow_io.code_version(), "data.first": trained["data"]["first"],
-            "data.last": trained["data"]["last"], "data.sha256": trained["data"]["sha256"],
-            "holdout.auc": trained["metrics"]["auc"],
-            # The base is promoted on training (no gate yet); gate.passed lets revert accept it.
-            "gate.passed": "true", "gate.kind": "direct"}
-    version = mlflow_io.register(trained["model_uri"], name, tags, run_id=trained["run_id"])
-    move = aliases.move_alias(name, "champion", version, kind="promote", actor=actor,
-                              reason=f"base model trained up to {trained['cutoff']}")
-    return {"model": name, "version": version, "fingerprint": trained["fingerprint"], "moved": move["moved"],
-            "move": move}

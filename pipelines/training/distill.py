@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.model.inference import unwrap_peft, logits_and_pooled
+
 log = logging.getLogger(__name__)
 
 KAIMING_ROW_NORM = 1.0 / math.sqrt(3.0)  # E||row of PEFT's default LoRA A|| (see module docstring)
@@ -105,48 +107,6 @@ def distill_loss(w: LossWeights, *, labelled_logits: torch.Tensor, labels: torch
     return total, {k: float(v.detach()) for k, v in parts.items() if v is not None}
 
 
-# ----------------------------------------------------------------------------- pooled representation
-def _ctr_model(model: nn.Module) -> nn.Module:
-    """The CTRModel inside a PEFT wrapper (LoRA layers are injected in place, so they still apply)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def logits_and_pooled(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [batch], pooled [batch, D]) in one pass; logits are exactly what `model(tokens)` gives.
-
-    The pooled representation is the mean over fields of the final LayerNorm's output, the vector
-    the head reads: CTRModel.forward is `head(norm(blocks(embed(x))).mean(1))`.
-    """
-    return _ctr_model(model).logits_and_pooled(tokens)   # includes the optional first-order (wide) term
-
-
-def forward_by_group(models: dict, tokens: np.ndarray, groups: np.ndarray,
-                     batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Logits and pooled representations of each row from the model of its group (e.g. its slot's
-    teacher), under no_grad and eval mode; rows keep their order. `models[None]`, if present, serves
-    groups that have no model of their own."""
-    n = len(tokens)
-    logits = np.zeros(n, dtype=np.float32)
-    pooled = None
-    groups = np.asarray([str(g) for g in groups], dtype=object)
-    for g in sorted(set(groups)):
-        model = models.get(g, models.get(None))
-        if model is None:
-            raise KeyError(f"no model for group {g!r} and no default (key None)")
-        idx = np.flatnonzero(groups == g)
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            for i in range(0, len(idx), batch_size):
-                rows = idx[i:i + batch_size]
-                lg, h = logits_and_pooled(model, torch.from_numpy(tokens[rows]))
-                if pooled is None:
-                    pooled = np.zeros((n, h.shape[1]), dtype=np.float32)
-                logits[rows], pooled[rows] = lg.numpy(), h.numpy()
-        model.train(was_training)
-    return logits, (pooled if pooled is not None else np.zeros((0, 0), dtype=np.float32))
-
-
 # ----------------------------------------------------------------------------- covariance init
 def behaviour_covariance(vectors: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted covariance [D, D] of row vectors [N, D] (weights >= 0, e.g. impressions per user)."""
@@ -207,7 +167,7 @@ def user_embedding_rows(model: nn.Module, user_tokens: np.ndarray) -> tuple[torc
     """(rows of the base's `embeddings.user_id` table, impressions) for the distinct user tokens
     among `user_tokens` (one per impression)."""
     uniq, counts = np.unique(np.asarray(user_tokens, dtype=np.int64), return_counts=True)
-    table = _ctr_model(model).embeddings["user_id"].weight.detach()
+    table = unwrap_peft(model).embeddings["user_id"].weight.detach()
     return table[torch.from_numpy(uniq)], torch.from_numpy(counts.astype(np.float64))
 
 
@@ -243,8 +203,9 @@ def distill(student: nn.Module, labelled: tuple[np.ndarray, np.ndarray], transfe
     With weights kd = align = 0 and no transfer set this is plain BCE fine-tuning on the labelled
     rows with the same steps, schedule and seed: the no-distillation baseline.
     """
-    from pipelines.evaluation.metrics import auc, logloss
-    from pipelines.training.loop import configure_threads, lr_at, predict, seed_everything
+    from pipelines.metrics import auc, logloss
+    from pipelines.model.inference import configure_threads, predict
+    from pipelines.training.loop import lr_at, seed_everything
 
     configure_threads()
     seed_everything(settings.seed)

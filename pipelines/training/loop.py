@@ -2,7 +2,7 @@
 
 Used for both the full base-model training and LoRA adapter training: what differs is only which
 parameters require grad. Rows come from a *source*: in-memory arrays (`ArraySource`) or anything
-with `rows` and `batches(batch_size, gen)` (e.g. `pipelines.training.stream.LakeStream`). Each
+with `rows` and `batches(batch_size, gen)` (e.g. `pipelines.model.stream.LakeStream`). Each
 epoch's order is drawn from one seeded torch generator, so a run is a pure function of the seed and
 the data, and a checkpoint taken between epochs resumes it bit-exactly.
 """
@@ -15,7 +15,6 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -23,49 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.errors import LakeError
-from pipelines.evaluation.metrics import auc, logloss
+from pipelines.model.inference import as_source, configure_threads, evaluate
 
 log = logging.getLogger(__name__)
-
-
-def configure_threads() -> None:
-    """One intra-op thread by default: these models are small, and OpenMP threads spinning against
-    each other (or against a second task on a 2-core worker) made steps ~30x slower when measured."""
-    import os
-
-    torch.set_num_threads(int(os.environ.get("CTR_TORCH_THREADS", "1")))
-    bound_heap_growth()
-
-
-_HEAP_BOUNDED = False
-
-
-def bound_heap_growth() -> None:
-    """Keep glibc from growing the heap with every scored batch (Linux only; once per process).
-
-    glibc raises its mmap threshold each time a large block is freed, after which the multi-MB
-    activations of a 4096-row scoring batch come from the heap and fragment it: scoring a 1.2M-row
-    holdout grew the peak RSS from 0.55 to 2.5 GB, about 1.2 KB per row. A fixed threshold
-    (M_MMAP_THRESHOLD = 128 KiB, glibc's initial value) keeps them in mmap'd blocks that go back to
-    the OS: 0.68 GB for the same rows (docs/benchmarks.md).
-    """
-    global _HEAP_BOUNDED
-    if _HEAP_BOUNDED:
-        return
-    _HEAP_BOUNDED = True
-    import ctypes
-    import ctypes.util
-    import os
-    import sys
-
-    threshold = int(os.environ.get("CTR_MMAP_THRESHOLD", 4 << 20))   # 0: leave glibc's dynamic threshold
-    if not sys.platform.startswith("linux") or threshold <= 0:
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, threshold)   # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to tune
-        pass
 
 
 def seed_everything(seed: int) -> None:
@@ -86,18 +45,6 @@ def bce_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits, targets)
 
 
-@torch.no_grad()
-def predict(model: nn.Module, tokens: np.ndarray, batch_size: int = 4096) -> np.ndarray:
-    """pCTR for every row, in order, under no_grad and eval mode (restores the previous mode)."""
-    configure_threads()
-    was_training = model.training
-    model.eval()
-    out = [torch.sigmoid(model(torch.from_numpy(tokens[i:i + batch_size]))).numpy()
-           for i in range(0, len(tokens), batch_size)]
-    model.train(was_training)
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
-
-
 @dataclass(frozen=True)
 class LoopSettings:
     epochs: int
@@ -107,56 +54,6 @@ class LoopSettings:
     warmup_steps: int
     seed: int
     patience: int = 0   # early stopping: epochs without a lower val logloss before stopping; 0 = off
-
-
-class ArraySource:
-    """In-memory rows. Shuffled batches are one `randperm` per epoch from the loop's generator."""
-
-    def __init__(self, tokens: np.ndarray, y: np.ndarray):
-        self.x, self.y = torch.from_numpy(tokens), torch.from_numpy(y)
-        self.rows = len(tokens)
-
-    def batches(self, batch_size: int, gen: torch.Generator | None = None
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Shuffled with `gen`, in row order without it."""
-        order = torch.randperm(self.rows, generator=gen) if gen is not None else None
-        for i in range(0, self.rows, batch_size):
-            if order is None:
-                yield self.x[i:i + batch_size], self.y[i:i + batch_size]
-            else:
-                idx = order[i:i + batch_size]
-                yield self.x[idx], self.y[idx]
-
-
-def as_source(data):
-    """(tokens, labels) arrays -> ArraySource; a source passes through."""
-    if isinstance(data, tuple):
-        return ArraySource(*data)
-    if not (hasattr(data, "rows") and hasattr(data, "batches")):
-        raise TypeError(f"not a (tokens, labels) tuple nor a batch source: {type(data).__name__}")
-    return data
-
-
-@torch.no_grad()
-def evaluate_arrays(model: nn.Module, source, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, pCTR) over a source's rows in order, under no_grad and eval mode (restores the mode)."""
-    configure_threads()
-    was_training = model.training
-    model.eval()
-    ps, ys = [], []
-    for x, y in source.batches(batch_size, None):
-        ps.append(torch.sigmoid(model(x)).numpy())
-        ys.append(y.numpy())
-    model.train(was_training)
-    if not ys:
-        return np.zeros(0, np.float32), np.zeros(0, np.float32)
-    return np.concatenate(ys), np.concatenate(ps)
-
-
-def evaluate(model: nn.Module, source, batch_size: int = 4096) -> dict:
-    """val_auc / val_logloss over a source's rows in order, under no_grad and eval mode."""
-    y, p = evaluate_arrays(model, source, batch_size)
-    return {"val_auc": auc(y, p), "val_logloss": logloss(y, p)}
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

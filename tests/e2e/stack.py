@@ -155,6 +155,7 @@ def synthetic_stack(tmp: Path, bucket: str, policy):
     import yaml
 
     from pipelines.config import to_dict
+    from pipelines.flows.base import register_base
     from pipelines.training import base_model
     from tests.pipelines.promotion.test_monitor import make_config, write_lake
 
@@ -170,5 +171,5 @@ def synthetic_stack(tmp: Path, bucket: str, policy):
         st = Stack({**env, "CTR_GATE_POLICY": str(policy_path), "CTR_TORCH_THREADS": "1"}, kind, tmp)
         st.init_airflow()
         with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_CHECKPOINT_ROOT=str(tmp / "ckpt")):
-            base_model.register(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
+            register_base(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
             yield st, cfg, lake

@@ -24,6 +24,7 @@ def stack(tmp_path_factory, s3_endpoint):
     from pipelines.evaluation.compare import evaluate
     from pipelines.promotion import aliases
     from pipelines.registry.register import register
+    from pipelines.flows.base import register_base
     from pipelines.training import adapter, base_model
 
     tmp = tmp_path_factory.mktemp("e2e-cold")
@@ -34,7 +35,7 @@ def stack(tmp_path_factory, s3_endpoint):
         st.init_airflow()
         with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_PIPELINE_CONFIG=str(config_path)):
             cfg = load_pipeline_config()
-            base_model.register(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e")
+            register_base(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e")
             cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
             reg = register(cfg, cand, evaluate(cfg, lake_uri, cand))
             aliases.move_alias(reg["model"], "champion", reg["version"], kind="promote", actor="e2e",

@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from pipelines.evaluation.delong import auc_ci, covariance, delong_test, structural_components
-from pipelines.evaluation.metrics import EvaluationInputError
+from pipelines.metrics import EvaluationInputError
 
 
 def brute_components(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

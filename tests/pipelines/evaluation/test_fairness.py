@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from pipelines.evaluation.fairness import demographic_parity_difference, equalized_odds_difference
-from pipelines.evaluation.metrics import EvaluationInputError
+from pipelines.metrics import EvaluationInputError
 
 
 def test_demographic_parity_hand_computed():

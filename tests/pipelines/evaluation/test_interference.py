@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.evaluation.interference import ADAPTER_FILE, adapter_interference, delta_weights
-from pipelines.evaluation.metrics import EvaluationInputError
+from pipelines.metrics import EvaluationInputError
 from pipelines.model.base import CTRModel
-from pipelines.training import lora
+from pipelines.model import adapters
 
 CFG = ModelConfig(id_buckets=64, small_buckets=8, embed_dim=8, n_heads=2, n_blocks=1)
 Q = "blocks.0.q_proj"
@@ -23,7 +23,7 @@ V = "blocks.0.v_proj"
 def peft_adapter(seed: int, targets=("q_proj", "v_proj"), r: int = 2):
     """A real PEFT adapter with random A and B (a fresh one has B = 0, i.e. no update at all)."""
     torch.manual_seed(0)
-    model = lora.attach(CTRModel(CFG), LoraTrainConfig(r=r, alpha=2 * r, target_modules=targets))
+    model = adapters.attach(CTRModel(CFG), LoraTrainConfig(r=r, alpha=2 * r, target_modules=targets))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, t in model.named_parameters():
@@ -33,7 +33,7 @@ def peft_adapter(seed: int, targets=("q_proj", "v_proj"), r: int = 2):
 
 
 def saved(model, directory) -> str:
-    lora.save(model, directory)
+    adapters.save(model, directory)
     return str(directory)
 
 
@@ -118,7 +118,7 @@ def test_one_adapter_untrained_adapters_and_partial_overlap(tmp_path):
     assert adapter_interference({"a": d}) == {"adapters": ["a"], "modules": {}, "max_abs_cos": None,
                                               "pair": None, "module": None}
     torch.manual_seed(0)
-    fresh = lora.attach(CTRModel(CFG), LoraTrainConfig(r=2, alpha=4))   # B = 0: no update yet
+    fresh = adapters.attach(CTRModel(CFG), LoraTrainConfig(r=2, alpha=4))   # B = 0: no update yet
     r = adapter_interference({"a": d, "fresh": saved(fresh, tmp_path / "f")})
     assert r["modules"][Q]["max_abs_cos"] is None and r["max_abs_cos"] is None
     assert r["modules"][Q]["norms"]["fresh"] == 0.0

@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.evaluation.delong import delong_test
 from pipelines.evaluation.fairness import demographic_parity_difference, equalized_odds_difference
-from pipelines.evaluation.metrics import EvaluationInputError, gauc, reliability_curve, summary
+from pipelines.metrics import EvaluationInputError, gauc, reliability_curve, summary
 from pipelines.evaluation.slices import cold_warm, compare_predictions, evaluate_predictions, slice_metrics
 
 

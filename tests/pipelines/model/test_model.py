@@ -13,7 +13,7 @@ from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 from pipelines.model import features, store
 from pipelines.model.base import CTRModel, fingerprint
-from pipelines.training import lora
+from pipelines.model import adapters
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
 SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10,
@@ -127,11 +127,11 @@ def test_fingerprint_changes_when_one_weight_changes():
 def test_fingerprint_of_peft_wrapped_base_equals_plain_base(tokens):
     base = make_model()
     plain = fingerprint(base)
-    wrapped = lora.attach(copy.deepcopy(base), LoraTrainConfig(r=4, alpha=8))
+    wrapped = adapters.attach(copy.deepcopy(base), LoraTrainConfig(r=4, alpha=8))
     assert any("lora_" in k for k in wrapped.state_dict())  # really wrapped
     assert fingerprint(wrapped) == plain
     # ... but a wrapped *different* base does not match
-    other = lora.attach(make_model(1), LoraTrainConfig(r=4, alpha=8))
+    other = adapters.attach(make_model(1), LoraTrainConfig(r=4, alpha=8))
     assert fingerprint(other) != plain
 
 
@@ -212,7 +212,7 @@ def test_wide_model_trains_its_bias_tables_and_lora_still_targets_the_attention(
     assert wide.wide["item_id"].weight.grad.abs().sum() > 0
     base = CTRModel(WIDE).eval()
     plain_fp = fingerprint(base)
-    model = lora.attach(base, LoraTrainConfig(r=4, alpha=8))
+    model = adapters.attach(base, LoraTrainConfig(r=4, alpha=8))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n and (".q_proj." in n or ".v_proj." in n) for n in trainable)
     assert fingerprint(model) == plain_fp

@@ -7,7 +7,7 @@ from mlflow import MlflowClient
 
 from pipelines.errors import PromotionError, RegistryError
 from pipelines.promotion import aliases
-from pipelines.registry import mlflow_io
+from pipelines.registry import history, mlflow_io
 
 MODEL = "ctr_lora_feed"
 
@@ -78,7 +78,7 @@ def test_promote_promote_revert_records_a_full_history(three):
     assert [int(e["seq"]) for e in hist] == sorted(int(e["seq"]) for e in hist)
 
     # the history lives as terminated runs in its own experiment, readable with the plain client
-    exp = mlflow.get_experiment_by_name(aliases.HISTORY_EXPERIMENT)
+    exp = mlflow.get_experiment_by_name(history.HISTORY_EXPERIMENT)
     runs = MlflowClient().search_runs([exp.experiment_id])
     assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)
 

@@ -186,6 +186,7 @@ def register_adapter(cfg: PipelineConfig, lake: str, end_day: str, slot: str = "
 
 def build_world(root: Path, template_db: Path) -> dict:
     """Base + adapters in a store under `root`; returns what tests need (paths, config)."""
+    from pipelines.flows.base import register_base
     from pipelines.training import base_model
 
     lake = write_lake(str(root / "lake"))
@@ -194,7 +195,7 @@ def build_world(root: Path, template_db: Path) -> dict:
         use_store_copy(template_db, root, mp)
         mp.setenv("CTR_CHECKPOINT_ROOT", str(root / "ckpt"))
         cfg = make_config(lake)
-        base_model.register(cfg, base_model.train(cfg, lake, day(3)), actor="test")
+        register_base(cfg, base_model.train(cfg, lake, day(3)), actor="test")
         versions = {"v1": register_adapter(cfg, lake, day(4)), "v2": register_adapter(cfg, lake, day(5)),
                     "bad": register_adapter(cfg, flipped, day(5))}
         mlflow.set_tracking_uri(None)
@@ -206,7 +207,7 @@ def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str 
     """Keep the slot's clicks per day but give them to the rows `model` v`version` ranks lowest."""
     import numpy as np
 
-    from pipelines.evaluation.model_input import predict_pctr
+    from pipelines.registry.model_input import predict_pctr
 
     lake = Lake(lake_uri)
     m = mlflow.pyfunc.load_model(f"models:/{model}/{version}")

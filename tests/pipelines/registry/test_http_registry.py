@@ -33,7 +33,8 @@ from pipelines.data.lake import Lake, concat
 from pipelines.data.synthetic import SLOTS
 from pipelines.evaluation.compare import evaluate
 from pipelines.promotion import aliases, gate
-from pipelines.registry import mlflow_io, register as reg
+from pipelines.registry import history, mlflow_io, register as reg
+from pipelines.flows.base import register_base
 from pipelines.training import adapter, base_model, checkpoint
 from tests.pipelines.registry.test_trust import END_DAY, _fresh_process_predict
 from tests.pipelines.training.helpers import CFG
@@ -106,7 +107,7 @@ def test_the_issue_reproduction_registers_ctr_base_champion_over_http(on_mlflow_
                                                                    "base model trained up to 2026-01-02")
     stored = bucket_keys(server, logged.artifact_location)               # the weights went through to S3
     assert {"MLmodel", "artifacts/meta.json", "artifacts/base/weights.safetensors"} <= set(stored)
-    exp = mlflow.get_experiment_by_name(aliases.HISTORY_EXPERIMENT)
+    exp = mlflow.get_experiment_by_name(history.HISTORY_EXPERIMENT)
     assert exp.artifact_location.startswith("mlflow-artifacts:/")
 
     rows = concat(Lake(str(lake)).read_window("2026-01-04", 1)).head(200).reset_index(drop=True)
@@ -127,7 +128,7 @@ def own_names(on_mlflow_server, lake, tmp_path, monkeypatch):
                                               min_rows=100, warmup_steps=2),
                          registry=RegistryConfig(base_model_name=f"ctr_base_{tag}",
                                                  adapter_model_prefix=f"ctr_lora_{tag}_"))
-    base_model.register(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="test")
+    register_base(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="test")
     return cfg
 
 

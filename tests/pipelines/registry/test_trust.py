@@ -22,8 +22,10 @@ from pipelines.evaluation.compare import evaluate
 from pipelines.model import features, store
 from pipelines.promotion import gate
 from pipelines.registry import integrity, mlflow_io, register as reg
-from pipelines.training import adapter, lora
-from pipelines.training.loop import LoopSettings, fit, predict, seed_everything
+from pipelines.model import adapters
+from pipelines.training import adapter
+from pipelines.model.inference import predict
+from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import CFG
 
 REPO = Path(__file__).resolve().parents[3]
@@ -59,7 +61,7 @@ def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake,
     b = mlflow_io.version_by_alias("ctr_base", "champion")
     from pipelines.registry.pyfunc import load_base_from_registry
 
-    model = lora.attach(load_base_from_registry("ctr_base", b.version, b.tags["fingerprint"]), cfg.lora)
+    model = adapters.attach(load_base_from_registry("ctr_base", b.version, b.tags["fingerprint"]), cfg.lora)
     train_rows = concat(Lake(lake).read_window("2024-01-04", 1))
     fit(model, (features.encode(train_rows, CFG), features.labels(train_rows)),
         LoopSettings(epochs=1, batch_size=64, lr=0.02, weight_decay=0.0, warmup_steps=2, seed=3))
@@ -69,7 +71,7 @@ def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake,
     assert np.abs(in_process - base_only).max() > 1e-4          # the adapter changes predictions
     with mlflow.start_run():
         adapter_dir = tmp_path / "adapter"
-        lora.save(model, adapter_dir)
+        adapters.save(model, adapter_dir)
         info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": "feed", "lora": to_dict(cfg.lora),
                                         "base": {"name": "ctr_base", "version": str(b.version),
                                                  "fingerprint": b.tags["fingerprint"]}},

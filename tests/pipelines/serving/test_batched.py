@@ -9,7 +9,7 @@ import torch
 from pipelines.config import LoraTrainConfig
 from pipelines.model.base import CTRModel
 from pipelines.serving import batched, demo
-from pipelines.training import lora
+from pipelines.model import adapters
 from tests.pipelines.serving import fixtures
 
 CONFIGS = (
@@ -29,8 +29,8 @@ def setup(tmp_path_factory):
     peft = None
     for i, cfg in enumerate(CONFIGS):
         d = tmp_path_factory.mktemp(f"adapter{i}")
-        lora.save(demo.random_adapter(base, seed=i, lora_cfg=cfg), d)
-        singles.append(lora.load(copy.deepcopy(base), str(d)))
+        adapters.save(demo.random_adapter(base, seed=i, lora_cfg=cfg), d)
+        singles.append(adapters.load(copy.deepcopy(base), str(d)))
         names.append(f"a{i}")
         if peft is None:
             peft = PeftModel.from_pretrained(store, str(d), adapter_name=names[-1])

@@ -38,6 +38,7 @@ def registered_base_config(lake: str, **lora_overrides):
     MLflow at a fresh one, see tests.conftest.use_store_copy)."""
     from pipelines.config import BaseTrainConfig, DataConfig, LoraTrainConfig, PipelineConfig
     from pipelines.data.synthetic import SLOTS
+    from pipelines.flows.base import register_base
     from pipelines.training import base_model
 
     lora = {"r": 4, "alpha": 8, "epochs": 1, "batch_size": 64, "lr": 0.02, "window_days": 2, "min_rows": 100,
@@ -45,5 +46,5 @@ def registered_base_config(lake: str, **lora_overrides):
     c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
                        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
                        lora=LoraTrainConfig(**lora))
-    base_model.register(c, base_model.train(c, lake, "2024-01-03"), actor="test")
+    register_base(c, base_model.train(c, lake, "2024-01-03"), actor="test")
     return c

@@ -2,7 +2,7 @@
 
 python -m tests.pipelines.training.resume_helper CHECKPOINT_DIR OUT_DIR [EPOCHS]
 
-Writes OUT_DIR/adapter (lora.save) and OUT_DIR/result.json (fit's result) when training completes.
+Writes OUT_DIR/adapter (adapters.save) and OUT_DIR/result.json (fit's result) when training completes.
 Exercises every stateful part of a resume: LoRA dropout (torch RNG), shuffling (the loop's
 generator), AdamW moments, the LR schedule's step, best-epoch tracking, embeddings + LayerNorm biases.
 """
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from pipelines.config import LoraTrainConfig
-from pipelines.training import lora
+from pipelines.model import adapters
 from pipelines.training.checkpoint import CheckpointStore
 from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import base, rows
@@ -27,13 +27,13 @@ def main(ckpt: str, out: str, epochs: int) -> None:
     x, y = rows("2024-01-03", 3000)
     xv, yv = rows("2024-01-04", 400)
     seed_everything(7)
-    model = lora.attach(base(), LCFG)
+    model = adapters.attach(base(), LCFG)
     settings = LoopSettings(epochs=epochs, batch_size=64, lr=2e-3, weight_decay=0.01, warmup_steps=5, seed=7,
                             patience=epochs)   # tracks and restores the best epoch, never stops early
     # The pause widens the window between a checkpoint landing and the next epoch, for the killer.
     result = fit(model, (x, y), settings, val=(xv, yv), checkpoint=CheckpointStore(ckpt),
                  on_epoch=lambda m: time.sleep(0.2))
-    lora.save(model, Path(out) / "adapter")
+    adapters.save(model, Path(out) / "adapter")
     (Path(out) / "result.json").write_text(json.dumps(result))
 
 

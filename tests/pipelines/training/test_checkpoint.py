@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from pipelines.config import REPO_ROOT, LoraTrainConfig
 from pipelines.training import checkpoint as ck
-from pipelines.training import lora
+from pipelines.model import adapters
 from pipelines.training.checkpoint import CheckpointStore
 from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import base, rows
@@ -39,7 +39,7 @@ def data():
 
 def fresh():
     seed_everything(7)
-    return lora.attach(base(), LCFG)
+    return adapters.attach(base(), LCFG)
 
 
 def weights(model) -> dict[str, torch.Tensor]:
@@ -207,6 +207,6 @@ def test_sigkilled_training_resumes_to_identical_weights(tmp_path):
     ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
     assert ref_result["resumed_from_epoch"] is None
     assert strip_speed(result["history"]) == strip_speed(ref_result["history"])
-    for name in ("adapter_model.safetensors", lora.LAYERNORM_BIAS_FILE):
+    for name in ("adapter_model.safetensors", adapters.LAYERNORM_BIAS_FILE):
         a, b = load_file(str(tmp_path / "run" / "adapter" / name)), load_file(str(tmp_path / "ref" / "adapter" / name))
         assert_same(a, b)

@@ -14,6 +14,7 @@ from pipelines.config import (BaseTrainConfig, ColdStartConfig, DataConfig, Lora
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, write_days
 from pipelines.errors import PipelineError
+from pipelines.flows import cold_start as cold_start_flow
 from pipelines.training import cold_start as CS
 from tests.conftest import use_store_copy
 from tests.pipelines.training.helpers import CFG, SPEC
@@ -69,12 +70,13 @@ def tiny_config(lake: str, **cold) -> PipelineConfig:
 @pytest.fixture
 def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
     """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
+    from pipelines.flows.base import register_base
     from pipelines.training import base_model
 
     use_store_copy(template_db, tmp_path, monkeypatch)
     monkeypatch.setenv("CTR_CODE_VERSION", "test")
     c = tiny_config(lake)
-    base_model.register(c, base_model.train(c, lake, BASE_DAY), actor="test")
+    register_base(c, base_model.train(c, lake, BASE_DAY), actor="test")
     yield c
     mlflow.set_tracking_uri(None)
 
@@ -100,7 +102,7 @@ def promote_teacher(cfg: PipelineConfig, lake: str, slot: str) -> None:
 def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
     promote_teacher(cfg, lake, "feed")
     policy = load_gate_policy()
-    first = CS.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
+    first = cold_start_flow.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
     json.dumps(first)  # JSON-safe all the way down
 
     det = first["detected"]
@@ -140,7 +142,7 @@ def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
     # instead of a duplicate, and it is gated against the champion (itself) on the same rows.
     if not first["gate"]["passed"]:
         make_champion("ctr_lora_cold_start", "1")
-    second = CS.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
+    second = cold_start_flow.run_all(cfg, lake, END_DAY, policy=policy, actor="test")
     ev2 = second["evaluation"]
     assert second["version"] == "1" and ev2["champion_version"] == "1" and second["gate"]["first_run"] is False
     assert len(c.search_model_versions("name = 'ctr_lora_cold_start'")) == 1

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from pipelines.config import ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.model.base import CTRModel, fingerprint
+from pipelines.model import inference
 from pipelines.training import distill as D
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=2, id_buckets=512, small_buckets=16)
@@ -158,27 +159,27 @@ def test_logits_and_pooled_match_forward_exactly_plain_and_peft_wrapped():
     x = torch.from_numpy(tokens(64))
     base = base_model()
     with torch.no_grad():
-        logits, h = D.logits_and_pooled(base, x)
+        logits, h = inference.logits_and_pooled(base, x)
         assert torch.equal(logits, base(x)) and h.shape == (64, CFG.embed_dim)
         base_h = h.clone()
 
     wrapped = lora_wrap(base_model())
     randomise_B(wrapped)  # a non-zero update: LoRA must act inside the helper's calls too
     with torch.no_grad():
-        logits, h = D.logits_and_pooled(wrapped, x)
+        logits, h = inference.logits_and_pooled(wrapped, x)
         assert torch.equal(logits, wrapped(x))
         assert not torch.allclose(h, base_h)
         with wrapped.disable_adapter():
-            assert torch.equal(D.logits_and_pooled(wrapped, x)[1], base_h)
+            assert torch.equal(inference.logits_and_pooled(wrapped, x)[1], base_h)
 
 
 def test_gradient_flows_only_to_lora_parameters():
     x, y = tokens(64), labels_for(tokens(64))
     teacher = base_model(seed=3)
-    t_logits, t_h = D.forward_by_group({None: teacher}, x, np.array(["a"] * len(x)))
+    t_logits, t_h = inference.forward_by_group({None: teacher}, x, np.array(["a"] * len(x)))
     student = lora_wrap(base_model())
     randomise_B(student)  # with B = 0 the gradient of A is exactly zero; make both non-trivial
-    logits, h = D.logits_and_pooled(student.train(), torch.from_numpy(x))
+    logits, h = inference.logits_and_pooled(student.train(), torch.from_numpy(x))
     loss, _ = D.distill_loss(D.LossWeights(1.0, 1.0, 1.0), labelled_logits=logits, labels=torch.from_numpy(y),
                              transfer_logits=logits, teacher_logits=torch.from_numpy(t_logits),
                              transfer_h=h, teacher_h=torch.from_numpy(t_h))
@@ -194,14 +195,14 @@ def test_forward_by_group_routes_rows_and_keeps_their_order():
     x = tokens(30)
     a, b = base_model(1), base_model(2)
     groups = np.array(["a", "b", "c"] * 10)
-    logits, pooled = D.forward_by_group({"a": a, "b": b, None: a}, x, groups)
+    logits, pooled = inference.forward_by_group({"a": a, "b": b, None: a}, x, groups)
     for g, m in (("a", a), ("b", b), ("c", a)):
         idx = np.flatnonzero(groups == g)
-        expect_l, expect_h = D.logits_and_pooled(m, torch.from_numpy(x[idx]))
+        expect_l, expect_h = inference.logits_and_pooled(m, torch.from_numpy(x[idx]))
         np.testing.assert_allclose(logits[idx], expect_l.detach().numpy(), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(pooled[idx], expect_h.detach().numpy(), rtol=1e-6, atol=1e-6)
     with pytest.raises(KeyError, match="'c'"):
-        D.forward_by_group({"a": a, "b": b}, x, groups)
+        inference.forward_by_group({"a": a, "b": b}, x, groups)
 
 
 # ----------------------------------------------------------------------------- covariance init
@@ -309,7 +310,7 @@ def teacher_setup():
     teacher = lora_wrap(base_model(), seed=5)
     randomise_B(teacher, seed=5)
     xt = tokens(512, seed=1)
-    tl, th = D.forward_by_group({None: teacher}, xt, np.zeros(len(xt), dtype=object))
+    tl, th = inference.forward_by_group({None: teacher}, xt, np.zeros(len(xt), dtype=object))
     xl = tokens(96, seed=2)
     return D.TransferSet(xt, tl, th), (xl, labels_for(xl))
 
@@ -359,10 +360,10 @@ def test_without_transfer_set_it_is_plain_bce_fine_tuning(teacher_setup):
 def test_first_step_sees_zero_distillation_when_the_teacher_is_the_base():
     """Student = base + B=0 adapter and teacher = base: KD and alignment start at exactly zero."""
     xt = tokens(128, seed=3)
-    tl, th = D.forward_by_group({None: base_model()}, xt, np.zeros(len(xt), dtype=object))
+    tl, th = inference.forward_by_group({None: base_model()}, xt, np.zeros(len(xt), dtype=object))
     student = lora_wrap(base_model())
     D.set_lora_A(student, D.covariance_lora_A(D.behaviour_covariance(*D.user_embedding_rows(student, xt[:, 0])), R))
-    logits, h = D.logits_and_pooled(student.eval(), torch.from_numpy(xt))
+    logits, h = inference.logits_and_pooled(student.eval(), torch.from_numpy(xt))
     assert D.kd_term(logits, torch.from_numpy(tl), 2.0).item() == pytest.approx(0.0, abs=1e-7)
     assert D.align_term(h, torch.from_numpy(th)).item() == pytest.approx(0.0, abs=1e-10)
     copy.deepcopy(student)  # the wrapped student stays a plain, copyable module
@@ -381,6 +382,6 @@ def test_logits_and_pooled_is_the_whole_logit_of_a_wrapped_wide_model():
     model = lora_wrap(base)
     randomise_B(model)
     x = tokens()
-    logits, pooled = D.logits_and_pooled(model.eval(), torch.from_numpy(x))
+    logits, pooled = inference.logits_and_pooled(model.eval(), torch.from_numpy(x))
     assert torch.allclose(logits, out(model, x), atol=1e-6) and pooled.shape == (len(x), CFG.embed_dim)
     assert base.wide_logit(torch.from_numpy(x)).abs().max() > 0.1   # the wide term is part of what matched

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pipelines.config import LoraTrainConfig
-from pipelines.training import lora
-from pipelines.training.loop import ArraySource, LoopSettings, evaluate, fit, seed_everything
+from pipelines.model import adapters
+from pipelines.model.inference import ArraySource, evaluate
+from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import base, rows
 
 
@@ -86,7 +87,7 @@ def test_lora_training_with_every_feature_is_deterministic_for_a_seed(data):
     runs = []
     for seed in (7, 7, 8):
         seed_everything(seed)
-        model = lora.attach(copy.deepcopy(init), lcfg)
+        model = adapters.attach(copy.deepcopy(init), lcfg)
         res = fit(model, (x, y), LoopSettings(3, 32, 5e-3, 0.01, 2, seed, patience=1), val=val)
         runs.append((weights(model), [h["val_logloss"] for h in res["history"]]))
     (a, ha), (b, hb), (c, _) = runs

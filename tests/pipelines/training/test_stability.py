@@ -9,8 +9,9 @@ import pytest
 
 from pipelines.config import REPO_ROOT, LoraTrainConfig, load_pipeline_config
 from pipelines.errors import ConfigError
-from pipelines.training import lora
-from pipelines.training.loop import ArraySource, LoopSettings, evaluate, fit, seed_everything
+from pipelines.model import adapters
+from pipelines.model.inference import ArraySource, evaluate
+from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import base, rows
 
 
@@ -26,13 +27,13 @@ def test_rescale_lowers_lr_to_exactly_the_limit():
 
 
 def test_rescale_is_logged_and_reported(caplog):
-    with caplog.at_level(logging.WARNING, logger="pipelines.training.lora"):
-        got = lora.stable_lr(LoraTrainConfig(lr=0.04, r=8, batch_size=256, stability_max=0.01))
+    with caplog.at_level(logging.WARNING, logger="pipelines.model.adapters"):
+        got = adapters.stable_lr(LoraTrainConfig(lr=0.04, r=8, batch_size=256, stability_max=0.01))
     assert got == {"effective_lr": pytest.approx(0.02), "stability": pytest.approx(0.02), "lr_rescaled": True}
     assert "lr rescaled from 0.04 to 0.02" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipelines.training.lora"):
-        assert lora.stable_lr(LoraTrainConfig())["lr_rescaled"] is False
+    with caplog.at_level(logging.WARNING, logger="pipelines.model.adapters"):
+        assert adapters.stable_lr(LoraTrainConfig())["lr_rescaled"] is False
     assert caplog.text == ""
 
 
@@ -87,9 +88,9 @@ def test_breaking_the_rule_collapses_the_adapter_and_rescaling_trains(trained_ba
     assert cfg.stability == pytest.approx(3.0) and cfg.stable_lr() == pytest.approx(0.01)
     for seed in (1, 2):
         aucs = {}
-        for name, lr in (("unstable", cfg.lr), ("rescaled", lora.stable_lr(cfg)["effective_lr"])):
+        for name, lr in (("unstable", cfg.lr), ("rescaled", adapters.stable_lr(cfg)["effective_lr"])):
             seed_everything(seed)
-            model = lora.attach(copy.deepcopy(trained_base), cfg)
+            model = adapters.attach(copy.deepcopy(trained_base), cfg)
             fit(model, (x, y), LoopSettings(3, cfg.batch_size, lr, 0.0, 5, seed))
             aucs[name] = evaluate(model, val)["val_auc"]
         assert aucs["unstable"] < base_auc - 0.05, (seed, base_auc, aucs)

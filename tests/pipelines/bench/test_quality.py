@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines import bench_quality as bq
-from pipelines import bench_quality_distill as bqd
+from pipelines.bench import quality as bq
+from pipelines.bench import quality_distill as bqd
 from pipelines.config import ColdStartConfig, LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from pipelines.config import ModelConfig
+from pipelines.config import ModelConfig, PipelineConfig
 from pipelines.data.lake import Lake, split_s3
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import LakeError, PipelineError
@@ -202,3 +202,11 @@ def stream_split(lake_uri: str, end_day: str, cfg: ModelConfig, *, days: int | N
     bounds = {"train": (0, cut_v), "val": (cut_v, cut_h), "holdout": (cut_h, index.rows)}
     streams = {k: LakeStream(index, lo, hi, cfg, read_rows, buffer_rows) for k, (lo, hi) in bounds.items()}
     return {"index": index, **streams}
+
+
+def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, model_cfg) -> dict:
+    """train / val / holdout streams of a slot's window: the one definition that training and the
+    evaluation stage share, so both see exactly the same holdout rows."""
+    lc = cfg.lora
+    return stream_split(lake_uri, end_day, model_cfg, days=lc.window_days, slot=slot,
+                        holdout_fraction=lc.holdout_fraction, val_fraction=lc.val_fraction, min_rows=lc.min_rows)

@@ -3,15 +3,22 @@
 Cold entities (`detect`): users / items of the window that the serving base never saw (first seen
 after its training cutoff) or saw fewer than `min_impressions` times in the history before the
 window. The split (`split`) holds out the cold users who showed up last, entirely, so the
-evaluation slice is users the student never saw; see `pipelines.training.cold_start` for the stage
-that uses them.
+evaluation slice is users the student never saw. `prepare` reads a window from the lake and applies
+both; the cold-start stages (training.cold_start, evaluation.cold_start) start from it.
 """
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from pipelines.config import PipelineConfig
+from pipelines.data.lake import Lake, concat, lineage
+from pipelines.errors import PipelineError
+
+ALL = "all"   # a cold-start run over every slot (one model), as opposed to one slot's
 
 
 @dataclass(frozen=True)
@@ -120,3 +127,80 @@ def split(window: pd.DataFrame, cold: ColdEntities, holdout_fraction: float, lab
 def cap_transfer(transfer: pd.DataFrame, max_rows: int) -> pd.DataFrame:
     """The newest `max_rows` rows (the frame is time-sorted)."""
     return transfer if len(transfer) <= max_rows else transfer.iloc[len(transfer) - max_rows:].reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- a window, prepared
+def model_name(cfg: PipelineConfig, slot: str = ALL) -> str:
+    return cfg.cold_start.model_name if slot == ALL else f"{cfg.cold_start.model_name}_{slot}"
+
+
+def slots_of(cfg: PipelineConfig, slot: str) -> list[str]:
+    return list(cfg.data.slots) if slot == ALL else [slot]
+
+
+@dataclass
+class Prepared:
+    base: dict
+    cold: ColdEntities
+    split: ColdSplit
+    lineage: dict
+    window_first: str
+    rows_window: int
+    rows_cold: int
+
+
+def prepare(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, base: dict) -> Prepared:
+    """Read history + window from the lake, detect the cold entities and split the window.
+
+    `base` (name, version, fingerprint, cutoff) is the serving base at detection; later tasks pass
+    the one detection used, so a base promoted in between cannot change the split under them.
+    """
+    cs = cfg.cold_start
+    if slot != ALL and slot not in cfg.data.slots:
+        raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)}, or 'all')")
+    window_first = (dt.date.fromisoformat(end_day) - dt.timedelta(days=cs.window_days - 1)).isoformat()
+    parts = Lake(lake_uri).read_window(end_day, cs.window_days + cs.history_days)
+    in_window = [p for p in parts if p.dt >= window_first]
+    if not in_window:
+        raise PipelineError(f"no partitions in {lake_uri} for the window {window_first}..{end_day}")
+    history = concat([p for p in parts if p.dt < window_first]) if len(in_window) < len(parts) else \
+        concat(in_window).iloc[:0]
+    window = concat(in_window)
+    cold = detect(history, window, base["cutoff"], cs.min_impressions, items=cs.detect_items)
+    scoped = window if slot == ALL else window[window["slot"].astype(str) == slot]
+    try:
+        sp = split(scoped, cold, cs.holdout_fraction, cs.labelled_per_entity, cs.transfer)
+    except ValueError as exc:
+        raise PipelineError(f"cold start for the window {window_first}..{end_day} (slot {slot}): {exc}") from exc
+    sp.transfer = cap_transfer(sp.transfer, cs.max_transfer_rows)
+    for what, n, key in (("labelled", len(sp.labelled), "min_labelled_rows"),
+                         ("held-out", len(sp.holdout), "min_holdout_rows")):
+        if n < getattr(cs, key):
+            raise PipelineError(f"only {n} {what} cold rows in the window {window_first}..{end_day} (slot {slot}); "
+                                f"need at least {getattr(cs, key)} (cold_start.{key})")
+    return Prepared(base=base, cold=cold, split=sp, lineage=lineage(parts), window_first=window_first,
+                    rows_window=int(len(scoped)), rows_cold=int(cold_mask(scoped, cold).sum()))
+
+
+def describe(cfg: PipelineConfig, prep: Prepared, end_day: str, slot: str) -> dict:
+    """The JSON-safe summary of a prepared window that every cold-start task passes on."""
+    sp = prep.split
+    return {"end_day": end_day, "slot": slot, "model_name": model_name(cfg, slot), "cutoff": prep.base["cutoff"],
+            "base": {k: prep.base[k] for k in ("name", "version", "fingerprint")},
+            "window": {"first": prep.window_first, "last": end_day},
+            "data": {k: prep.lineage[k] for k in ("first", "last", "count", "sha256")},
+            "cold": prep.cold.counts(),
+            "rows": {"window": prep.rows_window, "cold": prep.rows_cold, "labelled": int(len(sp.labelled)),
+                     "transfer": int(len(sp.transfer)), "holdout": int(len(sp.holdout))},
+            "holdout_users": sp.holdout_users, "holdout_start": sp.holdout_start}
+
+
+def same_data(prep: Prepared, earlier: dict | None, what: str) -> None:
+    if earlier is not None and earlier["data"]["sha256"] != prep.lineage["sha256"]:
+        raise PipelineError(f"the lake data changed between detection and {what} (lineage "
+                            f"{earlier['data']['sha256'][:12]} != {prep.lineage['sha256'][:12]}); re-run the DAG")
+
+
+def base_of(summary: dict) -> dict:
+    """The base (with its cutoff) recorded by detect / distill."""
+    return {**summary["base"], "cutoff": summary["cutoff"]}

@@ -8,7 +8,7 @@ import math
 import mlflow
 import pytest
 
-from pipelines import bench_serving
+from pipelines.bench import serving as bench_serving
 
 KEYS = {"switch_ms", "load_ms", "routed_vs_merged", "merged_vs_base"}
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines import bench_quality as bq
-from pipelines import bench_quality_headroom as hr
+from pipelines.bench import quality as bq
+from pipelines.bench import quality_headroom as hr
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 
 SPEC = SyntheticSpec(n_users=300, n_items=80, n_advertisers=10, new_users_per_day=120, new_items_per_day=8,

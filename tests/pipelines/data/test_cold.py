@@ -1,11 +1,11 @@
-"""Cold-start detection and the entity-level split (pipelines.training.cold_entities) on constructed frames."""
+"""Cold-start detection and the entity-level split (pipelines.data.cold) on constructed frames."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.training import cold_entities as CE
+from pipelines.data import cold as CE
 
 CUTOFF = "2024-01-10"
 

@@ -1,4 +1,4 @@
-"""The "distilled" row of `pipelines.bench_quality`: a cold-start student built like the product's
+"""The "distilled" row of `pipelines.bench.quality`: a cold-start student built like the product's
 (pipelines.training.cold_start / distill), under the benchmark's static temporal protocol.
 
 Protocol (`distilled(ctx, stage)`; stage "val" reads only `ctx.fit` + `ctx.fit_base_dir` and scores
@@ -61,11 +61,12 @@ def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = R
     def distilled(ctx, stage: str) -> np.ndarray:
         import torch
 
-        from pipelines import bench_quality as bq
+        from pipelines.bench import quality as bq
         from pipelines.model import features, store
+        from pipelines.model import inference
         from pipelines.training import distill as D
-        from pipelines.training.cold_start import _student
-        from pipelines.training.loop import predict
+        from pipelines.training.cold_start import student_for
+        from pipelines.model.inference import predict
 
         if stage == "val":
             tr, base_dir, scored = ctx.fit, ctx.fit_base_dir, ctx.val
@@ -86,8 +87,8 @@ def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = R
             return p_base
         x_l, y_l = tok(labelled), features.labels(labelled)
         x_t = tok(transfer)
-        t_logits, t_pooled = D.forward_by_group({None: teacher}, x_t, np.zeros(len(x_t), dtype=object))
-        student = _student(store.load_base(base_dir), cs, cs.seed)
+        t_logits, t_pooled = inference.forward_by_group({None: teacher}, x_t, np.zeros(len(x_t), dtype=object))
+        student = student_for(store.load_base(base_dir), cs, cs.seed)
         if cs.init == "covariance":
             emb, counts = D.user_embedding_rows(student, x_t[:, 0])
             D.set_lora_A(student, D.covariance_lora_A(D.behaviour_covariance(emb, counts), cs.r))

@@ -1,4 +1,4 @@
-"""`python -m pipelines.bench_training [--quick]`: LoRA vs full fine-tuning of the same CTR model.
+"""`python -m pipelines.bench.training [--quick]`: LoRA vs full fine-tuning of the same CTR model.
 
 One run measures three ways of training the *same* model (same seed, same weights at step 0) on the
 *same* batches (synthetic ad rows encoded with `features.encode`), same batch size, one intra-op thread:
@@ -8,7 +8,7 @@ One run measures three ways of training the *same* model (same seed, same weight
 * ``sparse_full`` -- baseline (b), what a CTR engineer would write: every ``nn.Embedding`` of
                      ``model.embeddings`` replaced by ``nn.Embedding(n, d, sparse=True)`` holding the same
                      weights, ``torch.optim.SparseAdam`` for the tables and AdamW for the rest;
-* ``lora``        -- ``pipelines.training.lora.attach`` (frozen base, tables included) + AdamW on the
+* ``lora``        -- ``pipelines.model.adapters.attach`` (frozen base, tables included) + AdamW on the
                      adapter, as the pipeline trains adapters.
 
 The id tables have ``ModelConfig(id_buckets=1 << 20)`` rows (a realistic hashed-id table size), which
@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from pipelines.config import REPO_ROOT
+
 VARIANTS = ("full", "sparse_full", "lora")
 BATCH_SIZE = 512
 ID_BUCKETS = 1 << 20
@@ -121,9 +122,9 @@ def build(variant: str, id_buckets: int = ID_BUCKETS):
         opts = [torch.optim.SparseAdam(table_params, lr=LR),
                 torch.optim.AdamW(rest, lr=LR, weight_decay=WEIGHT_DECAY)]
         return model.train(), opts
-    from pipelines.training import lora
+    from pipelines.model import adapters
 
-    model = lora.attach(model, LoraTrainConfig())
+    model = adapters.attach(model, LoraTrainConfig())
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=WEIGHT_DECAY)
     return model.train(), [opt]
 
@@ -300,7 +301,7 @@ def summarize(results: dict[str, dict], paired: dict | None = None) -> dict:
 
 # -------------------------------------------------------------------------------------- driver
 def _child(variant: str, data_path: Path, steps: int, warmup: int, id_buckets: int, batch_size: int) -> dict:
-    cmd = [sys.executable, "-m", "pipelines.bench_training", "--variant", variant, "--data", str(data_path),
+    cmd = [sys.executable, "-m", "pipelines.bench.training", "--variant", variant, "--data", str(data_path),
            "--steps", str(steps), "--warmup", str(warmup), "--id-buckets", str(id_buckets),
            "--batch-size", str(batch_size)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -354,7 +355,7 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench_training", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pipelines.bench.training", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer steps, one round (< 60 s)")
     p.add_argument("--variant", choices=VARIANTS + ("paired",), help=argparse.SUPPRESS)   # child mode

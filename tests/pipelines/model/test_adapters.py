@@ -12,9 +12,10 @@ from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 from pipelines.model import features, store
 from pipelines.model.base import CTRModel, fingerprint
-from pipelines.training import lora
-from pipelines.training.data import time_split
-from pipelines.training.loop import LoopSettings, lr_at, predict, train
+from pipelines.model import adapters
+from pipelines.data.splits import time_split
+from pipelines.model.inference import predict
+from pipelines.training.loop import LoopSettings, lr_at, train
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
 LCFG = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
@@ -61,7 +62,7 @@ def test_fresh_adapter_is_the_identity_and_disable_adapter_restores_base(base_di
     x, y = data
     reference = out(store.load_base(base_dir), x)
 
-    model = lora.attach(store.load_base(base_dir), LCFG)
+    model = adapters.attach(store.load_base(base_dir), LCFG)
     # B is initialised to zero: the wrapped model computes exactly what the base computes
     assert all(torch.count_nonzero(p) == 0 for n, p in model.named_parameters() if "lora_B" in n)
     assert torch.equal(out(model, x), reference)
@@ -78,7 +79,7 @@ def test_fresh_adapter_is_the_identity_and_disable_adapter_restores_base(base_di
 # ----------------------------------------------------------------------------- (b) only LoRA params move
 def test_training_changes_only_lora_parameters(base_dir, data):
     x, y = data
-    model = lora.attach(store.load_base(base_dir), LCFG)
+    model = adapters.attach(store.load_base(base_dir), LCFG)
     base_fp = fingerprint(model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
@@ -108,13 +109,13 @@ def test_training_changes_only_lora_parameters(base_dir, data):
 # ----------------------------------------------------------------------------- (c) save / load
 def test_saved_adapter_reloads_on_a_fresh_base_with_identical_outputs(base_dir, data, tmp_path):
     x, y = data
-    model = lora.attach(store.load_base(base_dir), LCFG)
+    model = adapters.attach(store.load_base(base_dir), LCFG)
     train(model, x, y, settings(epochs=2))
     expected = out(model, x)
     model.save_pretrained(tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
 
-    loaded = lora.load(store.load_base(base_dir), str(tmp_path / "adapter"))
+    loaded = adapters.load(store.load_base(base_dir), str(tmp_path / "adapter"))
     assert not loaded.training
     assert all(not p.requires_grad for p in loaded.parameters())
     assert torch.equal(out(loaded, x), expected)
@@ -122,7 +123,7 @@ def test_saved_adapter_reloads_on_a_fresh_base_with_identical_outputs(base_dir, 
 
     # the adapter carries only LoRA weights: on a *different* base the outputs differ
     torch.manual_seed(123)
-    other = lora.load(CTRModel(CFG).eval(), str(tmp_path / "adapter"))
+    other = adapters.load(CTRModel(CFG).eval(), str(tmp_path / "adapter"))
     assert not torch.equal(out(other, x), expected)
 
 
@@ -130,21 +131,21 @@ def test_saved_adapter_reloads_on_a_fresh_base_with_identical_outputs(base_dir, 
 def test_only_the_named_projections_get_lora_modules(base_dir):
     from peft.tuners.lora import LoraLayer
 
-    model = lora.attach(store.load_base(base_dir), LCFG)
+    model = adapters.attach(store.load_base(base_dir), LCFG)
     wrapped = sorted(n for n, m in model.named_modules() if isinstance(m, LoraLayer))
     assert [n.rsplit(".", 1)[-1] for n in wrapped] == ["q_proj", "v_proj"] * CFG.n_blocks
     lora_param_owners = {n.split(".lora_")[0] for n, _ in model.named_parameters() if "lora_" in n}
     assert {o.rsplit(".", 1)[-1] for o in lora_param_owners} == {"q_proj", "v_proj"}
 
-    all_four = lora.attach(store.load_base(base_dir), LoraTrainConfig(r=4, alpha=8, target_modules=(
+    all_four = adapters.attach(store.load_base(base_dir), LoraTrainConfig(r=4, alpha=8, target_modules=(
         "q_proj", "k_proj", "v_proj", "o_proj")))
     assert len([m for m in all_four.modules() if isinstance(m, LoraLayer)]) == 4 * CFG.n_blocks
 
 
 def test_trainable_fraction_is_below_one_percent_with_default_configs():
     torch.manual_seed(0)
-    model = lora.attach(CTRModel(ModelConfig()), LoraTrainConfig())
-    sizes = lora.trainable_fraction(model)
+    model = adapters.attach(CTRModel(ModelConfig()), LoraTrainConfig())
+    sizes = adapters.trainable_fraction(model)
     manual = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     assert sizes["trainable_params"] == manual > 0
     assert sizes["total_params"] == sum(p.numel() for p in model.parameters())
@@ -158,7 +159,7 @@ def test_attach_freezes_the_base_even_if_it_was_trainable():
     torch.manual_seed(0)
     base = CTRModel(CFG)
     assert all(p.requires_grad for p in base.parameters())
-    model = lora.attach(base, LCFG)
+    model = adapters.attach(base, LCFG)
     assert all(("lora_" in n) == p.requires_grad for n, p in model.named_parameters())
 
 

@@ -12,10 +12,10 @@ from pipelines.config import LoraTrainConfig
 from pipelines.data.lake import Lake, concat
 from pipelines.data.synthetic import write_days
 from pipelines.model import features
-from pipelines.training import lora
+from pipelines.model import adapters
 from pipelines.training.checkpoint import CheckpointStore
 from pipelines.training.loop import LoopSettings, fit, seed_everything
-from pipelines.training.stream import LakeIndex, LakeStream, stream_split
+from pipelines.model.stream import LakeIndex, LakeStream, stream_split
 from tests.pipelines.training.helpers import CFG, SPEC, base
 
 DAYS = ("2024-01-02", "2024-01-03", "2024-01-04")
@@ -111,7 +111,7 @@ def test_training_on_a_stream_is_deterministic_and_resumes_exactly(lake, tmp_pat
 
     def run(**kw):
         seed_everything(7)
-        model = lora.attach(copy.deepcopy(init), lcfg)
+        model = adapters.attach(copy.deepcopy(init), lcfg)
         res = fit(model, parts["train"], settings, val=parts["val"], **kw)
         return res, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 

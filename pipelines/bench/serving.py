@@ -1,4 +1,4 @@
-"""`python -m pipelines.bench_serving [--quick]`: multi-adapter serving (`pipelines.serving`) timings.
+"""`python -m pipelines.bench.serving [--quick]`: multi-adapter serving (`pipelines.serving`) timings.
 
 Setup (built by the run itself, nothing outside a temporary directory): a SQLite MLflow store with a
 local file artifact store; `ctr_base@champion` = an untrained CTRModel of the project's default
@@ -158,11 +158,11 @@ def _load_ms(server, versions: list[str]) -> float:
 def _merged_model(base_model, adapter_uri: str):
     import mlflow.artifacts
 
-    from pipelines.training import lora
+    from pipelines.model import adapters
 
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{adapter_uri}/artifacts/adapter", dst_path=tmp))
-        return lora.load(copy.deepcopy(base_model), str(local)).merge_and_unload().eval()
+        return adapters.load(copy.deepcopy(base_model), str(local)).merge_and_unload().eval()
 
 
 def _plain_scorer(model) -> Callable:
@@ -195,7 +195,7 @@ def _latencies(scorers: dict[str, Callable], batch, calls: int) -> dict[str, flo
 def run(quick: bool) -> dict:
     """Build the temporary registry, measure, return {switch_ms, load_ms, routed_vs_merged, merged_vs_base}."""
     from pipelines.serving.router import AdapterServer
-    from pipelines.training.loop import configure_threads
+    from pipelines.model.inference import configure_threads
 
     configure_threads()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -215,7 +215,7 @@ def run(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench_serving", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pipelines.bench.serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer samples (< 60 s)")
     a = p.parse_args(argv)

@@ -9,8 +9,9 @@ from torch import nn
 from pipelines.config import LoraTrainConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.model.base import fingerprint
-from pipelines.training import lora
-from pipelines.training.loop import LoopSettings, predict, train
+from pipelines.model import adapters
+from pipelines.model.inference import predict
+from pipelines.training.loop import LoopSettings, train
 from tests.pipelines.training.helpers import base, out, rows
 
 SETTINGS = LoopSettings(epochs=2, batch_size=64, lr=2e-2, weight_decay=0.0, warmup_steps=1, seed=7)
@@ -30,7 +31,7 @@ def clean(name: str) -> str:
 
 
 def test_embeddings_target_expands_to_every_field_table():
-    names = lora.target_names(LoraTrainConfig(target_modules=("q_proj", "embeddings")))
+    names = adapters.target_names(LoraTrainConfig(target_modules=("q_proj", "embeddings")))
     assert names == ["q_proj"] + [f"embeddings.{f}" for f in FEATURE_FIELDS]
 
 
@@ -38,7 +39,7 @@ def test_embeddings_target_puts_lora_on_the_tables_and_keeps_them_frozen(data, t
     from peft.tuners.lora import Embedding as LoraEmbedding
 
     x, y = data
-    model = lora.attach(base(), LoraTrainConfig(r=4, alpha=8, target_modules=("v_proj", "embeddings")))
+    model = adapters.attach(base(), LoraTrainConfig(r=4, alpha=8, target_modules=("v_proj", "embeddings")))
     wrapped = {n.replace("base_model.model.", "") for n, m in model.named_modules() if isinstance(m, LoraEmbedding)}
     assert wrapped == {f"embeddings.{f}" for f in FEATURE_FIELDS}
     trainable = {clean(n) for n, p in model.named_parameters() if p.requires_grad}
@@ -54,8 +55,8 @@ def test_embeddings_target_puts_lora_on_the_tables_and_keeps_them_frozen(data, t
     assert any(torch.count_nonzero(p) for n, p in model.named_parameters() if "lora_embedding_A" in n)
 
     expected = out(model, x)
-    lora.save(model, tmp_path / "adapter")
-    loaded = lora.load(base(), str(tmp_path / "adapter"))
+    adapters.save(model, tmp_path / "adapter")
+    loaded = adapters.load(base(), str(tmp_path / "adapter"))
     assert torch.equal(out(loaded, x), expected)
     assert not torch.equal(out(base(), x), expected)   # the adapter does change the outputs
 
@@ -63,7 +64,7 @@ def test_embeddings_target_puts_lora_on_the_tables_and_keeps_them_frozen(data, t
 def test_layernorm_biases_train_and_round_trip_with_the_adapter(data, tmp_path):
     x, y = data
     lcfg = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"), train_layernorm_bias=True)
-    model = lora.attach(base(), lcfg)
+    model = adapters.attach(base(), lcfg)
     ln_biases = {f"{n}.bias" for n, m in base().named_modules() if isinstance(m, nn.LayerNorm)}
     assert len(ln_biases) == 3   # norm1, norm2 of the one block + the final norm
     trainable = {clean(n) for n, p in model.named_parameters() if p.requires_grad}
@@ -81,23 +82,23 @@ def test_layernorm_biases_train_and_round_trip_with_the_adapter(data, tmp_path):
     assert fingerprint(model) != fp_before   # the biases are part of the base weights
 
     expected = out(model, x)
-    lora.save(model, tmp_path / "adapter")
-    assert (tmp_path / "adapter" / lora.LAYERNORM_BIAS_FILE).is_file()
-    loaded = lora.load(base(), str(tmp_path / "adapter"))
+    adapters.save(model, tmp_path / "adapter")
+    assert (tmp_path / "adapter" / adapters.LAYERNORM_BIAS_FILE).is_file()
+    loaded = adapters.load(base(), str(tmp_path / "adapter"))
     assert not loaded.training and all(not p.requires_grad for p in loaded.parameters())
     assert torch.equal(out(loaded, x), expected)
     np.testing.assert_array_equal(predict(loaded, x), predict(model, x))
     # saving the loaded adapter again keeps the biases (e.g. re-logging a registered version)
-    lora.save(loaded, tmp_path / "again")
-    assert torch.equal(out(lora.load(base(), str(tmp_path / "again")), x), expected)
+    adapters.save(loaded, tmp_path / "again")
+    assert torch.equal(out(adapters.load(base(), str(tmp_path / "again")), x), expected)
 
     # without the biases file the LoRA matrices alone give other outputs: the file is what carries them
-    (tmp_path / "adapter" / lora.LAYERNORM_BIAS_FILE).unlink()
-    assert not torch.equal(out(lora.load(base(), str(tmp_path / "adapter")), x), expected)
+    (tmp_path / "adapter" / adapters.LAYERNORM_BIAS_FILE).unlink()
+    assert not torch.equal(out(adapters.load(base(), str(tmp_path / "adapter")), x), expected)
 
 
 def test_without_the_flag_no_biases_file_is_written(data, tmp_path):
-    model = lora.attach(base(), LoraTrainConfig(r=4, alpha=8))
+    model = adapters.attach(base(), LoraTrainConfig(r=4, alpha=8))
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
-    lora.save(model, tmp_path / "adapter")
-    assert not (tmp_path / "adapter" / lora.LAYERNORM_BIAS_FILE).exists()
+    adapters.save(model, tmp_path / "adapter")
+    assert not (tmp_path / "adapter" / adapters.LAYERNORM_BIAS_FILE).exists()

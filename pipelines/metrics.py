@@ -167,3 +167,8 @@ def summary(y: np.ndarray, p: np.ndarray) -> dict:
            "ne": normalized_entropy(y, p), "calibration_ratio": calibration_ratio(y, p),
            "ece": expected_calibration_error(y, p)}
     return {k: _none_if_nan(v) for k, v in out.items()}
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Probabilities from logits, in float64 (what the metrics above take)."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))

@@ -1,4 +1,4 @@
-"""`python -m pipelines.bench_quality`: model quality on MovieLens-100K, temporal split, side by side.
+"""`python -m pipelines.bench.quality`: model quality on MovieLens-100K, temporal split, side by side.
 
 Protocol (nothing below looks at the test rows until the final scoring):
 
@@ -16,11 +16,11 @@ Rows of the comparison:
    model config (embedding dim, dropout, table sizes, the first-order ``wide`` term), lr, weight
    decay, batch size, number of epochs and whether the hour/weekday fields are used are chosen on
    validation (see ``BASE_GRID``);
-3. ``lora``: the trained base + one LoRA adapter per slot (``lora.attach`` on a copy of the base made
+3. ``lora``: the trained base + one LoRA adapter per slot (``adapters.attach`` on a copy of the base made
    with ``store.save_base``/``load_base``), trained on that slot's train rows and scoring that slot's
    test rows; adapter epochs chosen on validation;
 4. ``distilled`` (optional): a callable supplied by the cold-start module, see ``QualityContext``;
-   the CLI uses ``pipelines.bench_quality_distill.make_distilled()`` (its protocol is in that module).
+   the CLI uses ``pipelines.bench.quality_distill.make_distilled()`` (its protocol is in that module).
 
 "Our best model" is the one of rows 2-4 with the best *validation* AUC (row 4 only if it reports one).
 """
@@ -42,7 +42,7 @@ import pandas as pd
 
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
-from pipelines.evaluation.metrics import auc, logloss
+from pipelines.metrics import auc, logloss
 
 TRAIN_FRACTION = 0.8
 VAL_FRACTION = 0.1           # of the train part, its latest rows
@@ -176,7 +176,8 @@ def train_base(cand: BaseCandidate, train: pd.DataFrame, val: pd.DataFrame | Non
 
     from pipelines.model import features
     from pipelines.model.base import CTRModel
-    from pipelines.training.loop import LoopSettings, predict, train as loop_train
+    from pipelines.model.inference import predict
+    from pipelines.training.loop import LoopSettings, train as loop_train
 
     torch.manual_seed(seed)
     model = CTRModel(cand.model)
@@ -206,7 +207,7 @@ def train_base(cand: BaseCandidate, train: pd.DataFrame, val: pd.DataFrame | Non
 
 
 def predict_base(model, cand: BaseCandidate, frame: pd.DataFrame) -> np.ndarray:
-    from pipelines.training.loop import predict
+    from pipelines.model.inference import predict
 
     return predict(model, tokens(frame, cand.model, cand.drop_fields))
 
@@ -241,8 +242,9 @@ def slot_adapters(base_dir: Path, cand: BaseCandidate, train: pd.DataFrame, test
     scores it.
     """
     from pipelines.model import features, store
-    from pipelines.training import lora
-    from pipelines.training.loop import LoopSettings, predict, train as loop_train
+    from pipelines.model import adapters
+    from pipelines.model.inference import predict
+    from pipelines.training.loop import LoopSettings, train as loop_train
 
     out = np.full(len(test), np.nan)
     info: dict = {}
@@ -255,7 +257,7 @@ def slot_adapters(base_dir: Path, cand: BaseCandidate, train: pd.DataFrame, test
             out[te_idx] = predict(base, x_te)
             info[slot] = {"epoch": 0, "train_rows": len(tr_rows)}
             continue
-        model = lora.attach(base, lcfg)
+        model = adapters.attach(base, lcfg)
         x_tr, y_tr = tokens(tr_rows, cand.model, cand.drop_fields), features.labels(tr_rows)
         y_te = features.labels(test.iloc[te_idx])
         select = epochs_by_slot is None
@@ -441,11 +443,11 @@ def markdown_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench_quality", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pipelines.bench.quality", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", action="store_true", help="also print a markdown table (to stderr)")
     a = p.parse_args(argv)
-    from pipelines.bench_quality_distill import make_distilled
+    from pipelines.bench.quality_distill import make_distilled
 
     r = run(distilled=make_distilled())
     print(json.dumps(r), flush=True)

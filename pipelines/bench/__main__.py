@@ -26,13 +26,13 @@ def _rss_mib() -> float:
 def bench_validation(rows: int = 1_000_000, reference_days: int = 7) -> dict:
     """Validate one synthetic day of `rows` rows against `reference_days` validated days of the same
     size: read + GX suite (absolute and reference-relative checks) + drift + unseen ids + markers."""
-    from pipelines.config import load_pipeline_config
+    from pipelines.config import REPO_ROOT, load_pipeline_config
     from pipelines.data import synthetic
     from pipelines.data.lake import Lake
     from pipelines.validation.stage import check_partition, record, reference_stats
     from pipelines.validation.suite import suite_version
 
-    cfg = load_pipeline_config(Path(__file__).resolve().parent.parent / "configs" / "synthetic.yaml")
+    cfg = load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml")
     spec = synthetic.SyntheticSpec(seed=1)
     with tempfile.TemporaryDirectory() as tmp:
         lake = Lake(tmp)
@@ -61,7 +61,7 @@ def bench_lora_step(rows: int = 20_000) -> dict:
     from pipelines.data import movielens
     from pipelines.model import features
     from pipelines.model.base import CTRModel
-    from pipelines.training import lora
+    from pipelines.model import adapters
     from pipelines.training.loop import LoopSettings, train
 
     frame = movielens.load().head(rows)
@@ -69,11 +69,11 @@ def bench_lora_step(rows: int = 20_000) -> dict:
     x, y = features.encode(frame, mcfg), features.labels(frame)
     settings = LoopSettings(epochs=1, batch_size=256, lr=1e-3, weight_decay=0.0, warmup_steps=10, seed=0)
     out = {"benchmark": "one epoch on MovieLens rows, batch 256, 1 thread", "rows": int(len(x))}
-    for name, model in (("full", CTRModel(mcfg)), ("lora", lora.attach(CTRModel(mcfg), LoraTrainConfig()))):
+    for name, model in (("full", CTRModel(mcfg)), ("lora", adapters.attach(CTRModel(mcfg), LoraTrainConfig()))):
         t = time.perf_counter()
         train(model, x, y, settings, desc=name)
         out[f"{name}_samples_per_s"] = round(len(x) / (time.perf_counter() - t))
-        out[f"{name}_trainable_fraction"] = round(lora.trainable_fraction(model)["trainable_fraction"], 5)
+        out[f"{name}_trainable_fraction"] = round(adapters.trainable_fraction(model)["trainable_fraction"], 5)
     out["lora_speedup"] = round(out["lora_samples_per_s"] / out["full_samples_per_s"], 2)
     np.random.seed(0)
     return out
@@ -81,7 +81,7 @@ def bench_lora_step(rows: int = 20_000) -> dict:
 
 def bench_serving_quick() -> dict:
     """`python -m pipelines bench serving --quick`: adapter switch / load times, routed and merged latency."""
-    from pipelines import bench_serving
+    from pipelines.bench import serving as bench_serving
 
     return {"benchmark": "multi-adapter serving, quick (goals: switch < 1 ms, load < 200 ms, routed/merged <= 1.2, "
                          "merged/base <= 1.05)", **{k: round(v, 3) for k, v in bench_serving.run(quick=True).items()}}
@@ -89,7 +89,7 @@ def bench_serving_quick() -> dict:
 
 def bench_training_quick() -> dict:
     """`python -m pipelines bench training --quick`: LoRA vs dense AdamW vs SparseAdam on 2^20-row tables."""
-    from pipelines import bench_training
+    from pipelines.bench import training as bench_training
 
     r = bench_training.run(quick=True)
     keys = ("lora_samples_per_s", "full_samples_per_s", "sparse_full_samples_per_s", "speedup", "speedup_vs_sparse",
@@ -99,7 +99,7 @@ def bench_training_quick() -> dict:
 
 def bench_headroom() -> dict:
     """`python -m pipelines bench headroom`: the best any variant gets above the one-hot LR (static protocol)."""
-    from pipelines import bench_quality_headroom
+    from pipelines.bench import quality_headroom as bench_quality_headroom
 
     r = bench_quality_headroom.run()
     fs = r["few_shot_reference"]

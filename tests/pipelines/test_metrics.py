@@ -12,7 +12,7 @@ from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
 
 from pipelines.errors import PipelineError
-from pipelines.evaluation.metrics import (EvaluationInputError, auc, calibration_ratio, check_inputs,
+from pipelines.metrics import (EvaluationInputError, auc, calibration_ratio, check_inputs,
                                           expected_calibration_error, gauc, logloss, normalized_entropy,
                                           reliability_curve, summary)
 

@@ -1,9 +1,9 @@
 """Peak memory of one LoRA epoch streamed from a synthetic lake (a measurement, not a test: minutes).
 
-    python -m tests.pipelines.training.stream_rss_probe write LAKE_DIR DAYS ROWS_PER_DAY
-    python -m tests.pipelines.training.stream_rss_probe stream LAKE_DIR DAYS
-    python -m tests.pipelines.training.stream_rss_probe memory LAKE_DIR DAYS     # in-memory path, to compare
-    python -m tests.pipelines.training.stream_rss_probe stage LAKE_DIR DAYS      # adapter.train + evaluate, slot feed
+    python -m tests.pipelines.model.stream_rss_probe write LAKE_DIR DAYS ROWS_PER_DAY
+    python -m tests.pipelines.model.stream_rss_probe stream LAKE_DIR DAYS
+    python -m tests.pipelines.model.stream_rss_probe memory LAKE_DIR DAYS     # in-memory path, to compare
+    python -m tests.pipelines.model.stream_rss_probe stage LAKE_DIR DAYS      # adapter.train + evaluate, slot feed
 
 Run each mode in its own process: ru_maxrss is the process's peak. Prints one JSON line.
 """
@@ -27,7 +27,7 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
     from pipelines.data.lake import Lake
     from pipelines.data.synthetic import SyntheticSpec, write_days
     from pipelines.model.base import CTRModel
-    from pipelines.training import lora
+    from pipelines.model import adapters
     from pipelines.training.loop import LoopSettings, fit, seed_everything
 
     end = (dt.date.fromisoformat(START) + dt.timedelta(days=days - 1)).isoformat()
@@ -39,11 +39,11 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
         return stage(lake_dir, end, days)
     mcfg, lcfg = ModelConfig(), LoraTrainConfig()
     seed_everything(lcfg.seed)
-    model = lora.attach(CTRModel(mcfg), lcfg)
+    model = adapters.attach(CTRModel(mcfg), lcfg)
     settings = LoopSettings(1, lcfg.batch_size, lcfg.lr, lcfg.weight_decay, lcfg.warmup_steps, lcfg.seed)
     before = rss_mib()
     if mode == "stream":
-        from pipelines.training.stream import LakeIndex, LakeStream
+        from pipelines.model.stream import LakeIndex, LakeStream
 
         index = LakeIndex(lake_dir, end, days=days)
         data = LakeStream(index, 0, index.rows, mcfg)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import bench_training as bt
+from pipelines.bench import training as bt
 
 STEPS, WARMUP, BUCKETS, BATCH = 3, 1, 1 << 12, 64
 
@@ -86,7 +86,7 @@ def test_unknown_variant_is_rejected():
 
 # ------------------------------------------------------------------------ quality benchmark smoke test
 def test_bench_quality_tiny_run():
-    from pipelines import bench_quality as bq
+    from pipelines.bench import quality as bq
     from pipelines.config import LoraTrainConfig, ModelConfig
     from pipelines.data import movielens
 
@@ -120,7 +120,7 @@ def test_bench_quality_tiny_run():
 def test_temporal_split_and_cold_mask():
     import pandas as pd
 
-    from pipelines import bench_quality as bq
+    from pipelines.bench import quality as bq
 
     ts = pd.to_datetime([3, 1, 2, 5, 4], unit="s", utc=True)
     f = pd.DataFrame({"event_ts": ts, "user_id": ["a", "b", "a", "c", "b"]})

@@ -1,0 +1,90 @@
+"""Stage: the cold-start student judged on held-out cold users (see training.cold_start).
+
+The slot champions as they serve those rows today, the no-distillation baseline, the distilled
+student and the serving base alone are all scored on the same rows; for the gate the student is the
+candidate and the serving `<model_name>@champion` the champion (None on the first run).
+"""
+from __future__ import annotations
+
+import logging
+
+from pipelines.config import PipelineConfig
+from pipelines.data.cold import base_of, prepare, same_data, slots_of
+from pipelines.errors import PipelineError
+from pipelines.metrics import sigmoid
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
+    """AUC / logloss on the held-out cold users of (a) the slot champions as they serve those rows
+    today (`champions`), (b) the no-distillation baseline and (c) the distilled student, plus the
+    serving base alone (`base`), logged to the student's run (`eval_<who>_<metric>`).
+
+    For the gate, `candidate` is the student and `champion` is the serving `<model_name>@champion`
+    on the same rows (None on the first run: absolute thresholds). The slot champions are reported,
+    not gated against: they usually trained on part of the held-out users' rows (`teacher_saw_holdout`).
+    """
+    import mlflow
+
+    from pipelines.metrics import summary as metric_summary
+    from pipelines.registry.model_input import predict_pctr
+    from pipelines.model import features
+    from pipelines.registry import mlflow_io
+    from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
+    from pipelines.registry.pyfunc import load_base_from_registry
+    from pipelines.model import inference
+    from pipelines.model import adapters
+    from pipelines.model.inference import predict
+
+    slot, name = candidate["slot"], candidate["model_name"]
+    prep = prepare(cfg, lake_uri, candidate["end_day"], slot, base=base_of(candidate))
+    same_data(prep, candidate, "evaluation")
+    rows = prep.split.holdout
+    if len(rows) != candidate["rows"]["holdout"] or prep.split.holdout_start != candidate["holdout_start"]:
+        raise PipelineError(f"the held-out cold rows differ from the ones distillation set aside ({len(rows)} rows from "
+                            f"{prep.split.holdout_start} vs {candidate['rows']['holdout']} from "
+                            f"{candidate['holdout_start']}): the cold_start config changed between tasks; re-run the DAG")
+    y = features.labels(rows)
+    teachers, _ = load_teachers(cfg, slots_of(cfg, slot), refs=candidate["teachers"], base=prep.base)
+    x = features.encode(rows, teachers[None].cfg)
+    t_logits, _ = inference.forward_by_group(teachers, x, rows["slot"].astype(str).to_numpy())
+    base_only = metric_summary(y, predict(teachers[None], x))  # for reference: the serving base alone
+    del teachers
+    champions = metric_summary(y, sigmoid(t_logits))
+    b = candidate["base"]
+    local = mlflow.artifacts.download_artifacts(run_id=candidate["run_id"], artifact_path=BASELINE_ARTIFACT)
+    baseline = metric_summary(y, predict(adapters.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]),
+                                                   local), x))
+    student = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(candidate["model_uri"]), rows))  # the served path
+    champion_mv = mlflow_io.version_by_alias(name, "champion")
+    champion = None
+    if champion_mv is not None:
+        champion = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(f"models:/{name}/{champion_mv.version}"),
+                                                   rows))
+    start_day = candidate["holdout_start"][:10]
+    saw = sorted(s for s, r in candidate["teachers"].items() if r.get("data_last") and r["data_last"] >= start_day)
+    result = {"model_name": name, "slot": slot, "candidate": student, "champion": champion,
+              "champion_version": str(champion_mv.version) if champion_mv else None,
+              "holdout_rows": int(len(rows)), "holdout_users": candidate["holdout_users"],
+              "holdout_start": candidate["holdout_start"],
+              "cold_slice": {"champions": champions, "baseline": baseline, "student": student, "base": base_only},
+              "teacher": candidate["teacher"]["kind"], "teacher_saw_holdout": saw}
+    c = mlflow_io.client()
+    for who, m in (("champions", champions), ("baseline", baseline), ("student", student), ("base", base_only),
+                   ("candidate", student), ("champion", champion)):
+        for k, v in (m or {}).items():
+            if isinstance(v, (int, float)) and v is not None:
+                c.log_metric(candidate["run_id"], f"eval_{who}_{k}", float(v))
+    c.log_dict(candidate["run_id"], result, "cold_start/evaluation.json")
+
+    def fmt(m):
+        return "n/a" if m is None or m["auc"] is None else f"AUC {m['auc']:.4f} logloss {m['logloss']:.4f}"
+
+    log.info("%s on %d rows of %d held-out cold users: slot champions %s | baseline %s | student %s | base %s | "
+             "%s@champion %s%s", name, len(rows), candidate["holdout_users"], fmt(champions), fmt(baseline),
+             fmt(student), fmt(base_only), name,
+             f"v{result['champion_version']} {fmt(champion)}" if champion else "none (first run)",
+             f" (the champions of {saw} trained on data up to or past the holdout start {start_day}: their numbers "
+             f"are optimistic)" if saw else "")
+    return result
