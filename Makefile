@@ -1,5 +1,5 @@
 # The two commands a new user needs are `make demo` and `make test` (see README.md).
-.PHONY: install demo test test-fast bench compose-check clean stack stack-down bench-stack
+.PHONY: install demo lint test test-fast bench compose-check clean stack stack-down bench-stack
 
 install:
 	scripts/install.sh
@@ -8,11 +8,16 @@ install:
 demo: install
 	scripts/demo.sh
 
+# The import contracts of pipelines/ (layers; no Airflow in pipelines; DAGs and operators call only
+# entry functions and flows): pyproject.toml [tool.importlinter], docs/architecture.md "Layers".
+lint: install
+	PYTHONPATH=plugins .venv/bin/lint-imports
+
 # Every test, slow ones included (end-to-end DAG runs on PostgreSQL when reachable, else SQLite; the
 # local stack through its REST API). Two xdist workers, one test file each at a time: module-scoped
 # stacks are built once, and every test isolates its stores, buckets, ports and databases.
 PYTEST_WORKERS ?= 2
-test: install
+test: install lint
 	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 test-fast: install

@@ -1,6 +1,7 @@
 """One typed config dataclass per stage, validated in __post_init__, loaded from YAML.
 
-Unknown keys are rejected (a typo in a YAML file must not silently fall back to a default).
+Unknown keys are rejected (a typo in a YAML file must not silently fall back to a default): the
+loader is pipelines.config_loader.
 `configs/pipeline.yaml` holds the sections below; `configs/gate_policy.yaml` holds GatePolicy.
 """
 from __future__ import annotations
@@ -9,23 +10,15 @@ import dataclasses
 import hashlib
 import json
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
-import yaml
-
-from pipelines.errors import ConfigError
+from pipelines.config_loader import check as _check, deep_merge, from_dict, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PIPELINE_YAML = REPO_ROOT / "configs" / "pipeline.yaml"
 DEFAULT_GATE_YAML = REPO_ROOT / "configs" / "gate_policy.yaml"
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 @dataclass(frozen=True)
@@ -125,11 +118,29 @@ class BaseTrainConfig:
 
 
 @dataclass(frozen=True)
-class LoraTrainConfig:
+class LoraShape:
+    """What an adapter is made of, shared by the slot adapters (`lora`) and the cold-start student
+    (`cold_start`): rank, alpha (LoRA scale = alpha / r) and the modules PEFT wraps. Dropout (only
+    `lora`) and the A init (only `cold_start`) are training choices of one recipe, so they stay there."""
+    SECTION: ClassVar[str] = "adapter"   # the YAML section, for error messages
+    TARGETS: ClassVar[frozenset[str]] = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
     r: int = 8
     alpha: int = 16
-    dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+
+    def __post_init__(self):
+        s = self.SECTION
+        _check(self.r >= 1 and self.alpha >= 1, f"{s}.r and {s}.alpha must be >= 1, got {self.r}/{self.alpha}")
+        _check(len(self.target_modules) > 0 and set(self.target_modules) <= self.TARGETS,
+               f"{s}.target_modules must be a non-empty subset of {sorted(self.TARGETS)}, "
+               f"got {list(self.target_modules)}")
+
+
+@dataclass(frozen=True)
+class LoraTrainConfig(LoraShape):
+    SECTION: ClassVar[str] = "lora"
+    TARGETS: ClassVar[frozenset[str]] = LoraShape.TARGETS | {"embeddings"}  # embeddings: every field table
+    dropout: float = 0.0
     epochs: int = 3
     batch_size: int = 256
     lr: float = 5e-3
@@ -139,14 +150,14 @@ class LoraTrainConfig:
     holdout_fraction: float = 0.2
     min_rows: int = 200
     seed: int = 7
-    # LayerNorm biases of the frozen base train with the adapter (saved next to it, see training.lora).
+    # LayerNorm biases of the frozen base train with the adapter (saved next to it, see model.adapters).
     train_layernorm_bias: bool = False
     # Validation split for early stopping: the newest rows of the training part (the evaluation
     # holdout stays untouched). 0 disables validation and early stopping.
     val_fraction: float = 0.1
     early_stopping_patience: int = 2   # epochs without val-logloss improvement; 0 disables
     # Stability rule lr * r / sqrt(batch_size) <= stability_max; the default and the evidence for
-    # it are in pipelines.model.adapters.STABILITY_EVIDENCE.
+    # it: docs/benchmarks.md, "LoRA learning-rate stability rule".
     stability_max: float = 0.01
     stability_action: Literal["rescale", "reject"] = "rescale"
 
@@ -162,11 +173,8 @@ class LoraTrainConfig:
         return self.stability_max * self.batch_size ** 0.5 / self.r
 
     def __post_init__(self):
-        _check(self.r >= 1 and self.alpha >= 1, f"lora.r and lora.alpha must be >= 1, got {self.r}/{self.alpha}")
+        super().__post_init__()
         _check(0.0 <= self.dropout < 1.0, "lora.dropout must be in [0, 1)")
-        allowed = {"q_proj", "k_proj", "v_proj", "o_proj", "embeddings"}  # embeddings: every field table
-        _check(len(self.target_modules) > 0 and set(self.target_modules) <= allowed,
-               f"lora.target_modules must be a non-empty subset of {sorted(allowed)}, got {list(self.target_modules)}")
         _check(self.epochs >= 1 and self.batch_size >= 1, "lora.epochs and lora.batch_size must be >= 1")
         _check(self.lr > 0, f"lora.lr must be > 0, got {self.lr}")
         _check(self.warmup_steps >= 0 and self.weight_decay >= 0, "lora.warmup_steps and weight_decay must be >= 0")
@@ -197,8 +205,25 @@ class RegistryConfig:
 
 
 @dataclass(frozen=True)
-class ColdStartConfig:
-    """Cold-start adapter distilled from the serving champion (pipelines.training.cold_start)."""
+class LossWeights:
+    """The distillation loss (pipelines.training.distill): bce * BCE + kd * T^2 KL + align * align_kind.
+
+    ColdStartConfig keeps them as flat keys (w_bce, w_kd, w_align, temperature, align: the shipped YAML
+    and the config hashes use those names) and builds this from them: `ColdStartConfig.loss_weights`.
+    """
+    bce: float = 1.0
+    kd: float = 1.0
+    align: float = 0.1
+    temperature: float = 2.0
+    align_kind: Literal["mse", "cosine"] = "mse"
+
+
+@dataclass(frozen=True)
+class ColdStartConfig(LoraShape):
+    """Cold-start adapter distilled from the serving champion (pipelines.training.cold_start).
+
+    The student adapter's shape (r, alpha, target_modules) is a LoraShape, as for the slot adapters."""
+    SECTION: ClassVar[str] = "cold_start"
     model_name: str = "ctr_lora_cold_start"   # one adapter for every slot; a single slot run appends _<slot>
     # detection: cold = first seen after the base's cutoff, or < min_impressions before the window
     window_days: int = 60            # the rows cold entities are looked for in (and trained / held out on)
@@ -212,10 +237,7 @@ class ColdStartConfig:
     max_transfer_rows: int = 200000  # newest rows kept when the transfer set is larger
     min_labelled_rows: int = 100
     min_holdout_rows: int = 100
-    # student adapter
-    r: int = 8
-    alpha: int = 16
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    # student adapter (and r, alpha, target_modules: LoraShape)
     init: Literal["covariance", "default"] = "covariance"   # LoRA A from the user-behaviour covariance
     # the serving base teaches instead of the slot champions when it has the lower logloss on the labelled cold rows
     teacher_fallback: bool = True
@@ -234,7 +256,12 @@ class ColdStartConfig:
     warmup_steps: int = 5
     seed: int = 7
 
+    @property
+    def loss_weights(self) -> LossWeights:
+        return LossWeights(self.w_bce, self.w_kd, self.w_align, self.temperature, self.align)
+
     def __post_init__(self):
+        super().__post_init__()
         _check(bool(self.model_name), "cold_start.model_name must be non-empty")
         _check(self.window_days >= 1 and self.history_days >= 0,
                "cold_start.window_days must be >= 1 and cold_start.history_days >= 0")
@@ -244,10 +271,6 @@ class ColdStartConfig:
         _check(self.max_transfer_rows >= 1, "cold_start.max_transfer_rows must be >= 1")
         _check(self.min_labelled_rows >= 1 and self.min_holdout_rows >= 1,
                "cold_start.min_labelled_rows and min_holdout_rows must be >= 1")
-        _check(self.r >= 1 and self.alpha >= 1, f"cold_start.r and alpha must be >= 1, got {self.r}/{self.alpha}")
-        allowed = {"q_proj", "k_proj", "v_proj", "o_proj"}
-        _check(len(self.target_modules) > 0 and set(self.target_modules) <= allowed,
-               f"cold_start.target_modules must be a non-empty subset of {sorted(allowed)}, got {list(self.target_modules)}")
         _check(min(self.w_bce, self.w_kd, self.w_align) >= 0 and self.w_bce + self.w_kd + self.w_align > 0,
                "cold_start.w_bce/w_kd/w_align must be >= 0 and not all 0")
         _check(self.temperature > 0, f"cold_start.temperature must be > 0, got {self.temperature}")
@@ -334,73 +357,15 @@ class GatePolicy:
 # ---------------------------------------------------------------- loading
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where)
-    if origin is tuple:
-        _check(isinstance(value, (list, tuple)), f"{where} must be a list, got {type(value).__name__}")
-        (inner, _) = typing.get_args(tp)
-        return tuple(_coerce(inner, v, f"{where}[]") for v in value)
-    if origin is Literal:
-        _check(value in typing.get_args(tp), f"{where} must be one of {list(typing.get_args(tp))}, got {value!r}")
-        return value
-    if tp is float:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is str:
-        _check(isinstance(value, str), f"{where} must be a string, got {value!r}")
-        return value
-    if tp is bool:
-        _check(isinstance(value, bool), f"{where} must be true/false, got {value!r}")
-        return value
-    return value
-
-
-def from_dict(cls: type, data: dict | None, where: str = "config"):
-    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
-    data = data or {}
-    _check(isinstance(data, dict), f"{where} must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    _check(not unknown, f"{where}: unknown keys {unknown} (allowed: {sorted(known)})")
-    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in data.items()}
-    return cls(**kwargs)
-
-
-def _read_yaml(path: str | os.PathLike) -> dict:
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file not found: {path}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must contain a mapping, got {type(data).__name__}")
-    return data
-
-
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in (over or {}).items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def load_pipeline_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> PipelineConfig:
     """Load the pipeline config: file (default: $CTR_PIPELINE_CONFIG or configs/pipeline.yaml) + overrides."""
     path = path or os.environ.get("CTR_PIPELINE_CONFIG") or DEFAULT_PIPELINE_YAML
-    return from_dict(PipelineConfig, _deep_merge(_read_yaml(path), overrides or {}), where=str(path))
+    return from_dict(PipelineConfig, deep_merge(read_yaml(path), overrides or {}), where=str(path))
 
 
 def load_gate_policy(path: str | os.PathLike | None = None, overrides: dict | None = None) -> GatePolicy:
     path = path or os.environ.get("CTR_GATE_POLICY") or DEFAULT_GATE_YAML
-    return from_dict(GatePolicy, _deep_merge(_read_yaml(path), overrides or {}), where=str(path))
+    return from_dict(GatePolicy, deep_merge(read_yaml(path), overrides or {}), where=str(path))
 
 
 def to_dict(cfg) -> dict:

@@ -1,7 +1,20 @@
-"""`python -m pipelines.bench [--write docs/benchmarks.md]`: measured numbers, never timed unit tests.
+"""`python -m pipelines.bench [--write docs/benchmarks.md]` (`make bench`): measured numbers, not timed tests.
 
-Each benchmark prints one JSON line; with --write, the results replace the generated section of the
-benchmarks document (between the BEGIN/END markers), stamped with the machine and the command.
+Runs, in this order, and prints one JSON line each (plus the process's peak RSS so far, ``peak_rss_mib``):
+
+1. validation: one synthetic day of ``--rows`` rows validated against a 7-day reference window
+   (GX suite + drift + markers; `pipelines.bench.validation`), goal under 10 s;
+2. LoRA step: one training epoch on MovieLens rows, LoRA adapter vs full training of the same base
+   (samples/s, trainable fraction);
+3. serving, quick: adapter switch and load times, routed vs merged vs base latency
+   (`pipelines.bench.serving`);
+4. training, quick: LoRA vs dense AdamW vs SparseAdam on 2^20-row id tables (`pipelines.bench.training`);
+5. headroom: how far above the one-hot LR any variant gets on MovieLens-100K
+   (`pipelines.bench.quality_headroom`).
+
+With --write, the results replace the generated section of the benchmarks document (between the
+BEGIN/END markers), stamped with the date, the machine and the command. The quality comparison is
+not one of them; run it alone: `python -m pipelines bench quality`.
 """
 from __future__ import annotations
 
@@ -12,45 +25,16 @@ import os
 import platform
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from pipelines.bench.validation import bench_validation
 
 BEGIN, END = "<!-- BEGIN make bench -->", "<!-- END make bench -->"
 
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def bench_validation(rows: int = 1_000_000, reference_days: int = 7) -> dict:
-    """Validate one synthetic day of `rows` rows against `reference_days` validated days of the same
-    size: read + GX suite (absolute and reference-relative checks) + drift + unseen ids + markers."""
-    from pipelines.config import REPO_ROOT, load_pipeline_config
-    from pipelines.data import synthetic
-    from pipelines.data.lake import Lake
-    from pipelines.validation.stage import check_partition, record, reference_stats
-    from pipelines.validation.suite import suite_version
-
-    cfg = load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml")
-    spec = synthetic.SyntheticSpec(seed=1)
-    with tempfile.TemporaryDirectory() as tmp:
-        lake = Lake(tmp)
-        t = time.perf_counter()
-        days = synthetic.write_days(lake, spec, "2026-01-01", reference_days + 1, rows)
-        gen_s = time.perf_counter() - t
-        ref_frames = [lake.read_partition(d).frame for d in days[:-1]]
-        check_partition(cfg, lake.read_partition(days[0]), None)  # builds and caches the GX context
-        t = time.perf_counter()
-        part = lake.read_partition(days[-1])
-        ref = reference_stats(ref_frames, days[:-1])
-        report = check_partition(cfg, part, ref)
-        record(lake, days[-1], report, suite_version(cfg.validation, cfg.data.slots))
-        val_s = time.perf_counter() - t
-    return {"benchmark": "validate one synthetic day against a reference window (GX + drift + markers)",
-            "rows": rows, "reference_rows": rows * reference_days, "generate_and_write_all_days_s": round(gen_s, 1),
-            "validate_s": round(val_s, 2), "target_s": 10, "expectations": report["evaluated"],
-            "drift_checks": len((report.get("drift") or {}).get("checks", [])), "valid": report["success"]}
 
 
 def bench_lora_step(rows: int = 20_000) -> dict:
@@ -132,7 +116,8 @@ def write(results: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pipelines.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--write", type=Path, help="update the generated section of this markdown file")
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the synthetic validation benchmark")
     a = p.parse_args(argv)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pipelines.bench.quality_protocol import cold_mask, tokens
 from pipelines.config import ColdStartConfig
 
 RECENT_FRACTION = 0.2
@@ -55,17 +56,16 @@ def recent_user_rows(train: pd.DataFrame, recent_fraction: float = RECENT_FRACTI
 
 
 def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = RECENT_FRACTION):
-    """The `distilled=` callable for bench_quality.run (see the module docstring)."""
+    """The `distilled=` callable for `pipelines.bench.quality.run` (see the module docstring)."""
     cs = cs or ColdStartConfig()
 
     def distilled(ctx, stage: str) -> np.ndarray:
         import torch
 
-        from pipelines.bench import quality as bq
         from pipelines.model import features, store
         from pipelines.model import inference
         from pipelines.training import distill as D
-        from pipelines.training.cold_start import student_for
+        from pipelines.training.cold_start import init_student, student_for
         from pipelines.model.inference import predict
 
         if stage == "val":
@@ -76,25 +76,22 @@ def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = R
             raise ValueError(f"stage must be 'val' or 'test', got {stage!r}")
 
         def tok(frame):
-            return bq.tokens(frame, ctx.model_cfg, ctx.drop_fields)
+            return tokens(frame, ctx.model_cfg, ctx.drop_fields)
 
         labelled, transfer = recent_user_rows(tr, recent_fraction, cs.labelled_per_entity, cs.max_transfer_rows)
         x_s = tok(scored)
         teacher = store.load_base(base_dir)
         p_base = predict(teacher, x_s)
-        cold = bq.cold_mask(tr, scored)
+        cold = cold_mask(tr, scored)
         if not cold.any() or len(labelled) == 0:
             return p_base
         x_l, y_l = tok(labelled), features.labels(labelled)
         x_t = tok(transfer)
         t_logits, t_pooled = inference.forward_by_group({None: teacher}, x_t, np.zeros(len(x_t), dtype=object))
         student = student_for(store.load_base(base_dir), cs, cs.seed)
-        if cs.init == "covariance":
-            emb, counts = D.user_embedding_rows(student, x_t[:, 0])
-            D.set_lora_A(student, D.covariance_lora_A(D.behaviour_covariance(emb, counts), cs.r))
+        init_student(student, cs, x_t)   # the stage's own init (covariance A by default)
         settings = D.DistillSettings(cs.epochs, cs.batch_size, cs.transfer_batch_size, cs.lr, cs.weight_decay,
-                                     cs.warmup_steps, cs.seed,
-                                     D.LossWeights(cs.w_bce, cs.w_kd, cs.w_align, cs.temperature, cs.align))
+                                     cs.warmup_steps, cs.seed, cs.loss_weights)
         torch.manual_seed(cs.seed)
         D.distill(student, (x_l, y_l), D.TransferSet(x_t, t_logits, t_pooled), settings, desc=f"bench-distill-{stage}")
         out = p_base.astype(np.float64)

@@ -32,8 +32,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality import (GOAL_MARGIN, LR_C_GRID, LR_FEATURES, TRAIN_FRACTION, VAL_FRACTION, cold_mask,
-                                     scores, temporal_split)
+from pipelines.bench.quality_protocol import (GOAL_MARGIN, LR_C_GRID, LR_FEATURES, TRAIN_FRACTION, VAL_FRACTION,
+                                              cold_mask, fit_lr, predict_lr, scores, temporal_split)
 from pipelines.metrics import auc
 
 CROSSES = (("gender", "item_id"), ("age_bucket", "item_id"), ("gender", "category"), ("age_bucket", "category"),
@@ -167,8 +167,6 @@ def gbdt_variant(fit, val, train, test, grid=(0.03, 0.1)):
 def few_shot(train: pd.DataFrame, test: pd.DataFrame, C: float, k: int = K_SHOT) -> dict:
     """Static LR vs LR refit with the first `k` labelled rows of each cold test user, both scored on
     the other test rows (a different protocol, see the module docstring)."""
-    from pipelines.bench.quality import fit_lr, predict_lr
-
     cold = cold_mask(train, test)
     support = cold & (test.groupby("user_id").cumcount().to_numpy() < k)
     query, q_cold = test[~support], cold[~support]

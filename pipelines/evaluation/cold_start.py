@@ -25,17 +25,7 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     on the same rows (None on the first run: absolute thresholds). The slot champions are reported,
     not gated against: they usually trained on part of the held-out users' rows (`teacher_saw_holdout`).
     """
-    import mlflow
-
-    from pipelines.metrics import summary as metric_summary
-    from pipelines.registry.model_input import predict_pctr
     from pipelines.model import features
-    from pipelines.registry import mlflow_io
-    from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
-    from pipelines.registry.pyfunc import load_base_from_registry
-    from pipelines.model import inference
-    from pipelines.model import adapters
-    from pipelines.model.inference import predict
 
     slot, name = candidate["slot"], candidate["model_name"]
     prep = prepare(cfg, lake_uri, candidate["end_day"], slot, base=base_of(candidate))
@@ -46,7 +36,33 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
                             f"{prep.split.holdout_start} vs {candidate['rows']['holdout']} from "
                             f"{candidate['holdout_start']}): the cold_start config changed between tasks; re-run the DAG")
     y = features.labels(rows)
-    teachers, _ = load_teachers(cfg, slots_of(cfg, slot), refs=candidate["teachers"], base=prep.base)
+    cold_slice = _score_cold_slice(cfg, prep, rows, y, candidate)
+    champion_mv, champion = _score_serving_champion(name, rows, y)
+    start_day = candidate["holdout_start"][:10]
+    saw = sorted(s for s, r in candidate["teachers"].items() if r.get("data_last") and r["data_last"] >= start_day)
+    result = {"model_name": name, "slot": slot, "candidate": cold_slice["student"], "champion": champion,
+              "champion_version": str(champion_mv.version) if champion_mv else None,
+              "holdout_rows": int(len(rows)), "holdout_users": candidate["holdout_users"],
+              "holdout_start": candidate["holdout_start"], "cold_slice": cold_slice,
+              "teacher": candidate["teacher"]["kind"], "teacher_saw_holdout": saw}
+    _log_to_run(candidate["run_id"], result)
+    _log_summary(result, start_day)
+    return result
+
+
+def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict) -> dict:
+    """Metric summaries on the held-out rows of the slot champions (as they serve the rows today), the
+    no-distillation baseline, the student (through its served pyfunc) and the serving base alone."""
+    import mlflow
+
+    from pipelines.metrics import summary as metric_summary
+    from pipelines.model import adapters, features, inference
+    from pipelines.model.inference import predict
+    from pipelines.registry.model_input import predict_pctr
+    from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
+    from pipelines.registry.pyfunc import load_base_from_registry
+
+    teachers, _ = load_teachers(cfg, slots_of(cfg, candidate["slot"]), refs=candidate["teachers"], base=prep.base)
     x = features.encode(rows, teachers[None].cfg)
     t_logits, _ = inference.forward_by_group(teachers, x, rows["slot"].astype(str).to_numpy())
     base_only = metric_summary(y, predict(teachers[None], x))  # for reference: the serving base alone
@@ -57,34 +73,47 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     baseline = metric_summary(y, predict(adapters.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]),
                                                    local), x))
     student = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(candidate["model_uri"]), rows))  # the served path
+    return {"champions": champions, "baseline": baseline, "student": student, "base": base_only}
+
+
+def _score_serving_champion(name: str, rows, y):
+    """(`name`@champion's model version, its metric summary on the held-out rows); (None, None) on the first run."""
+    import mlflow
+
+    from pipelines.metrics import summary as metric_summary
+    from pipelines.registry import mlflow_io
+    from pipelines.registry.model_input import predict_pctr
+
     champion_mv = mlflow_io.version_by_alias(name, "champion")
-    champion = None
-    if champion_mv is not None:
-        champion = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(f"models:/{name}/{champion_mv.version}"),
-                                                   rows))
-    start_day = candidate["holdout_start"][:10]
-    saw = sorted(s for s, r in candidate["teachers"].items() if r.get("data_last") and r["data_last"] >= start_day)
-    result = {"model_name": name, "slot": slot, "candidate": student, "champion": champion,
-              "champion_version": str(champion_mv.version) if champion_mv else None,
-              "holdout_rows": int(len(rows)), "holdout_users": candidate["holdout_users"],
-              "holdout_start": candidate["holdout_start"],
-              "cold_slice": {"champions": champions, "baseline": baseline, "student": student, "base": base_only},
-              "teacher": candidate["teacher"]["kind"], "teacher_saw_holdout": saw}
+    if champion_mv is None:
+        return None, None
+    model = mlflow.pyfunc.load_model(f"models:/{name}/{champion_mv.version}")
+    return champion_mv, metric_summary(y, predict_pctr(model, rows))
+
+
+def _log_to_run(run_id: str, result: dict) -> None:
+    """Every score as `eval_<who>_<metric>` on the student's run, and the whole result as a JSON artifact."""
+    from pipelines.registry import mlflow_io
+
     c = mlflow_io.client()
-    for who, m in (("champions", champions), ("baseline", baseline), ("student", student), ("base", base_only),
-                   ("candidate", student), ("champion", champion)):
+    scores = {**result["cold_slice"], "candidate": result["candidate"], "champion": result["champion"]}
+    for who, m in scores.items():
         for k, v in (m or {}).items():
             if isinstance(v, (int, float)) and v is not None:
-                c.log_metric(candidate["run_id"], f"eval_{who}_{k}", float(v))
-    c.log_dict(candidate["run_id"], result, "cold_start/evaluation.json")
+                c.log_metric(run_id, f"eval_{who}_{k}", float(v))
+    c.log_dict(run_id, result, "cold_start/evaluation.json")
 
-    def fmt(m):
-        return "n/a" if m is None or m["auc"] is None else f"AUC {m['auc']:.4f} logloss {m['logloss']:.4f}"
 
+def _fmt(m: dict | None) -> str:
+    return "n/a" if m is None or m["auc"] is None else f"AUC {m['auc']:.4f} logloss {m['logloss']:.4f}"
+
+
+def _log_summary(result: dict, start_day: str) -> None:
+    name, scores, saw, champion = (result["model_name"], result["cold_slice"], result["teacher_saw_holdout"],
+                                   result["champion"])
     log.info("%s on %d rows of %d held-out cold users: slot champions %s | baseline %s | student %s | base %s | "
-             "%s@champion %s%s", name, len(rows), candidate["holdout_users"], fmt(champions), fmt(baseline),
-             fmt(student), fmt(base_only), name,
-             f"v{result['champion_version']} {fmt(champion)}" if champion else "none (first run)",
+             "%s@champion %s%s", name, result["holdout_rows"], result["holdout_users"], _fmt(scores["champions"]),
+             _fmt(scores["baseline"]), _fmt(scores["student"]), _fmt(scores["base"]), name,
+             f"v{result['champion_version']} {_fmt(champion)}" if champion else "none (first run)",
              f" (the champions of {saw} trained on data up to or past the holdout start {start_day}: their numbers "
              f"are optimistic)" if saw else "")
-    return result

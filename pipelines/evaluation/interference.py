@@ -8,7 +8,7 @@ weights along the same (or the opposite) direction: serving or merging them toge
 The LoRA scaling alpha / r multiplies dW by a positive constant, and |cos| is scale invariant, so
 scalings are optional (only the returned norms depend on them). An untrained adapter has B = 0,
 hence dW = 0 and no direction: its cosines are None. LayerNorm biases saved next to an adapter
-(training.lora) are not LoRA matrices and are ignored.
+(model.adapters) are not LoRA matrices and are ignored.
 """
 from __future__ import annotations
 

@@ -21,31 +21,6 @@ log = logging.getLogger(__name__)
 LAYERNORM_BIAS_FILE = "layernorm_bias.safetensors"
 _LN_FLAG = "_ctr_layernorm_bias"   # set on the PeftModel when its LayerNorm biases belong to the adapter
 
-STABILITY_EVIDENCE = """Why lora.stability_max defaults to 0.01 (the rule: lr * r / sqrt(batch_size) <= 0.01).
-
-This model cannot blow up to NaN under LoRA: pre-norm blocks, a final LayerNorm before the frozen
-head and AdamW's bounded steps keep the logits finite. Too large a step shows instead as the adapter
-wrecking the base's ranking: AUC falls to or below the base's (towards 0.5) while logloss barely
-moves. Measured (3 epochs, AdamW, warm-up 10, cosine decay; holdout = newest 20 % of the window):
-
-* synthetic ad logs (default SyntheticSpec, 200k-row day, `feed` slot: 86k train rows), default
-  ModelConfig, base trained 2 epochs on an earlier day, LoRA q/v r=8 batch 256, seeds 1 / 2.
-  Base holdout AUC 0.560. stability 0.0025 (the shipped lr 5e-3): 0.617 / 0.620; 0.01: 0.621 /
-  0.614; 0.025: 0.604 / 0.602; 0.05: 0.609 / 0.594; 0.25: 0.538 / 0.566 (the adapter's gain is gone).
-  At 100k rows (seed 7) 0.025-1.0 collapse to 0.49-0.58 while 0.0025-0.015 hold 0.609-0.613.
-* the tiny setup of tests/pipelines/training/test_stability.py (r=8, batch 64, base val AUC 0.606):
-  seeds 1 / 2, final val AUC: stability <= 0.02 gives 0.657-0.670, 0.05-0.1 gives 0.637-0.648,
-  0.2-3.0 gives 0.49-0.58 in 7 of 8 runs (0.651 in one).
-* MovieLens-100K (base on ratings up to 1998-01-31; adapter on Feb-Apr 1998, 23.8k train rows; base
-  holdout AUC 0.686): q/v adapters stay within 0.67-0.69 up to stability 0.5 (no collapse); with
-  embeddings + LayerNorm biases: 0.679-0.689 up to 0.05, 0.653 at 0.1, 0.559 at 0.25, 0.535 at 0.5.
-
-0.01 is the largest value at which no setting lost anything against the shipped 0.0025 (4x headroom
-for the shipped configs); from 0.025 up the synthetic adapters lose AUC. The r factor of the rule is
-conservative: with alpha fixed the LoRA scale is alpha / r, and r=32 at stability 0.05 still held
-(0.605) while r=4 / batch 64 at 0.01 was the weakest point tested (0.587 on the 100k-row day).
-"""
-
 
 def target_names(cfg: LoraTrainConfig) -> list[str]:
     """PEFT target_modules: the projection names, with "embeddings" expanded to every field table.
@@ -69,6 +44,7 @@ def peft_config(cfg: LoraTrainConfig):
                       target_modules=target_names(cfg), bias="none")
 
 
+# Why lora.stability_max defaults to 0.01 (measurements): docs/benchmarks.md, "LoRA learning-rate stability rule".
 def stable_lr(cfg: LoraTrainConfig) -> dict:
     """Apply the stability rule: the lr to train with, the rule's value at the configured lr, and
     whether it was rescaled. "reject" configs never get here (LoraTrainConfig refuses them)."""

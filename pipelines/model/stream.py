@@ -5,7 +5,7 @@ instead of the row count.
 the `slot` column) and hashes their bytes (the same partition hashes as `data.lake.lineage`, so a
 streamed run records the same data lineage as an in-memory read). Rows have a canonical order: partition date, file name, row in file. A
 `LakeStream` is a range of that order (train / val / holdout are consecutive ranges, the newest
-last, as in `training.data.time_split` but by lake order rather than a global sort). Each epoch it
+last, as in `data.splits.time_split` but by lake order rather than a global sort). Each epoch it
 reads the files of its range in a shuffled order, record batch by record batch
 (`ParquetFile.iter_batches`), keeps the slot's rows, encodes them with `model.features.encode`,
 and shuffles them through a bounded buffer with the loop's seeded generator, so an epoch is a pure

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import tempfile
 
-from pipelines.config import PipelineConfig, config_hash, to_dict
+from pipelines.config import LoraTrainConfig, PipelineConfig, config_hash, to_dict
 from pipelines.errors import PipelineError
 from pipelines.registry.models import serving_base
 
@@ -20,7 +20,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
           progress: bool = False) -> dict:
     """Train, log and return the candidate adapter of `slot` for the window ending `end_day`.
 
-    Rows stream from the lake's partitions (`training.stream`): memory is bounded by the read chunk
+    Rows stream from the lake's partitions (`model.stream`): memory is bounded by the read chunk
     and the shuffle buffer, not by the window's row count. In lake order (day, file, row: the
     writers store each day sorted by event time) the newest `lora.holdout_fraction` of the slot's
     rows are the evaluation holdout, only scored at the end (and re-read by the evaluation stage);
@@ -31,25 +31,21 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     `progress` shows a tqdm bar per epoch.
     """
     import mlflow
-    import torch
 
-    from pipelines.registry import mlflow_io
-    from pipelines.registry.pyfunc import load_base_from_registry
     from pipelines.model import adapters
-    from pipelines.training import checkpoint
     from pipelines.model.stream import holdout_streams
-    from pipelines.training.loop import LoopSettings, fit, seed_everything
+    from pipelines.registry import mlflow_io
+    from pipelines.training import checkpoint
+    from pipelines.training.loop import LoopSettings
 
     if slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)})")
     lc = cfg.lora
     base_ref = serving_base(cfg)
     stab = adapters.stable_lr(lc)
-    seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
-    model = adapters.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
+    model = _fresh_adapter(lc, base_ref)
     streams = holdout_streams(cfg, lake_uri, end_day, slot, model.get_base_model().cfg)
     data_lineage = streams["index"].lineage()
-    fit_rows, val_rows, holdout = streams["train"], streams["val"], streams["holdout"]
     sizes = adapters.trainable_fraction(model)
     settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
                             patience=lc.early_stopping_patience)
@@ -62,35 +58,12 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
 
     with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
                           run_name=f"{model_name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
-        mlflow.set_tags({"stage": "lora_adapter", "slot": slot, "data.end": end_day,
-                         "base.name": base_ref["name"], "base.version": base_ref["version"],
-                         "base.fingerprint": base_ref["fingerprint"], "code.version": mlflow_io.code_version()})
-        mlflow.log_params({f"lora.{k}": v for k, v in to_dict(lc).items()})
-        mlflow.log_params({"train.effective_lr": stab["effective_lr"], "train.stability": stab["stability"],
-                           "train.lr_rescaled": stab["lr_rescaled"], "train.rows": fit_rows.rows,
-                           "train.val_rows": val_rows.rows, "train.checkpoint": store.location})
-        mlflow.log_metrics({k: float(v) for k, v in sizes.items()})
-        log.info("%s: %d train rows, %d val rows, %d holdout rows; trainable %d / %d params (%.4f%%); lr %.6g",
-                 model_name, fit_rows.rows, val_rows.rows, holdout.rows, sizes["trainable_params"],
-                 sizes["total_params"], 100 * sizes["trainable_fraction"], stab["effective_lr"])
-        result = fit(model, fit_rows, settings, val=val_rows if val_rows.rows else None, desc=model_name,
-                     checkpoint=store,
-                     run_key=run_key, progress=progress,
-                     on_epoch=lambda m: mlflow.log_metrics(
-                         {k: float(v) for k, v in m.items() if k != "epoch" and v is not None}, step=m["epoch"]))
-        if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
-            raise PipelineError(f"{model_name}: training diverged (non-finite weights) at lr {stab['effective_lr']:g}; "
-                                "lower lora.lr or lora.stability_max")
-        mlflow.set_tags({"training.resumed_from_epoch": str(result["resumed_from_epoch"]),
-                         "training.best_epoch": str(result["best_epoch"])})
-        mlflow.log_metrics({"epochs_run": result["epochs_run"]})
-        metrics = score_stream(model, holdout)
+        _log_inputs(lc, slot, end_day, base_ref, stab, streams, store, sizes, model_name)
+        result = _fit_logged(model, streams, settings, store, run_key, model_name, progress)
+        metrics = score_stream(model, streams["holdout"])
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(data_lineage, "lineage/data.json")
-        with tempfile.TemporaryDirectory() as tmp:
-            adapters.save(model, tmp)
-            info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
-                                           mlflow_io.input_example(holdout.head(5)), adapter_dir=tmp)
+        info = _log_adapter(model, slot, base_ref, lc, streams["holdout"])
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "model_name": model_name, "slot": slot,
             "end_day": end_day, "base": base_ref, "metrics": metrics, "trainable_fraction": sizes["trainable_fraction"],
@@ -98,6 +71,70 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
             "config_hash": chash, "effective_lr": stab["effective_lr"], "stability": stab["stability"],
             "lr_rescaled": stab["lr_rescaled"], "epochs_run": result["epochs_run"], "best_epoch": result["best_epoch"],
             "resumed_from_epoch": result["resumed_from_epoch"]}
+
+
+def _fresh_adapter(lc: LoraTrainConfig, base_ref: dict):
+    """The serving base (checked against its fingerprint) with a new adapter attached."""
+    from pipelines.model import adapters
+    from pipelines.registry.pyfunc import load_base_from_registry
+    from pipelines.training.loop import seed_everything
+
+    seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
+    return adapters.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
+
+
+def _log_inputs(lc: LoraTrainConfig, slot: str, end_day: str, base_ref: dict, stab: dict, streams: dict, store,
+                sizes: dict, model_name: str) -> None:
+    """Tags, params and sizes of the run, before training."""
+    import mlflow
+
+    from pipelines.registry import mlflow_io
+
+    fit_rows, val_rows, holdout = streams["train"], streams["val"], streams["holdout"]
+    mlflow.set_tags({"stage": "lora_adapter", "slot": slot, "data.end": end_day,
+                     "base.name": base_ref["name"], "base.version": base_ref["version"],
+                     "base.fingerprint": base_ref["fingerprint"], "code.version": mlflow_io.code_version()})
+    mlflow.log_params({f"lora.{k}": v for k, v in to_dict(lc).items()})
+    mlflow.log_params({"train.effective_lr": stab["effective_lr"], "train.stability": stab["stability"],
+                       "train.lr_rescaled": stab["lr_rescaled"], "train.rows": fit_rows.rows,
+                       "train.val_rows": val_rows.rows, "train.checkpoint": store.location})
+    mlflow.log_metrics({k: float(v) for k, v in sizes.items()})
+    log.info("%s: %d train rows, %d val rows, %d holdout rows; trainable %d / %d params (%.4f%%); lr %.6g",
+             model_name, fit_rows.rows, val_rows.rows, holdout.rows, sizes["trainable_params"],
+             sizes["total_params"], 100 * sizes["trainable_fraction"], stab["effective_lr"])
+
+
+def _fit_logged(model, streams: dict, settings, store, run_key: dict, model_name: str, progress: bool) -> dict:
+    """`fit` on the train stream (validating on the val stream, if it has rows), every epoch's metrics
+    logged to the active run; refuses a model whose trainable weights are no longer finite."""
+    import mlflow
+    import torch
+
+    from pipelines.training.loop import fit
+
+    val_rows = streams["val"]
+    result = fit(model, streams["train"], settings, val=val_rows if val_rows.rows else None, desc=model_name,
+                 checkpoint=store, run_key=run_key, progress=progress,
+                 on_epoch=lambda m: mlflow.log_metrics(
+                     {k: float(v) for k, v in m.items() if k != "epoch" and v is not None}, step=m["epoch"]))
+    if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
+        raise PipelineError(f"{model_name}: training diverged (non-finite weights) at lr {settings.lr:g}; "
+                            "lower lora.lr or lora.stability_max")
+    mlflow.set_tags({"training.resumed_from_epoch": str(result["resumed_from_epoch"]),
+                     "training.best_epoch": str(result["best_epoch"])})
+    mlflow.log_metrics({"epochs_run": result["epochs_run"]})
+    return result
+
+
+def _log_adapter(model, slot: str, base_ref: dict, lc: LoraTrainConfig, holdout):
+    """Log the adapter (and its base reference) as the run's CTR pyfunc model; returns MLflow's ModelInfo."""
+    from pipelines.model import adapters
+    from pipelines.registry import mlflow_io
+
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters.save(model, tmp)
+        return mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
+                                       mlflow_io.input_example(holdout.head(5)), adapter_dir=tmp)
 
 
 def score_stream(model, stream) -> dict:

@@ -36,7 +36,7 @@ import tempfile
 
 import numpy as np
 
-from pipelines.config import PipelineConfig, config_hash, to_dict
+from pipelines.config import ColdStartConfig, LoraShape, PipelineConfig, config_hash, to_dict
 from pipelines.data.cold import ALL, base_of, describe, prepare, same_data, slots_of
 from pipelines.metrics import sigmoid
 from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers, serving_base
@@ -44,7 +44,7 @@ from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers, serving_
 log = logging.getLogger(__name__)
 
 
-def student_for(base, cs, seed: int):
+def student_for(base, cs: LoraShape, seed: int):
     """base + a fresh LoRA adapter with the cold-start shape (PEFT default init: A kaiming, B = 0)."""
     from peft import LoraConfig, get_peft_model
 
@@ -54,6 +54,25 @@ def student_for(base, cs, seed: int):
     base.requires_grad_(False)
     return get_peft_model(base, LoraConfig(r=cs.r, lora_alpha=cs.alpha, lora_dropout=0.0,
                                            target_modules=list(cs.target_modules), bias="none"))
+
+
+def init_student(student, cs: ColdStartConfig, transfer_tokens: np.ndarray) -> dict:
+    """Apply `cs.init` to a fresh student and describe it (for the run): "covariance" sets LoRA A from
+    the covariance of the transfer users' embeddings and records how much of its variance the r
+    directions explain; "default" keeps PEFT's init."""
+    import torch
+
+    from pipelines.training import distill as D
+
+    init = {"init": cs.init}
+    if cs.init == "covariance":
+        emb, counts = D.user_embedding_rows(student, transfer_tokens[:, 0])
+        cov = D.behaviour_covariance(emb, counts)
+        vals, _ = D.principal_directions(cov, cs.r)
+        D.set_lora_A(student, D.covariance_lora_A(cov, cs.r))
+        init.update(users=int(len(emb)), explained_variance=float(vals.sum() / torch.trace(cov).clamp_min(1e-30)),
+                    top_eigenvalue=float(vals[0]))
+    return init
 
 
 def choose_teacher(teachers: dict, x_labelled: np.ndarray, y_labelled: np.ndarray, slots: np.ndarray,
@@ -89,85 +108,120 @@ def distill_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = 
     the run artifact `baseline_adapter/`. Returns the candidate dict that evaluate / register take.
     """
     import mlflow
-    import torch
 
-    from pipelines.model import features
     from pipelines.registry import mlflow_io
-    from pipelines.registry.pyfunc import load_base_from_registry
-    from pipelines.model import inference
     from pipelines.training import distill as D
 
     cs = cfg.cold_start
     prep = prepare(cfg, lake_uri, end_day, slot, base_of(detected) if detected else serving_base(cfg, with_cutoff=True))
     same_data(prep, detected, "distillation")
     summary = describe(cfg, prep, end_day, slot)
-    base_ref, sp, name = summary["base"], prep.split, summary["model_name"]
+    base_ref, name = summary["base"], summary["model_name"]
+    labelled, transfer, teacher, teacher_refs = _teacher_outputs(cfg, prep, slot)
+    student = student_for(_registered_base(base_ref), cs, cs.seed)
+    init = init_student(student, cs, transfer.tokens)
+    settings, baseline_settings = _distill_settings(cfg)
+
+    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
+                          run_name=f"{name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
+        _log_inputs(cfg, slot, end_day, prep, summary, teacher, teacher_refs, init)
+        log.info("%s: %d labelled rows, %d transfer rows; teacher: %s (slot champions %s; logloss on the labelled "
+                 "cold rows %s); init %s", name, len(labelled[0]), len(transfer), teacher["kind"],
+                 {s: f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()}, teacher["labelled_logloss"],
+                 init)
+        hist = D.distill(student, labelled, transfer, settings, desc=name, on_epoch=_epoch_logger())
+        baseline = student_for(_registered_base(base_ref), cs, cfg.lora.seed)
+        b_hist = D.distill(baseline, labelled, None, baseline_settings, desc=f"{name}-baseline",
+                           on_epoch=_epoch_logger("baseline_"))
+        info = _log_models(student, baseline, slot, base_ref, cs, prep.split.holdout)
+    return {**summary, "run_id": run.info.run_id, "model_uri": info.model_uri, "teachers": teacher_refs,
+            "teacher": teacher, "init": init, "config_hash": config_hash(cs),
+            "train": {"student_final_loss": hist[-1]["train_loss"], "baseline_final_loss": b_hist[-1]["train_loss"]}}
+
+
+def _registered_base(ref: dict):
+    from pipelines.registry.pyfunc import load_base_from_registry
+
+    return load_base_from_registry(ref["name"], ref["version"], ref["fingerprint"])
+
+
+def _teacher_outputs(cfg: PipelineConfig, prep, slot: str):
+    """((labelled tokens, labels), the transfer set with the chosen teacher's logits and pooled
+    representations, the teacher choice, the teachers' registry refs). The teachers themselves are
+    not returned: training needs only their outputs, and they hold a model per slot in memory."""
+    from pipelines.model import features, inference
+    from pipelines.training import distill as D
+
+    sp = prep.split
     teachers, teacher_refs = load_teachers(cfg, slots_of(cfg, slot), base=prep.base)
     mcfg = teachers[None].cfg
     x_l, y_l = features.encode(sp.labelled, mcfg), features.labels(sp.labelled)
     x_t = features.encode(sp.transfer, mcfg)
-    teacher = choose_teacher(teachers, x_l, y_l, sp.labelled["slot"].astype(str).to_numpy(), cs.teacher_fallback)
+    teacher = choose_teacher(teachers, x_l, y_l, sp.labelled["slot"].astype(str).to_numpy(),
+                             cfg.cold_start.teacher_fallback)
     if teacher["kind"] == "base":
         teachers = {None: teachers[None]}
     t_logits, t_pooled = inference.forward_by_group(teachers, x_t, sp.transfer["slot"].astype(str).to_numpy())
-    transfer = D.TransferSet(x_t, t_logits, t_pooled)
-    del teachers
+    return (x_l, y_l), D.TransferSet(x_t, t_logits, t_pooled), teacher, teacher_refs
 
-    student = student_for(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]),
-                       cs, cs.seed)
-    init = {"init": cs.init}
-    if cs.init == "covariance":
-        emb, counts = D.user_embedding_rows(student, x_t[:, 0])
-        cov = D.behaviour_covariance(emb, counts)
-        vals, _ = D.principal_directions(cov, cs.r)
-        D.set_lora_A(student, D.covariance_lora_A(cov, cs.r))
-        init.update(users=int(len(emb)), explained_variance=float(vals.sum() / torch.trace(cov).clamp_min(1e-30)),
-                    top_eigenvalue=float(vals[0]))
-    weights = D.LossWeights(cs.w_bce, cs.w_kd, cs.w_align, cs.temperature, cs.align)
-    settings = D.DistillSettings(cs.epochs, cs.batch_size, cs.transfer_batch_size, cs.lr, cs.weight_decay,
-                                 cs.warmup_steps, cs.seed, weights)
-    lc = cfg.lora  # the baseline: the standard adapter recipe, BCE only, PEFT default init
-    baseline_settings = D.DistillSettings(lc.epochs, lc.batch_size, cs.transfer_batch_size, lc.lr, lc.weight_decay,
-                                          lc.warmup_steps, lc.seed, D.LossWeights(1.0, 0.0, 0.0, cs.temperature))
 
-    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
-                          run_name=f"{name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
-        mlflow.set_tags({"stage": "cold_start", "slot": slot, "data.end": end_day, "base.name": base_ref["name"],
-                         "base.version": base_ref["version"], "base.fingerprint": base_ref["fingerprint"],
-                         "base.cutoff": prep.base["cutoff"], "code.version": mlflow_io.code_version(),
-                         "teacher.kind": teacher["kind"],
-                         **{f"teacher.{s}": f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()}})
-        mlflow.log_params({f"cold_start.{k}": v for k, v in to_dict(cs).items()})
-        mlflow.log_params({f"baseline.{k}": getattr(lc, k) for k in ("epochs", "batch_size", "lr", "weight_decay",
-                                                                     "warmup_steps", "seed")})
-        mlflow.log_metrics({**{f"cold_{k}": float(v) for k, v in summary["cold"].items()},
-                            **{f"rows_{k}": float(v) for k, v in summary["rows"].items()},
-                            "holdout_users": float(sp.holdout_users),
-                            **{f"teacher_labelled_logloss_{k}": v for k, v in teacher["labelled_logloss"].items()},
-                            **{f"init_{k}": float(v) for k, v in init.items() if k != "init"}})
-        mlflow.log_dict({**summary, "teachers": teacher_refs, "teacher": teacher, "init": init},
-                        "cold_start/detected.json")
-        mlflow.log_dict(prep.lineage, "lineage/data.json")
-        log.info("%s: %d labelled rows, %d transfer rows; teacher: %s (slot champions %s; logloss on the labelled "
-                 "cold rows %s); init %s", name, len(x_l), len(x_t), teacher["kind"],
-                 {s: f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()}, teacher["labelled_logloss"],
-                 init)
-        hist = D.distill(student, (x_l, y_l), transfer, settings, desc=name,
-                         on_epoch=lambda m: mlflow.log_metrics({k: v for k, v in m.items() if k != "epoch"},
-                                                               step=m["epoch"]))
-        baseline = student_for(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]),
-                            cs, lc.seed)
-        b_hist = D.distill(baseline, (x_l, y_l), None, baseline_settings, desc=f"{name}-baseline",
-                           on_epoch=lambda m: mlflow.log_metrics(
-                               {f"baseline_{k}": v for k, v in m.items() if k != "epoch"}, step=m["epoch"]))
-        with tempfile.TemporaryDirectory() as tmp:
-            student.save_pretrained(f"{tmp}/student")
-            baseline.save_pretrained(f"{tmp}/{BASELINE_ARTIFACT}")
-            mlflow.log_artifacts(f"{tmp}/{BASELINE_ARTIFACT}", BASELINE_ARTIFACT)
-            info = mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "cold_start": True, "base": base_ref,
-                                            "lora": {"r": cs.r, "alpha": cs.alpha,
-                                                     "target_modules": list(cs.target_modules)}},
-                                           mlflow_io.input_example(sp.holdout), adapter_dir=f"{tmp}/student")
-    return {**summary, "run_id": run.info.run_id, "model_uri": info.model_uri, "teachers": teacher_refs,
-            "teacher": teacher, "init": init, "config_hash": config_hash(cs),
-            "train": {"student_final_loss": hist[-1]["train_loss"], "baseline_final_loss": b_hist[-1]["train_loss"]}}
+def _distill_settings(cfg: PipelineConfig):
+    """The student's settings (cold_start.*), and the baseline's: the standard adapter recipe (lora.*), BCE only."""
+    from pipelines.training import distill as D
+
+    cs, lc = cfg.cold_start, cfg.lora
+    student = D.DistillSettings(cs.epochs, cs.batch_size, cs.transfer_batch_size, cs.lr, cs.weight_decay,
+                                cs.warmup_steps, cs.seed, cs.loss_weights)
+    baseline = D.DistillSettings(lc.epochs, lc.batch_size, cs.transfer_batch_size, lc.lr, lc.weight_decay,
+                                 lc.warmup_steps, lc.seed, D.LossWeights(1.0, 0.0, 0.0, cs.temperature))
+    return student, baseline
+
+
+def _log_inputs(cfg: PipelineConfig, slot: str, end_day: str, prep, summary: dict, teacher: dict, teacher_refs: dict,
+                init: dict) -> None:
+    """Tags, params, sizes and the detection / lineage records of the run, before training."""
+    import mlflow
+
+    from pipelines.registry import mlflow_io
+
+    cs, lc, base_ref = cfg.cold_start, cfg.lora, summary["base"]
+    mlflow.set_tags({"stage": "cold_start", "slot": slot, "data.end": end_day, "base.name": base_ref["name"],
+                     "base.version": base_ref["version"], "base.fingerprint": base_ref["fingerprint"],
+                     "base.cutoff": prep.base["cutoff"], "code.version": mlflow_io.code_version(),
+                     "teacher.kind": teacher["kind"],
+                     **{f"teacher.{s}": f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()}})
+    mlflow.log_params({f"cold_start.{k}": v for k, v in to_dict(cs).items()})
+    mlflow.log_params({f"baseline.{k}": getattr(lc, k) for k in ("epochs", "batch_size", "lr", "weight_decay",
+                                                                 "warmup_steps", "seed")})
+    mlflow.log_metrics({**{f"cold_{k}": float(v) for k, v in summary["cold"].items()},
+                        **{f"rows_{k}": float(v) for k, v in summary["rows"].items()},
+                        "holdout_users": float(prep.split.holdout_users),
+                        **{f"teacher_labelled_logloss_{k}": v for k, v in teacher["labelled_logloss"].items()},
+                        **{f"init_{k}": float(v) for k, v in init.items() if k != "init"}})
+    mlflow.log_dict({**summary, "teachers": teacher_refs, "teacher": teacher, "init": init},
+                    "cold_start/detected.json")
+    mlflow.log_dict(prep.lineage, "lineage/data.json")
+
+
+def _epoch_logger(prefix: str = ""):
+    """An `on_epoch` callback: the epoch's metrics (names prefixed) into the active run, at step = epoch."""
+    import mlflow
+
+    return lambda m: mlflow.log_metrics({f"{prefix}{k}": v for k, v in m.items() if k != "epoch"}, step=m["epoch"])
+
+
+def _log_models(student, baseline, slot: str, base_ref: dict, cs: LoraShape, holdout):
+    """The student as the run's CTR pyfunc model (base reference + adapter), the baseline's adapter as
+    the artifact BASELINE_ARTIFACT; returns the student's ModelInfo."""
+    import mlflow
+
+    from pipelines.registry import mlflow_io
+
+    with tempfile.TemporaryDirectory() as tmp:
+        student.save_pretrained(f"{tmp}/student")
+        baseline.save_pretrained(f"{tmp}/{BASELINE_ARTIFACT}")
+        mlflow.log_artifacts(f"{tmp}/{BASELINE_ARTIFACT}", BASELINE_ARTIFACT)
+        return mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "cold_start": True, "base": base_ref,
+                                        "lora": {"r": cs.r, "alpha": cs.alpha,
+                                                 "target_modules": list(cs.target_modules)}},
+                                       mlflow_io.input_example(holdout), adapter_dir=f"{tmp}/student")

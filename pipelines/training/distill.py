@@ -31,14 +31,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Callable, Literal
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.config import LossWeights
 from pipelines.model.inference import unwrap_peft, logits_and_pooled
 
 log = logging.getLogger(__name__)
@@ -83,15 +84,6 @@ def align_term(student_h: torch.Tensor, teacher_h: torch.Tensor, kind: str = "ms
     if kind == "cosine":
         return (1.0 - F.cosine_similarity(student_h, teacher_h, dim=-1, eps=1e-8)).mean()
     raise ValueError(f"unknown alignment {kind!r}; expected 'mse' or 'cosine'")
-
-
-@dataclass(frozen=True)
-class LossWeights:
-    bce: float = 1.0
-    kd: float = 1.0
-    align: float = 0.1
-    temperature: float = 2.0
-    align_kind: Literal["mse", "cosine"] = "mse"
 
 
 def distill_loss(w: LossWeights, *, labelled_logits: torch.Tensor, labels: torch.Tensor,
@@ -203,71 +195,35 @@ def distill(student: nn.Module, labelled: tuple[np.ndarray, np.ndarray], transfe
     With weights kd = align = 0 and no transfer set this is plain BCE fine-tuning on the labelled
     rows with the same steps, schedule and seed: the no-distillation baseline.
     """
-    from pipelines.metrics import auc, logloss
-    from pipelines.model.inference import configure_threads, predict
+    from pipelines.model.inference import configure_threads
     from pipelines.training.loop import lr_at, seed_everything
 
     configure_threads()
     seed_everything(settings.seed)
-    w = settings.weights
-    use_transfer = transfer is not None and len(transfer) > 0 and (w.kd > 0 or w.align > 0)
     x_l, y_l = labelled
-    if w.bce > 0 and len(x_l) == 0 and not use_transfer:
-        raise ValueError("distill(): no labelled rows and no transfer set")
-    if not use_transfer:
-        w = LossWeights(bce=w.bce, kd=0.0, align=0.0, temperature=w.temperature, align_kind=w.align_kind)
-    if w.bce == 0 or len(x_l) == 0:
-        w = LossWeights(bce=0.0, kd=w.kd, align=w.align, temperature=w.temperature, align_kind=w.align_kind)
+    w, use_transfer = _active_weights(settings.weights, len(x_l), transfer)
     params = [p for p in student.parameters() if p.requires_grad]
     if not params:
         raise ValueError("distill(): the student has no trainable parameters")
     opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    n_l = len(x_l) if w.bce else 0
-    n_t = len(transfer) if use_transfer else 0
-    steps_per_epoch = math.ceil(n_l / settings.batch_size) if n_l else math.ceil(n_t / settings.transfer_batch_size)
-    total = steps_per_epoch * settings.epochs
     gen = torch.Generator().manual_seed(settings.seed)
     xl, yl = torch.from_numpy(np.ascontiguousarray(x_l)), torch.from_numpy(np.asarray(y_l, dtype=np.float32))
-    if use_transfer:
-        xt = torch.from_numpy(np.ascontiguousarray(transfer.tokens))
-        tl = torch.from_numpy(np.asarray(transfer.teacher_logits, dtype=np.float32))
-        th = torch.from_numpy(np.asarray(transfer.teacher_pooled, dtype=np.float32))
-        t_order, t_pos = torch.randperm(n_t, generator=gen), 0
-    empty_i, empty_f = xl[:0], yl[:0]
+    n_l, n_t = len(x_l) if w.bce else 0, len(transfer) if use_transfer else 0
+    transfer_batches = _TransferBatches(transfer, settings.transfer_batch_size, gen) if use_transfer else None
+    steps_per_epoch = math.ceil(n_l / settings.batch_size) if n_l else math.ceil(n_t / settings.transfer_batch_size)
+    total = steps_per_epoch * settings.epochs
     history, step = [], 0
     for epoch in range(settings.epochs):
         student.train()
-        l_order = torch.randperm(n_l, generator=gen) if n_l else None
         t0, sums, count = time.perf_counter(), {}, 0
-        for s in range(steps_per_epoch):
-            li = l_order[s * settings.batch_size:(s + 1) * settings.batch_size] if n_l else None
-            if use_transfer:
-                if t_pos + settings.transfer_batch_size > n_t:
-                    t_order, t_pos = torch.randperm(n_t, generator=gen), 0
-                ti = t_order[t_pos:t_pos + settings.transfer_batch_size]
-                t_pos += settings.transfer_batch_size
-            x_parts = ([xl[li]] if n_l else []) + ([xt[ti]] if use_transfer else [])
-            logits, pooled = logits_and_pooled(student, torch.cat(x_parts))
-            k = len(li) if n_l else 0
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, settings.lr, settings.warmup_steps)
-            loss, parts = distill_loss(
-                w, labelled_logits=logits[:k], labels=yl[li] if n_l else empty_f,
-                transfer_logits=logits[k:], teacher_logits=tl[ti] if use_transfer else empty_f,
-                transfer_h=pooled[k:], teacher_h=th[ti] if use_transfer else empty_i.float())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        for labelled_batch, transfer_batch in _epoch_batches(xl, yl, n_l, transfer_batches, steps_per_epoch,
+                                                             settings.batch_size, gen):
+            lr = lr_at(step, total, settings.lr, settings.warmup_steps)
+            for name, v in _step(student, opt, w, lr, labelled_batch, transfer_batch).items():
+                sums[name] = sums.get(name, 0.0) + v
             step += 1
             count += 1
-            for name, v in {"loss": float(loss.detach()), **parts}.items():
-                sums[name] = sums.get(name, 0.0) + v
-        secs = time.perf_counter() - t0
-        metrics = {"epoch": epoch + 1, **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},
-                   "steps_per_s": count / max(secs, 1e-9)}
-        if val is not None and len(val[0]):
-            p = predict(student, val[0])
-            metrics.update(val_auc=auc(val[1], p), val_logloss=logloss(val[1], p))
+        metrics = _epoch_metrics(student, epoch, sums, count, time.perf_counter() - t0, val)
         log.info("%s epoch %d/%d %s", desc, epoch + 1, settings.epochs,
                  " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "epoch"))
         history.append(metrics)
@@ -275,3 +231,77 @@ def distill(student: nn.Module, labelled: tuple[np.ndarray, np.ndarray], transfe
             on_epoch(metrics)
     student.eval()
     return history
+
+
+def _active_weights(w: LossWeights, labelled_rows: int, transfer: TransferSet | None) -> tuple[LossWeights, bool]:
+    """The weights `distill` trains with, and whether it uses the transfer set (only when kd or align
+    needs it): a term with no rows to train on gets weight 0."""
+    use_transfer = transfer is not None and len(transfer) > 0 and (w.kd > 0 or w.align > 0)
+    if w.bce > 0 and labelled_rows == 0 and not use_transfer:
+        raise ValueError("distill(): no labelled rows and no transfer set")
+    if not use_transfer:
+        w = replace(w, kd=0.0, align=0.0)
+    if w.bce == 0 or labelled_rows == 0:
+        w = replace(w, bce=0.0)
+    return w, use_transfer
+
+
+class _TransferBatches:
+    """The transfer set as tensors, cycled in seeded random order: a fresh permutation (from `gen`)
+    whenever the next batch would run past the end, so every batch is full-sized."""
+
+    def __init__(self, transfer: TransferSet, batch_size: int, gen: torch.Generator):
+        self.tokens = torch.from_numpy(np.ascontiguousarray(transfer.tokens))
+        self.teacher_logits = torch.from_numpy(np.asarray(transfer.teacher_logits, dtype=np.float32))
+        self.teacher_pooled = torch.from_numpy(np.asarray(transfer.teacher_pooled, dtype=np.float32))
+        self.batch_size, self.gen = batch_size, gen
+        self.order, self.pos = torch.randperm(len(self.tokens), generator=gen), 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.pos + self.batch_size > len(self.tokens):
+            self.order, self.pos = torch.randperm(len(self.tokens), generator=self.gen), 0
+        idx = self.order[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return self.tokens[idx], self.teacher_logits[idx], self.teacher_pooled[idx]
+
+
+def _epoch_batches(xl: torch.Tensor, yl: torch.Tensor, n_l: int, transfer: _TransferBatches | None, steps: int,
+                   batch_size: int, gen: torch.Generator) -> Iterator[tuple[tuple, tuple]]:
+    """One epoch's ((tokens, labels), (tokens, teacher logits, teacher pooled)) batches: the first n_l
+    labelled rows in a fresh seeded order (none when n_l is 0), each paired with the next transfer batch
+    (an empty one without a transfer set)."""
+    order = torch.randperm(n_l, generator=gen) if n_l else None
+    no_transfer = (xl[:0], yl[:0], xl[:0].float())
+    for s in range(steps):
+        li = order[s * batch_size:(s + 1) * batch_size] if n_l else slice(0, 0)
+        yield (xl[li], yl[li]), (transfer.next() if transfer is not None else no_transfer)
+
+
+def _step(student: nn.Module, opt: torch.optim.Optimizer, w: LossWeights, lr: float,
+          labelled: tuple[torch.Tensor, torch.Tensor], transfer: tuple[torch.Tensor, ...]) -> dict[str, float]:
+    """One optimiser step on a labelled and a transfer batch (one forward pass over both); the loss and its terms."""
+    (x_l, y_l), (x_t, teacher_logits, teacher_pooled) = labelled, transfer
+    logits, pooled = logits_and_pooled(student, torch.cat([x_l, x_t]))
+    k = len(x_l)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    loss, parts = distill_loss(w, labelled_logits=logits[:k], labels=y_l, transfer_logits=logits[k:],
+                               teacher_logits=teacher_logits, transfer_h=pooled[k:], teacher_h=teacher_pooled)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return {"loss": float(loss.detach()), **parts}
+
+
+def _epoch_metrics(student: nn.Module, epoch: int, sums: dict[str, float], count: int, secs: float,
+                   val: tuple[np.ndarray, np.ndarray] | None) -> dict:
+    """Mean training loss terms and speed of epoch `epoch` (0-based), plus val AUC / logloss when there is `val`."""
+    from pipelines.metrics import auc, logloss
+    from pipelines.model.inference import predict
+
+    metrics = {"epoch": epoch + 1, **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},
+               "steps_per_s": count / max(secs, 1e-9)}
+    if val is not None and len(val[0]):
+        p = predict(student, val[0])
+        metrics.update(val_auc=auc(val[1], p), val_logloss=logloss(val[1], p))
+    return metrics

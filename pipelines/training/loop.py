@@ -133,8 +133,6 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
     curve). Returns a JSON-safe dict: history, epochs_run, best_epoch, best_val_logloss,
     resumed_from_epoch, stopped_early, diverged.
     """
-    from pipelines.training.checkpoint import capture_rng, key_digest, restore_rng
-
     configure_threads()
     seed_everything(settings.seed)
     named = _trainable(model)
@@ -147,70 +145,107 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
     if val_src is not None and val_src.rows == 0:
         val_src = None
     opt = torch.optim.AdamW([p for _, p in named], lr=settings.lr, weight_decay=settings.weight_decay)
-    steps_per_epoch = math.ceil(src.rows / settings.batch_size)
-    total = steps_per_epoch * settings.epochs
+    total = math.ceil(src.rows / settings.batch_size) * settings.epochs
     gen = torch.Generator().manual_seed(settings.seed)
-    key = json.loads(json.dumps({"settings": dataclasses.asdict(settings), "rows": src.rows,
-                                 "val_rows": val_src.rows if val_src else 0,
-                                 "params": {n: list(p.shape) for n, p in named}, "run": run_key or {}},
-                                sort_keys=True, default=str))
+    key = _checkpoint_key(settings, src, val_src, named, run_key)
     st = {"epoch": 0, "step": 0, "history": [], "best": None, "bad_epochs": 0, "stopped": False, "diverged": False}
-    resumed_from = None
-    saved = checkpoint.load() if checkpoint is not None else None
-    if saved is not None and saved.get("key") != key:
-        log.warning("%s: checkpoint %s belongs to another run (key %s, this run %s): starting over", desc,
-                    checkpoint.location, key_digest(saved.get("key") or {}), key_digest(key))
-    elif saved is not None:
-        _set_weights(named, saved["weights"])
-        opt.load_state_dict(saved["optimizer"])
-        restore_rng(saved["rng"], gen)
-        st = {k: saved[k] for k in st}
-        resumed_from = st["epoch"]
-        log.info("%s: resumed from %s after epoch %d/%d (step %d)", desc, checkpoint.location, st["epoch"],
-                 settings.epochs, st["step"])
-        for m in st["history"] if on_epoch else ():
-            on_epoch(m)
+    resumed_from = _resume(checkpoint, key, st, named, opt, gen, settings, desc)
+    for m in st["history"] if on_epoch else ():
+        on_epoch(m)
 
     while st["epoch"] < settings.epochs and not st["stopped"]:
-        epoch = st["epoch"] + 1
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=steps_per_epoch, desc=f"{desc} {epoch}/{settings.epochs}", unit="batch", leave=False)
-        t0 = time.perf_counter()
-        try:
-            loss_sum, seen = _train_epoch(model, src, opt, gen, st, settings, total, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-        secs = time.perf_counter() - t0
-        if not st["diverged"] and seen != src.rows:
-            raise ValueError(f"{desc}: the source yielded {seen} rows in epoch {epoch}, expected {src.rows} "
-                             "(did the data change during training?)")
-        metrics = {"epoch": epoch, "train_loss": loss_sum / max(seen, 1), "samples_per_s": seen / max(secs, 1e-9),
-                   "lr": opt.param_groups[0]["lr"]}
-        if val_src is not None and not st["diverged"]:
-            metrics.update(evaluate(model, val_src))
-            if settings.patience > 0:
-                _select(st, metrics, named, settings.patience, desc)
-        if st["diverged"]:
-            log.error("%s epoch %d/%d: training loss became non-finite at step %d; stopping", desc, epoch,
-                      settings.epochs, st["step"])
-        log.info("%s epoch %d/%d %s", desc, epoch, settings.epochs, _fmt(metrics))
-        st["epoch"] = epoch
+        metrics = _fit_epoch(model, src, val_src, opt, gen, st, named, settings, total, desc, progress)
+        st["epoch"] = metrics["epoch"]
         st["history"].append(metrics)
         if checkpoint is not None:
-            try:
-                checkpoint.save({**st, "key": key, "weights": _weights(named), "optimizer": opt.state_dict(),
-                                 "rng": capture_rng(gen)})
-            except (OSError, LakeError) as exc:
-                # A checkpoint only saves time on a re-run: a storage blip must not fail the training.
-                log.warning("%s: could not write checkpoint %s after epoch %d: %s", desc, checkpoint.location,
-                            epoch, exc)
+            _save_checkpoint(checkpoint, st, key, named, opt, gen, desc)
         if on_epoch:
             on_epoch(metrics)
+    return _finish(model, named, st, resumed_from, desc)
 
+
+def _checkpoint_key(settings: LoopSettings, src, val_src, named, run_key: dict | None) -> dict:
+    """What a checkpoint must match to be resumed (JSON-normalised, as it is stored): the settings, the
+    row counts, the trainable parameters' shapes and the caller's `run_key`."""
+    return json.loads(json.dumps({"settings": dataclasses.asdict(settings), "rows": src.rows,
+                                  "val_rows": val_src.rows if val_src else 0,
+                                  "params": {n: list(p.shape) for n, p in named}, "run": run_key or {}},
+                                 sort_keys=True, default=str))
+
+
+def _resume(checkpoint, key: dict, st: dict, named, opt, gen: torch.Generator, settings: LoopSettings,
+            desc: str) -> int | None:
+    """Restore weights, optimizer, generator and `st` from `checkpoint` when it was written by this run
+    (same key); returns the epoch it resumes after, or None (no checkpoint, or another run's)."""
+    from pipelines.training.checkpoint import key_digest, restore_rng
+
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is None:
+        return None
+    if saved.get("key") != key:
+        log.warning("%s: checkpoint %s belongs to another run (key %s, this run %s): starting over", desc,
+                    checkpoint.location, key_digest(saved.get("key") or {}), key_digest(key))
+        return None
+    _set_weights(named, saved["weights"])
+    opt.load_state_dict(saved["optimizer"])
+    restore_rng(saved["rng"], gen)
+    st.update({k: saved[k] for k in st})
+    log.info("%s: resumed from %s after epoch %d/%d (step %d)", desc, checkpoint.location, st["epoch"],
+             settings.epochs, st["step"])
+    return st["epoch"]
+
+
+def _progress_bar(progress: bool, steps: int, label: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=steps, desc=label, unit="batch", leave=False)
+
+
+def _fit_epoch(model: nn.Module, src, val_src, opt, gen: torch.Generator, st: dict, named, settings: LoopSettings,
+               total: int, desc: str, progress: bool) -> dict:
+    """Train the next epoch (advancing st["step"]), validate it (early stopping bookkeeping included)
+    and return its metrics."""
+    epoch = st["epoch"] + 1
+    bar = _progress_bar(progress, math.ceil(src.rows / settings.batch_size), f"{desc} {epoch}/{settings.epochs}")
+    t0 = time.perf_counter()
+    try:
+        loss_sum, seen = _train_epoch(model, src, opt, gen, st, settings, total, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    secs = time.perf_counter() - t0
+    if not st["diverged"] and seen != src.rows:
+        raise ValueError(f"{desc}: the source yielded {seen} rows in epoch {epoch}, expected {src.rows} "
+                         "(did the data change during training?)")
+    metrics = {"epoch": epoch, "train_loss": loss_sum / max(seen, 1), "samples_per_s": seen / max(secs, 1e-9),
+               "lr": opt.param_groups[0]["lr"]}
+    if val_src is not None and not st["diverged"]:
+        metrics.update(evaluate(model, val_src))
+        if settings.patience > 0:
+            _select(st, metrics, named, settings.patience, desc)
+    if st["diverged"]:
+        log.error("%s epoch %d/%d: training loss became non-finite at step %d; stopping", desc, epoch,
+                  settings.epochs, st["step"])
+    log.info("%s epoch %d/%d %s", desc, epoch, settings.epochs, _fmt(metrics))
+    return metrics
+
+
+def _save_checkpoint(checkpoint, st: dict, key: dict, named, opt, gen: torch.Generator, desc: str) -> None:
+    from pipelines.training.checkpoint import capture_rng
+
+    try:
+        checkpoint.save({**st, "key": key, "weights": _weights(named), "optimizer": opt.state_dict(),
+                         "rng": capture_rng(gen)})
+    except (OSError, LakeError) as exc:
+        # A checkpoint only saves time on a re-run: a storage blip must not fail the training.
+        log.warning("%s: could not write checkpoint %s after epoch %d: %s", desc, checkpoint.location,
+                    st["epoch"], exc)
+
+
+def _finish(model: nn.Module, named, st: dict, resumed_from: int | None, desc: str) -> dict:
+    """Restore the best epoch's weights (when early stopping kept one that is not the last) and report the run."""
     best = st["best"]
     if best is not None and best["epoch"] != st["epoch"]:
         log.info("%s: restoring the weights of epoch %d (val logloss %.4f)", desc, best["epoch"], best["val_logloss"])

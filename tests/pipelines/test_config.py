@@ -217,3 +217,26 @@ def test_empty_file_gives_defaults(tmp_path):
     p = tmp_path / "empty.yaml"
     p.write_text("")
     assert load_pipeline_config(p) == PipelineConfig()
+
+
+# ----------------------------------------------------------------------------- shared adapter shape, loss weights
+def test_both_adapter_configs_share_one_lora_shape_with_flat_yaml_keys():
+    cfg = load_pipeline_config(overrides={"lora": {"r": 4}, "cold_start": {"r": 2, "alpha": 4}})
+    assert isinstance(cfg.lora, C.LoraShape) and isinstance(cfg.cold_start, C.LoraShape)
+    assert (cfg.lora.r, cfg.cold_start.r, cfg.cold_start.alpha) == (4, 2, 4)
+    assert {"r", "alpha", "target_modules"} <= set(to_dict(cfg.cold_start)) and "shape" not in to_dict(cfg.lora)
+    # the same checks, named after the section; only the slot adapters may wrap the embedding tables
+    with pytest.raises(ConfigError, match=r"cold_start\.r and cold_start\.alpha"):
+        C.ColdStartConfig(alpha=0)
+    with pytest.raises(ConfigError, match=r"cold_start\.target_modules"):
+        C.ColdStartConfig(target_modules=("q_proj", "embeddings"))
+    assert LoraTrainConfig(target_modules=("q_proj", "embeddings")).target_modules == ("q_proj", "embeddings")
+
+
+def test_cold_start_loss_weights_come_from_its_flat_keys():
+    from pipelines.training import distill
+
+    cs = load_pipeline_config(overrides={"cold_start": {"w_kd": 2.0, "align": "cosine"}}).cold_start
+    assert cs.loss_weights == C.LossWeights(bce=cs.w_bce, kd=2.0, align=cs.w_align, temperature=cs.temperature,
+                                            align_kind="cosine")
+    assert distill.LossWeights is C.LossWeights   # one definition, used by the distillation loop

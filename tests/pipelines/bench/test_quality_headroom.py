@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.bench import quality as bq
 from pipelines.bench import quality_headroom as hr
+from pipelines.bench import quality_protocol as qp
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 
 SPEC = SyntheticSpec(n_users=300, n_items=80, n_advertisers=10, new_users_per_day=120, new_items_per_day=8,
@@ -67,7 +67,7 @@ def test_crosses_and_recency_weights():
 
 
 def test_few_shot_reveals_the_first_k_rows_of_cold_users_only(frame):
-    train, test = bq.temporal_split(frame, bq.TRAIN_FRACTION)
+    train, test = qp.temporal_split(frame, qp.TRAIN_FRACTION)
     out = hr.few_shot(train, test, C=1.0, k=3)
     cold_users = set(test["user_id"]) - set(train["user_id"])
     expected = sum(min(3, n) for n in test[test["user_id"].isin(cold_users)].groupby("user_id").size())
@@ -84,11 +84,11 @@ def test_run_reports_every_variant_against_bench_quality_own_lr(frame):
     ref = out["rows"]["lr_one_hot"]
     assert ref["delta_auc"] == 0.0
     # The reference row is exactly bench quality's LR row on the same split and grid.
-    train, test = bq.temporal_split(frame, bq.TRAIN_FRACTION)
-    fit, val = bq.temporal_split(train, 1.0 - bq.VAL_FRACTION)
-    C, _ = bq.tune_lr(fit, val, (0.3, 1.0))
+    train, test = qp.temporal_split(frame, qp.TRAIN_FRACTION)
+    fit, val = qp.temporal_split(train, 1.0 - qp.VAL_FRACTION)
+    C, _ = qp.tune_lr(fit, val, (0.3, 1.0))
     assert ref["C"] == C
-    expected = bq.scores(test["label"].to_numpy(), bq.predict_lr(bq.fit_lr(train, C), test), bq.cold_mask(train, test))
+    expected = qp.scores(test["label"].to_numpy(), qp.predict_lr(qp.fit_lr(train, C), test), qp.cold_mask(train, test))
     assert {k: ref[k] for k in expected} == expected
     assert out["max_delta_auc"] == max(r["delta_auc"] for r in out["rows"].values())
     assert out["chosen_on_validation"] in out["rows"]

@@ -1,0 +1,63 @@
+"""A small cold-start setting shared by the cold-start stage tests and the cold-start flow test: eight
+synthetic days, a serving base trained up to BASE_DAY, and a slot champion trained the real way."""
+from __future__ import annotations
+
+import mlflow
+
+from pipelines.config import BaseTrainConfig, ColdStartConfig, DataConfig, LoraTrainConfig, PipelineConfig
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import SLOTS, write_days
+from tests.conftest import use_store_copy
+from tests.pipelines.training.helpers import CFG, SPEC
+
+BASE_DAY, END_DAY = "2024-01-04", "2024-01-09"
+
+
+def write_lake(tmp_path_factory) -> str:
+    """Eight synthetic days from 2024-01-02, 2,000 rows each (module-scoped in the tests)."""
+    uri = str(tmp_path_factory.mktemp("lake"))
+    write_days(Lake(uri), SPEC, "2024-01-02", 8, 2000)
+    return uri
+
+
+def tiny_config(lake: str, **cold) -> PipelineConfig:
+    return PipelineConfig(
+        data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
+        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+        lora=LoraTrainConfig(r=4, alpha=8, epochs=2, batch_size=64, window_days=3, min_rows=100, warmup_steps=2),
+        cold_start=ColdStartConfig(**{**dict(window_days=5, history_days=3, min_impressions=3, r=4, alpha=8, epochs=3,
+                                             batch_size=64, transfer_batch_size=128, min_labelled_rows=50,
+                                             min_holdout_rows=50), **cold}))
+
+
+def serving_base_config(template_db, tmp_path, monkeypatch, lake):
+    """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
+    from pipelines.flows.base import register_base
+    from pipelines.training import base_model
+
+    use_store_copy(template_db, tmp_path, monkeypatch)
+    monkeypatch.setenv("CTR_CODE_VERSION", "test")
+    c = tiny_config(lake)
+    register_base(c, base_model.train(c, lake, BASE_DAY), actor="test")
+    try:
+        yield c
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def make_champion(model: str, version: str) -> None:
+    """Point model@champion at version (this tiny data's AUC is near 0.5: the gate is not the point here)."""
+    from pipelines.promotion import aliases
+
+    aliases.move_alias(model, "champion", version, kind="promote", reason="test setup", actor="test")
+
+
+def promote_teacher(cfg: PipelineConfig, lake: str, slot: str) -> None:
+    """ctr_lora_<slot>@champion through the real adapter path (train, evaluate, register)."""
+    from pipelines.evaluation.compare import evaluate
+    from pipelines.registry.register import register
+    from pipelines.training import adapter
+
+    cand = adapter.train(cfg, lake, "2024-01-07", slot)
+    reg = register(cfg, cand, evaluate(cfg, lake, cand))
+    make_champion(reg["model"], reg["version"])
