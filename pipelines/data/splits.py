@@ -1,7 +1,7 @@
-"""Training data from the lake: the window of partitions, the slot filter, the temporal split.
+"""Training data from the lake in memory: the window of partitions, the slot filter, the temporal split.
 
-Training and evaluation call `load_split` with the same arguments and get the same rows, so the
-evaluation task can re-read the holdout instead of passing frames between tasks.
+The base model reads its window this way (`load_split`); adapters stream theirs (`model.stream`),
+split by the same rule: the newest rows hold out.
 """
 from __future__ import annotations
 

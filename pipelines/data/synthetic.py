@@ -18,14 +18,15 @@ The world, fixed by `SyntheticSpec` (and its seed):
   share of the traffic, so yesterday's new users come back.
 
 Every entity's attributes are a hash of (seed, entity index): they are the same on every day
-without keeping any table in memory. Rows of a day come from RNG streams keyed by
-(seed, day, block) in fixed blocks of 65,536 rows, so a day's rows do not depend on which other days
-are generated nor on `chunk_rows`. Event times are uniform over the UTC day and come out sorted.
+without keeping any table in memory (vocabularies, attributes and the click model live in
+`pipelines.data.synthetic_world`; this module draws the traffic and writes it). Rows of a day come
+from RNG streams keyed by (seed, day, block) in fixed blocks of 65,536 rows, so a day's rows do not
+depend on which other days are generated nor on `chunk_rows`. Event times are uniform over the UTC
+day and come out sorted.
 """
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,32 +39,16 @@ import pyarrow.compute as pc
 
 from pipelines.data import schema
 from pipelines.data.lake import Lake, split_s3
+from pipelines.data.synthetic_world import (AGE_BUCKETS, CATEGORIES, GENDERS, OCCUPATIONS, SLOT_SCALE, SLOTS,
+                                          World, calibrated_world, categorical, item_attrs, relevance,
+                                          sigmoid, user_attrs, zipf_rank)
 from pipelines.errors import ConfigError, LakeError
-
-SLOTS = ("feed", "search", "splash")
-AGE_BUCKETS = ("<18", "18-24", "25-34", "35-44", "45-49", "50-55", "56+")
-GENDERS = ("M", "F")
-OCCUPATIONS = ("administrator", "artist", "doctor", "educator", "engineer", "entertainment", "executive",
-               "healthcare", "homemaker", "lawyer", "librarian", "marketing", "none", "other", "programmer",
-               "retired", "salesman", "scientist", "student", "technician", "writer")
-CATEGORIES = ("retail", "fashion", "beauty", "travel", "finance", "insurance", "auto", "gaming", "apps", "food",
-              "health", "education", "real_estate", "telecom", "entertainment", "sports")
-
-_AGE_P = np.array([0.05, 0.20, 0.30, 0.20, 0.10, 0.08, 0.07])
-_GENDER_P = np.array([0.52, 0.48])
-_OCC_W = np.array([4, 2, 1, 5, 4, 1, 3, 2, 1, 1, 1, 2, 1, 5, 4, 1, 1, 2, 8, 2, 2], dtype=float)
-_OCC_P = _OCC_W / _OCC_W.sum()
-_STUDENT, _RETIRED = OCCUPATIONS.index("student"), OCCUPATIONS.index("retired")
 
 _BLOCK = 1 << 16            # rows per RNG block; fixed so output is independent of chunk_rows
 _DAY_US = 86_400_000_000
 _RETAIN_DAYS = 28            # cohorts born in the last 28 days keep coming back ...
 _RETAIN_WEIGHT = 0.3         # ... each with 30 % of the traffic it had on its birth day
 _RETAIN_CAP = 0.5            # returning cohorts take at most half the (non-fresh) traffic
-_SLOT_SCALE = np.array([1.0, 1.3, 0.6])   # relevance matters most in search, least on a splash screen
-_FAV_BONUS = 0.8
-_ADV_IN_VERTICAL = 0.85
-_MASK64 = (1 << 64) - 1
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -143,154 +128,27 @@ class SyntheticSpec:
         return idx
 
 
-# ---------------------------------------------------------------------------------- hashing
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _key(seed: int, tag: int) -> np.uint64:
-    k = np.array([(seed * 0x9E3779B97F4A7C15 + tag * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _MASK64],
-                 dtype=np.uint64)
-    return _mix64(k)[0]
-
-
-def _hash_uniform(seed: int, tag: int, idx: np.ndarray) -> np.ndarray:
-    """A float64 in (0, 1) per index, a pure function of (seed, tag, index)."""
-    h = _mix64(idx.astype(np.uint64) ^ _key(seed, tag))
-    h = _mix64(h + np.uint64(0x9E3779B97F4A7C15))
-    return ((h >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
-
-
-def _hash_normal(seed: int, tag: int, idx: np.ndarray) -> np.ndarray:
-    u1 = _hash_uniform(seed, tag, idx)
-    u2 = _hash_uniform(seed, tag + 0x5555, idx)
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-
-
-def _categorical(u: np.ndarray, p: np.ndarray) -> np.ndarray:
-    cdf = np.cumsum(p)
-    return np.minimum(np.searchsorted(cdf / cdf[-1], u, side="right"), len(p) - 1)
-
-
-def _zipf_rank(u: np.ndarray, n: int, a: float) -> np.ndarray:
-    """Rank in [0, n) with P(rank = k) roughly proportional to (k + 1) ** -a (inverse CDF of a power law)."""
-    if abs(a - 1.0) < 1e-9:
-        x = np.power(float(n + 1), u)
-    else:
-        b = 1.0 - a
-        x = np.power(1.0 + u * ((n + 1.0) ** b - 1.0), 1.0 / b)
-    return np.clip(np.floor(x).astype(np.int64) - 1, 0, n - 1)
-
-
-# hash tags: one per entity attribute
-_T_AGE, _T_GENDER, _T_OCC, _T_OCC_ADJ, _T_UBIAS, _T_FAV1, _T_FAV2 = 1, 2, 3, 4, 5, 6, 7
-_T_ADV, _T_ICAT_KEEP, _T_ICAT, _T_IQUAL, _T_ACAT, _T_AQUAL = 11, 12, 13, 14, 15, 16
-
-
-@dataclass(frozen=True)
-class _World:
-    """Seed-level hidden parameters of the click model (shared by every day)."""
-
-    aff_age: np.ndarray      # (ages, categories)
-    aff_gender: np.ndarray   # (genders, categories)
-    aff_occ: np.ndarray      # (occupations, categories)
-    hour_effect: np.ndarray  # (24,)
-    intercept: np.ndarray    # (slots,), calibrated to spec.slot_ctr
-
-
-def _user_attrs(spec: SyntheticSpec, uidx: np.ndarray):
-    s = spec.seed
-    age = _categorical(_hash_uniform(s, _T_AGE, uidx), _AGE_P)
-    gender = _categorical(_hash_uniform(s, _T_GENDER, uidx), _GENDER_P)
-    occ = _categorical(_hash_uniform(s, _T_OCC, uidx), _OCC_P)
-    adj = _hash_uniform(s, _T_OCC_ADJ, uidx)
-    occ = np.where((age == 0) & (adj < 0.85), _STUDENT, occ)
-    occ = np.where((age == len(AGE_BUCKETS) - 1) & (adj < 0.5), _RETIRED, occ)
-    bias = 0.5 * _hash_normal(s, _T_UBIAS, uidx)
-    ncat = len(CATEGORIES)
-    fav1 = (_hash_uniform(s, _T_FAV1, uidx) * ncat).astype(np.int64)
-    fav2 = (_hash_uniform(s, _T_FAV2, uidx) * ncat).astype(np.int64)
-    return age, gender, occ, bias, fav1, fav2
-
-
-def _item_attrs(spec: SyntheticSpec, iidx: np.ndarray):
-    s = spec.seed
-    ncat = len(CATEGORIES)
-    adv = _zipf_rank(_hash_uniform(s, _T_ADV, iidx), spec.n_advertisers, 1.0)
-    adv_cat = (_hash_uniform(s, _T_ACAT, adv) * ncat).astype(np.int64)
-    own_cat = (_hash_uniform(s, _T_ICAT, iidx) * ncat).astype(np.int64)
-    cat = np.where(_hash_uniform(s, _T_ICAT_KEEP, iidx) < _ADV_IN_VERTICAL, adv_cat, own_cat)
-    quality = 0.4 * _hash_normal(s, _T_IQUAL, iidx) + 0.3 * _hash_normal(s, _T_AQUAL, adv)
-    return adv, cat, quality
-
-
-def _relevance(world: _World, age, gender, occ, bias, fav1, fav2, cat, quality) -> np.ndarray:
-    """The slot-independent part of the click logit."""
-    z = bias + quality + world.aff_age[age, cat] + world.aff_gender[gender, cat] + world.aff_occ[occ, cat]
-    return z + _FAV_BONUS * ((cat == fav1).astype(np.float64) + (cat == fav2).astype(np.float64))
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-@functools.lru_cache(maxsize=8)
-def _world(spec: SyntheticSpec) -> _World:
-    rng = np.random.default_rng(np.random.SeedSequence(spec.seed, spawn_key=(0,)))
-    na, ng, no, nc = len(AGE_BUCKETS), len(GENDERS), len(OCCUPATIONS), len(CATEGORIES)
-    hours = np.arange(24)
-    world = _World(
-        aff_age=rng.normal(0.0, 0.35, (na, nc)),
-        aff_gender=rng.normal(0.0, 0.25, (ng, nc)),
-        aff_occ=rng.normal(0.0, 0.3, (no, nc)),
-        hour_effect=0.25 * np.cos(2 * np.pi * (hours - 20) / 24),   # evening peak (20h UTC), morning trough
-        intercept=np.zeros(len(SLOTS)),
-    )
-    # Calibrate slot intercepts on a day-0 traffic sample so each slot's mean CTR hits spec.slot_ctr.
-    m = 50_000
-    uidx = _zipf_rank(rng.random(m), spec.n_users, spec.user_zipf)
-    iidx = _zipf_rank(rng.random(m), spec.n_items, spec.item_zipf)
-    age, gender, occ, bias, fav1, fav2 = _user_attrs(spec, uidx)
-    _, cat, quality = _item_attrs(spec, iidx)
-    z = _relevance(world, age, gender, occ, bias, fav1, fav2, cat, quality)
-    hour_eff = world.hour_effect[rng.integers(0, 24, m)]
-    for s, target in enumerate(spec.slot_ctr):
-        x = _SLOT_SCALE[s] * z + hour_eff
-        lo, hi = -20.0, 10.0
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if _sigmoid(mid + x).mean() < target else (lo, mid)
-        world.intercept[s] = 0.5 * (lo + hi)
-    world.intercept.flags.writeable = False
-    return world
-
-
 # ---------------------------------------------------------------------------------- traffic
 def _draw_entities(rng: np.random.Generator, n: int, day_idx: int, spec: SyntheticSpec,
                    n_base: int, per_day: int, zipf: float) -> np.ndarray:
     """Global entity indices: base entities are [0, n_base); those born on day b >= 1 follow in blocks of per_day."""
     u_kind, u_born, u_rank = rng.random(n), rng.random(n), rng.random(n)
-    out = _zipf_rank(u_rank, n_base, zipf)
+    out = zipf_rank(u_rank, n_base, zipf)
     if day_idx == 0 or spec.new_entity_rate == 0.0:
         return out
     rate = spec.new_entity_rate
     fresh = u_kind < rate
-    out[fresh] = n_base + (day_idx - 1) * per_day + _zipf_rank(u_rank[fresh], per_day, zipf)
+    out[fresh] = n_base + (day_idx - 1) * per_day + zipf_rank(u_rank[fresh], per_day, zipf)
     cohorts = min(day_idx - 1, _RETAIN_DAYS)
     if cohorts > 0:
         p_ret = min(_RETAIN_CAP, _RETAIN_WEIGHT * rate * cohorts)
         ret = (u_kind >= rate) & (u_kind < rate + (1.0 - rate) * p_ret)
         born = day_idx - 1 - np.minimum((u_born[ret] * cohorts).astype(np.int64), cohorts - 1)
-        out[ret] = n_base + (born - 1) * per_day + _zipf_rank(u_rank[ret], per_day, zipf)
+        out[ret] = n_base + (born - 1) * per_day + zipf_rank(u_rank[ret], per_day, zipf)
     return out
 
 
-def _block(spec: SyntheticSpec, world: _World, day_ord: int, day_idx: int, b: int, rows: int) -> dict:
+def _block(spec: SyntheticSpec, world: World, day_ord: int, day_idx: int, b: int, rows: int) -> dict:
     """Rows [b * _BLOCK, min((b + 1) * _BLOCK, rows)) of a day, as integer/float arrays."""
     lo, hi = b * _BLOCK, min((b + 1) * _BLOCK, rows)
     n = hi - lo
@@ -299,15 +157,15 @@ def _block(spec: SyntheticSpec, world: _World, day_ord: int, day_idx: int, b: in
     # and is uniform over [00:00, 24:00) UTC as a whole.
     t_lo, t_hi = (lo * _DAY_US) // rows, (hi * _DAY_US) // rows
     t = np.sort(rng.integers(t_lo, max(t_hi, t_lo + 1), n))
-    slot = _categorical(rng.random(n), np.asarray(spec.slot_mix))
+    slot = categorical(rng.random(n), np.asarray(spec.slot_mix))
     uidx = _draw_entities(rng, n, day_idx, spec, spec.n_users, spec.new_users_per_day, spec.user_zipf)
     iidx = _draw_entities(rng, n, day_idx, spec, spec.n_items, spec.new_items_per_day, spec.item_zipf)
-    age, gender, occ, bias, fav1, fav2 = _user_attrs(spec, uidx)
-    adv, cat, quality = _item_attrs(spec, iidx)
+    age, gender, occ, bias, fav1, fav2 = user_attrs(spec, uidx)
+    adv, cat, quality = item_attrs(spec, iidx)
     hour = (t // 3_600_000_000).astype(np.int64)
-    z = _relevance(world, age, gender, occ, bias, fav1, fav2, cat, quality)
-    logit = world.intercept[slot] + _SLOT_SCALE[slot] * z + world.hour_effect[hour]
-    label = rng.random(n) < _sigmoid(logit)
+    z = relevance(world, age, gender, occ, bias, fav1, fav2, cat, quality)
+    logit = world.intercept[slot] + SLOT_SCALE[slot] * z + world.hour_effect[hour]
+    label = rng.random(n) < sigmoid(logit)
     return {"t": t, "user": uidx, "item": iidx, "adv": adv, "slot": slot, "age": age, "gender": gender,
             "occ": occ, "cat": cat, "hour": hour, "label": label}
 
@@ -365,7 +223,7 @@ def _generate_day(spec: SyntheticSpec, date: dt.date, day_idx: int, rows: int, c
                   ) -> Iterator[pd.DataFrame]:
     day_start_us = int((dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc)
                         - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1))
-    world = _world(spec)
+    world = calibrated_world(spec)
     pending: list[dict] = []   # blocks (or views of their tails) not yet emitted
     have = 0
     for b in range(-(-rows // _BLOCK)):

@@ -94,6 +94,57 @@ def read_marker(lake: Lake, day: str) -> dict | None:
         return None
 
 
+def _trim(validated: OrderedDict[str, pd.DataFrame], keep: int) -> None:
+    """Drop the oldest partitions of the reference window until at most `keep` remain."""
+    while len(validated) > keep:
+        validated.popitem(last=False)
+
+
+def _seed_reference(lake: Lake, present: list[str], start: dt.date, keep: int) -> OrderedDict[str, pd.DataFrame]:
+    """The reference before the window: the last `keep` readable `passed` partitions before `start`
+    (looked for among the 4 x `keep` partitions before it), oldest first."""
+    before = [d for d in present if dt.date.fromisoformat(d) < start][-4 * keep:]
+    validated: OrderedDict[str, pd.DataFrame] = OrderedDict()
+    for d in before:
+        m = read_marker(lake, d)
+        if m and m.get("status") == "passed":
+            try:
+                validated[d] = lake.read_partition(d).frame
+            except LakeError:
+                continue
+    _trim(validated, keep)
+    return validated
+
+
+def _validate_day(cfg: PipelineConfig, lake: Lake, day: str, version: str,
+                  validated: OrderedDict[str, pd.DataFrame]) -> dict:
+    """The report of one partition of the window, judged against `validated` (the reference) and recorded;
+    a partition that passes joins the reference of the days after it."""
+    from pipelines.validation.report import summary_line
+
+    fresh = True
+    try:
+        part = lake.read_partition(day)
+    except LakeError as exc:
+        report, part = unreadable_report(lake.partition_uri(day), day, exc), None
+    else:
+        marker = read_marker(lake, day)
+        if (marker and marker.get("status") == "passed" and marker.get("suite_version") == version
+                and marker.get("sha256") == part.sha256):
+            report, fresh = marker["report"], False  # same data, same checks: the earlier verdict stands
+        else:
+            ref = reference_stats(list(validated.values()), list(validated)) if validated else None
+            report = check_partition(cfg, part, ref)
+    if fresh and lake.has_objects(day):  # a missing partition gets no marker (nothing to quarantine)
+        record(lake, day, report, version)
+    if report["success"] and part is not None:
+        validated[day] = part.frame
+        _trim(validated, cfg.validation.reference_partitions)
+    else:
+        log.error("%s (report: %s)", summary_line(report), lake.partition_uri(day) + "/" + REPORT_HTML)
+    return report
+
+
 def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int, log_to_mlflow: bool = False) -> dict:
     """Validate every partition in (end_day - days, end_day], oldest first; the run's own day must exist.
 
@@ -101,7 +152,6 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
     Raises DataValidationError listing the failures of every bad partition (all are checked, so one
     run reports everything that is wrong, not just the first problem).
     """
-    from pipelines.validation.report import summary_line
     from pipelines.validation.suite import suite_version
 
     lake, v = Lake(lake_uri), cfg.validation
@@ -111,41 +161,11 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
     present = lake.list_partitions()
     wanted = sorted({d for d in present if start <= dt.date.fromisoformat(d) <= end} | {end_day})
     # Seed the reference with the validated partitions just before the window.
-    before = [d for d in present if dt.date.fromisoformat(d) < start][-4 * v.reference_partitions:]
-    validated: OrderedDict[str, pd.DataFrame] = OrderedDict()
-    for d in before:
-        m = read_marker(lake, d)
-        if m and m.get("status") == "passed":
-            try:
-                validated[d] = lake.read_partition(d).frame
-            except LakeError:
-                continue
-    while len(validated) > v.reference_partitions:
-        validated.popitem(last=False)
+    validated = _seed_reference(lake, present, start, v.reference_partitions)
 
     reports, failures, warnings = [], [], []
     for day in wanted:
-        fresh = True
-        try:
-            part = lake.read_partition(day)
-        except LakeError as exc:
-            report, part = unreadable_report(lake.partition_uri(day), day, exc), None
-        else:
-            marker = read_marker(lake, day)
-            if (marker and marker.get("status") == "passed" and marker.get("suite_version") == version
-                    and marker.get("sha256") == part.sha256):
-                report, fresh = marker["report"], False  # same data, same checks: the earlier verdict stands
-            else:
-                ref = reference_stats(list(validated.values()), list(validated)) if validated else None
-                report = check_partition(cfg, part, ref)
-        if fresh and lake.has_objects(day):  # a missing partition gets no marker (nothing to quarantine)
-            record(lake, day, report, version)
-        if report["success"] and part is not None:
-            validated[day] = part.frame
-            while len(validated) > v.reference_partitions:
-                validated.popitem(last=False)
-        else:
-            log.error("%s (report: %s)", summary_line(report), lake.partition_uri(day) + "/" + REPORT_HTML)
+        report = _validate_day(cfg, lake, day, version, validated)
         reports.append(report)
         failures += [{**f, "check": f"{f['check']} @ dt={day}"} for f in report["failures"]]
         warnings += [{**w, "check": f"{w['check']} @ dt={day}"} for w in report.get("warnings", [])]

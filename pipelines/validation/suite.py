@@ -67,16 +67,8 @@ def _type_expectation(col: schema.Column) -> gxe.Expectation:
     raise TypeError(f"no type expectation for contract column {col.name!r} of type {t}")
 
 
-def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: bool = False) -> gx.ExpectationSuite:
-    """The suite for `cfg` and `slots`: table checks, then one group per required contract column,
-    then the partition-date checks and, `with_reference`, the checks relative to the reference window.
-
-    Values known only at run time come in as GX expectation parameters (see `_parameters`): the
-    columns present, the partition's day bounds, now, and the reference-derived bands.
-    """
-    slots = list(slots)
-    if not slots:
-        raise ValueError("build_suite needs at least one slot")
+def _domain_rules(slots: list[str]) -> dict[str, gxe.Expectation]:
+    """The value-domain check of each column that has one, keyed by column name."""
     # Domain rules are per column name; fail loudly if the contract renames one of them.
     domains: dict[str, gxe.Expectation] = {
         "label": gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[0, 1], meta={"expected": "in [0, 1]"}),
@@ -89,13 +81,12 @@ def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: boo
     unknown = set(domains) - set(schema.REQUIRED)
     if unknown:
         raise ValueError(f"validation rules name columns not in the contract: {sorted(unknown)}")
+    return domains
 
-    exps: list[gxe.Expectation] = [
-        gxe.ExpectTableRowCountToBeBetween(min_value=cfg.min_rows, max_value=None,
-                                           meta={"expected": f">= {cfg.min_rows} rows"}),
-        gxe.ExpectTableColumnsToMatchSet(column_set={"$PARAMETER": _COLUMNS_PARAM}, exact_match=True,
-                                         meta={"expected": "no columns outside the contract"}),
-    ]
+
+def _column_expectations(cfg: ValidationConfig, domains: dict[str, gxe.Expectation]) -> list[gxe.Expectation]:
+    """One group per required contract column: present, typed, nulls, id length, value domain."""
+    exps: list[gxe.Expectation] = []
     for col in (c for c in schema.COLUMNS if c.required):
         exps.append(gxe.ExpectColumnToExist(column=col.name, meta={"expected": "column present"}))
         exps.append(_type_expectation(col))
@@ -111,10 +102,15 @@ def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: boo
                 meta={"expected": f"length 1..{cfg.max_id_length}"}))
         if col.name in domains:
             exps.append(domains[col.name])
-    exps.append(gxe.ExpectColumnMeanToBeBetween(
-        column="label", min_value=cfg.label_rate_min, max_value=cfg.label_rate_max,
-        meta={"expected": f"label rate in [{cfg.label_rate_min}, {cfg.label_rate_max}]", "label_rate_of": "all"}))
-    exps += [
+    return exps
+
+
+def _partition_expectations(cfg: ValidationConfig) -> list[gxe.Expectation]:
+    """The absolute label-rate band, event times inside the partition's day and not in the future, duplicates."""
+    return [
+        gxe.ExpectColumnMeanToBeBetween(
+            column="label", min_value=cfg.label_rate_min, max_value=cfg.label_rate_max,
+            meta={"expected": f"label rate in [{cfg.label_rate_min}, {cfg.label_rate_max}]", "label_rate_of": "all"}),
         gxe.ExpectColumnValuesToBeBetween(
             column="event_ts", min_value={"$PARAMETER": "day_start"}, max_value={"$PARAMETER": "day_end"},
             meta={"check": "event_ts_in_partition_day", "expected": "every event_ts inside the partition's UTC day"}),
@@ -125,19 +121,46 @@ def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: boo
             meta={"check": "duplicate_impressions",
                   "expected": f"rows sharing {'/'.join(DUPLICATE_KEY)} <= {cfg.max_duplicate_fraction:.2%}"}),
     ]
+
+
+def _reference_expectations(cfg: ValidationConfig, slots: list[str]) -> list[gxe.Expectation]:
+    """Checks relative to the reference window: volume, and the label rate overall and per slot."""
+    exps: list[gxe.Expectation] = [gxe.ExpectTableRowCountToBeBetween(
+        min_value={"$PARAMETER": "volume_min"}, max_value={"$PARAMETER": "volume_max"},
+        meta={"check": "volume_vs_reference", "relative": True, "expected": f"rows within [{cfg.volume_ratio_min}, "
+              f"{cfg.volume_ratio_max}] x the reference's mean rows per partition"})]
+    for group in ["all", *slots]:
+        cond = {} if group == "all" else {"row_condition": f"slot=={group!r}", "condition_parser": "pandas"}
+        exps.append(gxe.ExpectColumnMeanToBeBetween(
+            column="label", min_value={"$PARAMETER": f"label_rate_min__{group}"},
+            max_value={"$PARAMETER": f"label_rate_max__{group}"}, **cond,
+            meta={"check": f"label_rate_vs_reference({group})", "label_rate_of": group, "relative": True,
+                  "expected": f"within +/-{cfg.label_rate_rel_tolerance:.0%} (+{cfg.label_rate_z:g} std. errors) "
+                              f"of the reference label rate"}))
+    return exps
+
+
+def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: bool = False) -> gx.ExpectationSuite:
+    """The suite for `cfg` and `slots`: table checks, then one group per required contract column,
+    then the partition-date checks and, `with_reference`, the checks relative to the reference window.
+
+    Values known only at run time come in as GX expectation parameters (see `_parameters`): the
+    columns present, the partition's day bounds, now, and the reference-derived bands.
+    """
+    slots = list(slots)
+    if not slots:
+        raise ValueError("build_suite needs at least one slot")
+    domains = _domain_rules(slots)
+    exps: list[gxe.Expectation] = [
+        gxe.ExpectTableRowCountToBeBetween(min_value=cfg.min_rows, max_value=None,
+                                           meta={"expected": f">= {cfg.min_rows} rows"}),
+        gxe.ExpectTableColumnsToMatchSet(column_set={"$PARAMETER": _COLUMNS_PARAM}, exact_match=True,
+                                         meta={"expected": "no columns outside the contract"}),
+    ]
+    exps += _column_expectations(cfg, domains)
+    exps += _partition_expectations(cfg)
     if with_reference:
-        exps.append(gxe.ExpectTableRowCountToBeBetween(
-            min_value={"$PARAMETER": "volume_min"}, max_value={"$PARAMETER": "volume_max"},
-            meta={"check": "volume_vs_reference", "relative": True, "expected": f"rows within [{cfg.volume_ratio_min}, "
-                  f"{cfg.volume_ratio_max}] x the reference's mean rows per partition"}))
-        for group in ["all", *slots]:
-            cond = {} if group == "all" else {"row_condition": f"slot=={group!r}", "condition_parser": "pandas"}
-            exps.append(gxe.ExpectColumnMeanToBeBetween(
-                column="label", min_value={"$PARAMETER": f"label_rate_min__{group}"},
-                max_value={"$PARAMETER": f"label_rate_max__{group}"}, **cond,
-                meta={"check": f"label_rate_vs_reference({group})", "label_rate_of": group, "relative": True,
-                      "expected": f"within +/-{cfg.label_rate_rel_tolerance:.0%} (+{cfg.label_rate_z:g} std. errors) "
-                                  f"of the reference label rate"}))
+        exps += _reference_expectations(cfg, slots)
     return gx.ExpectationSuite(name=SUITE_NAME, expectations=exps)
 
 

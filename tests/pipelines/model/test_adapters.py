@@ -13,7 +13,6 @@ from pipelines.data.synthetic import SyntheticSpec, generate_day
 from pipelines.model import features, store
 from pipelines.model.base import CTRModel, fingerprint
 from pipelines.model import adapters
-from pipelines.data.splits import time_split
 from pipelines.model.inference import predict
 from pipelines.training.loop import LoopSettings, lr_at, train
 
@@ -230,34 +229,3 @@ def test_predict_returns_probabilities_in_row_order(data):
     m.train()
     predict(m, x)
     assert m.training  # previous mode restored
-
-
-# ----------------------------------------------------------------------------- temporal split
-def test_time_split_puts_the_newest_rows_in_holdout():
-    rng = np.random.default_rng(0)
-    n = 100
-    ts = pd.date_range("2024-01-01", periods=n, freq="min", tz="UTC")
-    frame = pd.DataFrame({"event_ts": ts, "user_id": [f"u{i}" for i in range(n)],
-                          "item_id": [f"i{i}" for i in range(n)], "label": rng.integers(0, 2, n)})
-    shuffled = frame.sample(frac=1.0, random_state=1).reset_index(drop=True)
-    tr, ho = time_split(shuffled, 0.2)
-    assert (len(tr), len(ho)) == (80, 20)
-    assert tr["event_ts"].max() < ho["event_ts"].min()
-    assert set(ho["event_ts"]) == set(ts[-20:])
-    assert tr["event_ts"].is_monotonic_increasing and ho["event_ts"].is_monotonic_increasing
-    # nothing lost or duplicated
-    assert sorted(pd.concat([tr, ho])["user_id"]) == sorted(frame["user_id"])
-    # stable and independent of the input order
-    tr2, ho2 = time_split(frame, 0.2)
-    pd.testing.assert_frame_equal(ho, ho2)
-    pd.testing.assert_frame_equal(tr, tr2)
-
-
-def test_time_split_breaks_timestamp_ties_deterministically():
-    ts = pd.Timestamp("2024-01-01", tz="UTC")
-    frame = pd.DataFrame({"event_ts": [ts] * 6, "user_id": ["u3", "u1", "u2", "u1", "u3", "u2"],
-                          "item_id": ["i1", "i2", "i1", "i1", "i0", "i0"], "label": [0, 1, 0, 1, 0, 1]})
-    tr, ho = time_split(frame, 0.34)
-    tr2, ho2 = time_split(frame.iloc[::-1].reset_index(drop=True), 0.34)
-    pd.testing.assert_frame_equal(ho, ho2)
-    assert list(zip(ho["user_id"], ho["item_id"])) == [("u3", "i0"), ("u3", "i1")]

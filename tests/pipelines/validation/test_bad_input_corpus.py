@@ -10,165 +10,32 @@ Every corruption must
 - leave the model registry alone (no new version, @champion still v1).
 
 And the stage must not cry wolf: a clean next day, a mildly shifted day, a re-run and a fixed
-partition all pass.
-
-Sizes: 20,000 rows a day. At the synthetic.yaml thresholds (label rate within +/-30 % of the reference
-per slot once a slot has >= 500 rows) smaller days are too noisy: the splash slot (10 % of traffic,
-~1.5 % CTR, so ~30 clicks a day at 20k rows) trips label_rate_vs_reference(splash) on roughly one
-healthy day in six at 20k rows and one in four at 12k. The data is seeded and the dates fixed, so the
-healthy days below pass deterministically; at the CLI's default 100k rows/day no healthy day trips it.
+partition all pass (test_no_false_alarms.py). The healthy window, its sizes and the helpers are in
+healthy_window.py, the fixtures in conftest.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import io
-import os
-import shutil
-from pathlib import Path
 from typing import Callable
 
 import mlflow
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.config import REPO_ROOT, load_pipeline_config
 from pipelines.data import schema
 from pipelines.data.lake import Lake
-from pipelines.data.synthetic import SyntheticSpec, generate_day, write_days
 from pipelines.errors import DataValidationError
-from tests.conftest import use_store_copy
-from pipelines.promotion import aliases
-from pipelines.validation.stage import MARKER, REPORT_HTML, read_marker, validate_window
-
-MODEL = "ctr_lora_feed"
-ROWS = 20_000
-FIRST, REF_DAYS = "2026-06-01", 8
-HEALTHY = [(dt.date.fromisoformat(FIRST) + dt.timedelta(days=i)).isoformat() for i in range(REF_DAYS)]
-DAY = "2026-06-09"          # the run's day: the partition that gets corrupted
-WINDOW = REF_DAYS + 1       # validate_window covers the healthy days and the run's day
-MARKER_JSON = f"_{MARKER}.json"
-ADDED_BY_VALIDATION = {MARKER_JSON, REPORT_HTML}
-SPEC = SyntheticSpec()
-
-
-def config(lake_uri: str):
-    return load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": lake_uri}})
+from pipelines.validation.stage import REPORT_HTML, read_marker, validate_window
+from tests.pipelines.validation.healthy_window import (ADDED_BY_VALIDATION, DAY, HEALTHY, ROWS, SPEC, WINDOW,
+                                                      assign_some, config, failed_checks, objects, parquet_bytes,
+                                                      put_frame, registry_state, rows_mask, synthetic)
 
 
 def tomorrow() -> str:
     return (dt.datetime.now(dt.timezone.utc).date() + dt.timedelta(days=1)).isoformat()
-
-
-def synthetic(day: str, rows: int = ROWS, spec: SyntheticSpec = SPEC) -> pd.DataFrame:
-    return pd.concat(list(generate_day(spec, day, rows)), ignore_index=True)
-
-
-# ----------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def template_lake(tmp_path_factory) -> Path:
-    """The healthy window, generated (2 part files a day) and validated once: every day "passed"."""
-    root = tmp_path_factory.mktemp("lake-template") / "lake"
-    write_days(Lake(str(root)), SPEC, FIRST, REF_DAYS, ROWS, chunk_rows=ROWS // 2)
-    summary = validate_window(config(str(root)), str(root), HEALTHY[-1], REF_DAYS)
-    assert summary["success"] and summary["partitions"] == REF_DAYS and summary["rows"] == REF_DAYS * ROWS
-    for d in HEALTHY:
-        assert read_marker(Lake(str(root)), d)["status"] == "passed"
-    return root
-
-
-@pytest.fixture(scope="module")
-def healthy_next_day() -> pd.DataFrame:
-    """The run day's rows as the generator makes them (each corruption starts from a copy)."""
-    return synthetic(DAY)
-
-
-@pytest.fixture
-def lake(template_lake, tmp_path) -> Path:
-    """A private copy of the validated window (copy2 keeps the markers' mtimes)."""
-    root = tmp_path / "lake"
-    shutil.copytree(template_lake, root)
-    return root
-
-
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    """An MLflow SQLite store holding ctr_lora_feed v1 (gate passed) promoted to @champion."""
-    d = tmp_path_factory.mktemp("mlflow-template")
-    uri = f"sqlite:///{d / 'mlflow.db'}"
-    old_cwd, old_env = Path.cwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(d)  # the promotion-history experiment's default artifact root lands here
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    mlflow.set_tracking_uri(uri)
-    try:
-        c = MlflowClient()
-        c.create_registered_model(MODEL)
-        v = c.create_model_version(MODEL, source="file:///tmp/x", tags={"gate.passed": "true"}).version
-        assert str(v) == "1"
-        aliases.promote(MODEL, "1", reason="initial champion", actor="test")
-    finally:
-        os.chdir(old_cwd)
-        if old_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old_env
-        mlflow.set_tracking_uri(None)
-    return d / "mlflow.db"
-
-
-@pytest.fixture
-def registry(template_db, tmp_path, monkeypatch):
-    """A fresh copy of the store per test, as the tracking + registry server of the run."""
-    uri = use_store_copy(template_db, tmp_path, monkeypatch)
-    assert registry_state() == (["1"], "1", 1)
-    yield uri
-    mlflow.set_tracking_uri(None)
-
-
-def registry_state() -> tuple[list[str], str | None, int]:
-    """(versions of the model, @champion, number of alias moves), and nothing else registered."""
-    c = MlflowClient()
-    assert [m.name for m in c.search_registered_models()] == [MODEL]
-    versions = sorted(str(v.version) for v in c.search_model_versions(f"name='{MODEL}'"))
-    return versions, aliases.current(MODEL), len(aliases.history(MODEL))
-
-
-# ----------------------------------------------------------------------------- lake helpers
-def parquet_bytes(frame: pd.DataFrame | pa.Table) -> bytes:
-    """Parquet of `frame` as it is: no contract conform, so wrong dtypes and extra columns survive."""
-    table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
-
-
-def put_frame(lk: Lake, day: str, frame, part: int = 0) -> None:
-    lk.put_bytes(f"dt={day}/part-{part:05d}.parquet", parquet_bytes(frame))
-
-
-def objects(lk: Lake, day: str) -> dict[str, bytes]:
-    """Every object under the partition: name relative to the partition -> bytes."""
-    prefix = lk.partition_uri(day)
-    if lk.is_s3:
-        bucket, key = prefix[len("s3://"):].split("/", 1)
-        pages = lk.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
-        keys = [o["Key"] for p in pages for o in p.get("Contents", [])]
-        return {k[len(key) + 1:]: lk.client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
-    root = Path(prefix)
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
-
-
-def mtimes(root: Path, days: list[str]) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns
-            for d in days for p in (root / f"dt={d}").rglob("*") if p.is_file()}
-
-
-def failed_checks(exc: DataValidationError) -> list[str]:
-    return [f["check"] for f in exc.failures]
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -186,16 +53,6 @@ def frame_case(edit: Callable[[pd.DataFrame], pd.DataFrame]):
     def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
         put_frame(lk, day, edit(healthy.copy()))
     return corrupt
-
-
-def rows_mask(frame: pd.DataFrame, fraction: float, seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).random(len(frame)) < fraction
-
-
-def _assign(frame: pd.DataFrame, col: str, fraction: float, value, dtype=None) -> pd.DataFrame:
-    s = frame[col].astype(dtype) if dtype else frame[col]
-    frame[col] = s.mask(rows_mask(frame, fraction), value)
-    return frame
 
 
 def _label_float(f):
@@ -319,23 +176,23 @@ CASES = [
     Case("event_ts_tz_naive", frame_case(_naive_ts), ("expect_column_values_to_be_of_type(event_ts)",)),
     Case("unexpected_extra_column", frame_case(_extra_column), ("expect_table_columns_to_match_set(table)",)),
     # -- nulls and domains
-    Case("null_user_id", frame_case(lambda f: _assign(f, "user_id", 0.01, None)),
+    Case("null_user_id", frame_case(lambda f: assign_some(f, "user_id", 0.01, None)),
          ("expect_column_values_to_not_be_null(user_id)",)),
-    Case("side_feature_nulls_over_max", frame_case(lambda f: _assign(f, "gender", 0.2, None)),
+    Case("side_feature_nulls_over_max", frame_case(lambda f: assign_some(f, "gender", 0.2, None)),
          ("expect_column_values_to_not_be_null(gender)",)),
     Case("label_all_zero", frame_case(_label_const(0)),
          ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
     Case("label_all_one", frame_case(_label_const(1)),
          ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
-    Case("label_value_2", frame_case(lambda f: _assign(f, "label", 0.01, 2)), ("expect_column_values_to_be_in_set(label)",)),
-    Case("unseen_slot", frame_case(lambda f: _assign(f, "slot", 0.02, "banner")),
+    Case("label_value_2", frame_case(lambda f: assign_some(f, "label", 0.01, 2)), ("expect_column_values_to_be_in_set(label)",)),
+    Case("unseen_slot", frame_case(lambda f: assign_some(f, "slot", 0.02, "banner")),
          ("expect_column_values_to_be_in_set(slot)",)),
-    Case("hour_24", frame_case(lambda f: _assign(f, "hour", 0.01, 24)), ("expect_column_values_to_be_between(hour)",)),
-    Case("negative_weekday", frame_case(lambda f: _assign(f, "weekday", 0.01, -1)),
+    Case("hour_24", frame_case(lambda f: assign_some(f, "hour", 0.01, 24)), ("expect_column_values_to_be_between(hour)",)),
+    Case("negative_weekday", frame_case(lambda f: assign_some(f, "weekday", 0.01, -1)),
          ("expect_column_values_to_be_between(weekday)",)),
     Case("nan_hour", frame_case(_nan_hour), ("expect_column_values_to_not_be_null(hour)",)),
     Case("ten_kb_user_ids", frame_case(_long_ids), ("expect_column_value_lengths_to_be_between(user_id)",)),
-    Case("empty_item_ids", frame_case(lambda f: _assign(f, "item_id", 0.01, "")),
+    Case("empty_item_ids", frame_case(lambda f: assign_some(f, "item_id", 0.01, "")),
          ("expect_column_value_lengths_to_be_between(item_id)",)),
     # -- rows, time and volume
     Case("duplicated_rows_flood", frame_case(_duplicated_flood), ("duplicate_impressions",)),
@@ -433,98 +290,3 @@ def test_bad_input_on_s3(case_id, template_lake, healthy_next_day, registry, s3_
             lk.put_bytes(str(p.relative_to(template_lake)), p.read_bytes())
     assert lk.list_partitions() == HEALTHY
     run_case(BY_ID[case_id], lake_uri, healthy_next_day)
-
-
-# ----------------------------------------------------------------------------- no false alarms
-def passes(lake_uri: str, day: str = DAY, days: int = WINDOW) -> dict:
-    summary = validate_window(config(lake_uri), lake_uri, day, days)
-    assert summary["success"] and summary["failed_partitions"] == []
-    assert read_marker(Lake(lake_uri), day)["status"] == "passed"
-    return summary
-
-
-def test_clean_next_day_passes(lake, registry):
-    write_days(Lake(str(lake)), SPEC, DAY, 1, ROWS)
-    summary = passes(str(lake))
-    assert summary["partitions"] == WINDOW and summary["rows"] == WINDOW * ROWS
-    report = read_marker(Lake(str(lake)), DAY)["report"]
-    assert report["reference"]["partitions"] == HEALTHY[-7:]  # reference_partitions: 7
-    assert report["drift"]["checks"] and all(c["passed"] for c in report["drift"]["checks"])
-    assert registry_state() == (["1"], "1", 1)
-
-
-@pytest.mark.parametrize("spec, slot_psi", [
-    (dataclasses.replace(SPEC, slot_mix=(0.55, 0.33, 0.12)), (0.001, 0.1)),  # a mild, healthy move of the slot mix
-    (dataclasses.replace(SPEC, slot_ctr=(0.038, 0.066, 0.016)), (0.0, 0.1)),  # CTRs moved by a few percent
-], ids=["slot_mix_0.55_0.33_0.12", "slot_ctr_nudged"])
-def test_mildly_shifted_healthy_day_passes(lake, spec, slot_psi):
-    put_frame(Lake(str(lake)), DAY, schema.to_arrow(synthetic(DAY, spec=spec)))
-    passes(str(lake))
-    drift = {c["check"]: c["observed"] for c in read_marker(Lake(str(lake)), DAY)["report"]["drift"]["checks"]}
-    assert slot_psi[0] <= drift["drift_psi(slot)"] < slot_psi[1]  # seen, but under drift_psi_max
-
-
-def test_side_nulls_within_the_null_budget_pass(lake, healthy_next_day):
-    put_frame(Lake(str(lake)), DAY, _assign(healthy_next_day.copy(), "gender", 0.04, None))  # 4 % < 5 % allowed
-    passes(str(lake))
-
-
-def test_rerun_reuses_markers_and_still_passes(lake):
-    write_days(Lake(str(lake)), SPEC, DAY, 1, ROWS)
-    passes(str(lake))
-    days = [*HEALTHY, DAY]
-    stamp = mtimes(lake, days)
-    content = {d: objects(Lake(str(lake)), d) for d in days}
-    again = passes(str(lake))
-    assert again["partitions"] == WINDOW
-    assert mtimes(lake, days) == stamp  # nothing rewritten: not the markers, not the HTML reports
-    assert {d: objects(Lake(str(lake)), d) for d in days} == content
-
-
-def test_fixing_a_partition_lifts_its_quarantine(lake, healthy_next_day):
-    lk = Lake(str(lake))
-    put_frame(lk, DAY, healthy_next_day.assign(label=np.int8(0)))
-    with pytest.raises(DataValidationError):
-        validate_window(config(str(lake)), str(lake), DAY, WINDOW)
-    assert read_marker(lk, DAY)["status"] == "quarantined"
-    bad_html = lk.get_bytes(f"dt={DAY}/{REPORT_HTML}")
-
-    # a re-run on the same bad bytes is quarantined again (a quarantined verdict is never reused as a pass)
-    with pytest.raises(DataValidationError):
-        validate_window(config(str(lake)), str(lake), DAY, WINDOW)
-
-    write_days(lk, SPEC, DAY, 1, ROWS)  # the upstream fix re-exports the day (replaces part-00000)
-    passes(str(lake))
-    marker = read_marker(lk, DAY)
-    assert marker["report"]["failures"] == [] and marker["report"]["quarantined"] is False
-    assert lk.get_bytes(f"dt={DAY}/{REPORT_HTML}") != bad_html
-
-
-def test_quarantined_day_is_not_used_as_reference(lake, healthy_next_day):
-    """The next day is judged against the validated days only, and the bad day keeps failing the window."""
-    lk = Lake(str(lake))
-    put_frame(lk, DAY, healthy_next_day.assign(label=np.int8(0)))
-    write_days(lk, SPEC, "2026-06-10", 1, ROWS)
-    with pytest.raises(DataValidationError) as info:
-        validate_window(config(str(lake)), str(lake), "2026-06-10", WINDOW + 1)
-    assert {c.rsplit(" @ ", 1)[1] for c in failed_checks(info.value)} == {f"dt={DAY}"}
-    nxt = read_marker(lk, "2026-06-10")
-    assert nxt["status"] == "passed"
-    assert nxt["report"]["reference"]["partitions"] == HEALTHY[-7:]  # 2026-06-09 (quarantined) left out
-    assert read_marker(lk, DAY)["status"] == "quarantined"
-
-
-
-def test_no_false_alarms_over_a_month_of_small_healthy_days(tmp_path):
-    """30 healthy days of 12,000 rows: the small splash slot (1.5% CTR on 10% of traffic) used to trip
-    the relative label-rate band on a quarter of the days before the band was widened by its
-    binomial standard error."""
-    from pipelines.config import load_pipeline_config
-    from pipelines.data import synthetic
-    from pipelines.validation.stage import validate_window
-
-    lake = Lake(str(tmp_path))
-    synthetic.write_days(lake, synthetic.SyntheticSpec(seed=3), "2026-03-01", 30, 12_000)
-    cfg = load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": str(tmp_path)}})
-    summary = validate_window(cfg, str(tmp_path), "2026-03-30", 30)
-    assert summary["success"] and summary["partitions"] == 30 and summary["failed_partitions"] == []
