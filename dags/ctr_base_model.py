@@ -9,30 +9,16 @@ Manual: a new base is a deliberate decision, not a schedule.
 """
 from __future__ import annotations
 
-from datetime import timedelta
+from airflow.sdk import task
 
-import pendulum
-from airflow.sdk import Param, dag, task
-
-from ctr_airflow.operators import MOVES, REGISTRY_POOL
+from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.operators import registry_write
 from ctr_airflow.runtime import actor, pipeline_config, run_day
 
 
-@dag(
-    dag_id="ctr_base_model",
-    schedule=None,
-    start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
-    catchup=False,
-    doc_md=__doc__,
-    tags=["ctr", "base-model", "training", "registry"],
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
-    params={
-        "end_day": Param(None, type=["null", "string"], format="date",
-                         description="Training cutoff: last day of data the base sees (default: logical date)"),
-        "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
-                          description="Override the click-log lake (default: configs/pipeline.yaml)"),
-    },
-)
+@ctr_dag("ctr_base_model", __doc__, schedule=None, tags=["base-model", "training", "registry"], retries=1,
+         params={"end_day": day_param("Training cutoff: last day of data the base sees (default: logical date)"),
+                 "lake_uri": lake_uri_param()})
 def ctr_base_model():
     @task(retries=0)
     def validate(**context) -> dict:
@@ -52,7 +38,7 @@ def ctr_base_model():
         cfg = pipeline_config(context)
         return run_train(cfg, cfg.data.lake_uri, run_day(context))
 
-    @task(retries=0, pool=REGISTRY_POOL, outlets=[MOVES])
+    @task(retries=0, **registry_write())
     def register(trained: dict, **context) -> dict:
         from ctr_airflow.operators import emit_move
         from pipelines.flows.base import register_base as run_register

@@ -32,35 +32,22 @@ the days it was trained on, so a canary released by today's retrain is first sco
 """
 from __future__ import annotations
 
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import task
 
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.operators import MOVES, REGISTRY_POOL, RevertModelVersionOperator
+from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.operators import RevertModelVersionOperator, registry_write
 from ctr_airflow.runtime import actor, pipeline_config, run_days
 
 
-@dag(
-    dag_id="ctr_champion_monitor",
-    schedule=[VALIDATED],   # data-aware: one window per validated day (ctr_lake_arrival), not a clock
-    start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
-    # A window is one day: a missed day is monitored by hand with `day`. (catchup is moot for an asset
-    # schedule; kept False so a return to a clock schedule cannot score years of history in one go.)
-    catchup=False,
-    max_active_runs=1,   # decisions read the windows of earlier days: one day at a time
-    doc_md=__doc__,
-    tags=["ctr", "monitor", "registry"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
-    params={
-        "day": Param(None, type=["null", "string"], format="date",
-                     description="Partition to monitor (default: the validated day that triggered the run, "
-                                 "else the logical date)"),
-        "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
-                          description="Override the click-log lake (default: configs/pipeline.yaml)"),
-    },
-)
+# Data-aware: one window per validated day (ctr_lake_arrival), not a clock; a missed day is monitored by
+# hand with `day` (catchup is moot for an asset schedule; kept False so a return to a clock schedule
+# cannot score years of history in one go). One run at a time: decisions read the windows of earlier days.
+@ctr_dag("ctr_champion_monitor", __doc__, schedule=[VALIDATED], tags=["monitor", "registry"], retries=2,
+         max_active_runs=1,
+         params={"day": day_param("Partition to monitor (default: the validated day that triggered the run, "
+                                  "else the logical date)"),
+                 "lake_uri": lake_uri_param()})
 def ctr_champion_monitor():
     # Bad data fails the same way on every try: no retries for validation.
     @task(retries=0)
@@ -73,7 +60,7 @@ def ctr_champion_monitor():
 
     # Re-running is safe (windows are found, canary moves carry per-day op ids), so it keeps the
     # retries. It moves canaries: a registry write like the others, in their one-slot pool.
-    @task(pool=REGISTRY_POOL, outlets=[MOVES])
+    @task(**registry_write())
     def monitor(report: dict, **context) -> dict:
         from ctr_airflow.operators import emit_move
         from pipelines.config import load_gate_policy
@@ -106,8 +93,7 @@ def ctr_champion_monitor():
     # monitor, so a retried revert finds it done instead of popping the history a second time.
     # pool and outlets are given here: a mapped operator's __init__ defaults only apply once unmapped,
     # after the scheduler has already picked the pool.
-    RevertModelVersionOperator.partial(task_id="auto_revert", pool=REGISTRY_POOL, outlets=[MOVES]).expand_kwargs(
-        reverts_due(monitored))
+    RevertModelVersionOperator.partial(task_id="auto_revert", **registry_write()).expand_kwargs(reverts_due(monitored))
     # A leaf of its own, next to auto_revert: it runs on days without reverts, and a refused revert
     # still fails the run through its own task.
     check(monitored)

@@ -29,15 +29,13 @@ arrive every day and the gate keeps a worse student from serving. Trigger from t
 """
 from __future__ import annotations
 
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import Param, TaskGroup, dag, task
+from airflow.sdk import Param, TaskGroup, task
 
 from ctr_airflow.approval import GROUP as APPROVAL_GROUP
 from ctr_airflow.approval import gate_approve_release
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.operators import REGISTRY_POOL, GatedPromotionOperator
+from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.operators import GatedPromotionOperator, registry_write
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
@@ -45,25 +43,15 @@ def _slot(context) -> str:
     return (context.get("params") or {}).get("slot") or "all"
 
 
-@dag(
-    dag_id="ctr_cold_start",
-    schedule=[VALIDATED],   # data-aware: one run per validated day (ctr_lake_arrival), not a clock
-    start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests on historical days (MovieLens is 1997-98)
-    catchup=False,  # a missed day is re-run by hand with end_day
-    max_active_runs=1,
-    doc_md=__doc__,
-    tags=["ctr", "lora", "cold-start", "distillation", "registry"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
-    params={
-        "end_day": Param(None, type=["null", "string"], format="date",
-                         description="Last day of the cold-start window (default: the validated day "
-                                     "that triggered the run, else the logical date)"),
-        "slot": Param("all", type="string", pattern="^[a-z0-9_]+$",
-                      description="'all' (one adapter for every slot) or one configured slot"),
-        "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
-                          description="Override the click-log lake (default: configs/pipeline.yaml)"),
-    },
-)
+# Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is re-run by hand
+# with end_day.
+@ctr_dag("ctr_cold_start", __doc__, schedule=[VALIDATED], tags=["lora", "cold-start", "distillation", "registry"],
+         retries=2, max_active_runs=1,
+         params={"end_day": day_param("Last day of the cold-start window (default: the validated day that "
+                                      "triggered the run, else the logical date)"),
+                 "slot": Param("all", type="string", pattern="^[a-z0-9_]+$",
+                               description="'all' (one adapter for every slot) or one configured slot"),
+                 "lake_uri": lake_uri_param()})
 def ctr_cold_start():
     # Bad data fails the same way on every try: no retries for validation.
     @task(retries=0)
@@ -96,7 +84,7 @@ def ctr_cold_start():
         return {"candidate": candidate, "evaluation": evaluate_stage(cfg, cfg.data.lake_uri, candidate)}
 
     # A retry would register a second version: registration runs once.
-    @task(retries=0, pool=REGISTRY_POOL)
+    @task(retries=0, **registry_write(moves=False))
     def register(evaluated: dict, **context) -> dict:
         from pipelines.flows.cold_start import register_stage
 

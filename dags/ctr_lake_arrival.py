@@ -20,37 +20,22 @@ is already in the lake passes the sensor at its first poke.
 """
 from __future__ import annotations
 
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, task
 
 from ctr_airflow.assets import VALIDATED
+from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
 from ctr_airflow.sensors import LakePartitionSensor
 
 
-@dag(
-    dag_id="ctr_lake_arrival",
-    schedule="0 2 * * *",
-    start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
-    # Only the latest day on unpause: a past day is validated by hand with `day`. Catching up from
-    # start_date would validate (and trigger retrains for) decades of days in one go.
-    catchup=False,
-    # Today's sensor may still be waiting when a past day is triggered by hand: let both run.
-    max_active_runs=3,
-    doc_md=__doc__,
-    tags=["ctr", "lake", "validation", "sensor"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
-    params={
-        "day": Param(None, type=["null", "string"], format="date",
-                     description="Partition to wait for and validate (default: the logical date)"),
-        "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
-                          description="Override the click-log lake (default: configs/pipeline.yaml)"),
-        "wait_timeout_s": Param(None, type=["null", "integer"], minimum=0,
-                                description="Give up waiting (the run ends skipped) after this many seconds "
-                                            "(default: one day)"),
-    },
-)
+# Only the latest day on unpause (no catchup): a past day is validated by hand with `day`. Today's sensor
+# may still be waiting when a past day is triggered by hand: let both run (max_active_runs=3).
+@ctr_dag("ctr_lake_arrival", __doc__, schedule="0 2 * * *", tags=["lake", "validation", "sensor"], retries=2,
+         max_active_runs=3,
+         params={"day": day_param("Partition to wait for and validate (default: the logical date)"),
+                 "lake_uri": lake_uri_param(),
+                 "wait_timeout_s": Param(None, type=["null", "integer"], minimum=0,
+                                         description="Give up waiting (the run ends skipped) after this many "
+                                                     "seconds (default: one day)")})
 def ctr_lake_arrival():
     # Retries apply to a lake that cannot be listed (LakeUnreachable); the wait itself is the timeout,
     # counted from the first poke of the first try.

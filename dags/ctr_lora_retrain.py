@@ -29,35 +29,23 @@ Every alias move is recorded in the alias history and emits the Asset event
 """
 from __future__ import annotations
 
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import Param, dag, task, task_group
+from airflow.sdk import task, task_group
 
 from ctr_airflow.approval import GROUP as APPROVAL_GROUP
 from ctr_airflow.approval import gate_approve_release
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.operators import MOVES, REGISTRY_POOL, GatedPromotionOperator
+from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.operators import GatedPromotionOperator, registry_write
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
-@dag(
-    dag_id="ctr_lora_retrain",
-    schedule=[VALIDATED],   # data-aware: one run per validated day (ctr_lake_arrival), not a clock
-    start_date=pendulum.datetime(1997, 1, 1, tz="UTC"),  # early: backtests run on historical days (MovieLens is 1997-98)
-    catchup=False,  # a missed day is retrained by hand with end_day; backfilling old windows is rarely wanted
-    max_active_runs=1,
-    doc_md=__doc__,
-    tags=["ctr", "lora", "training", "registry"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "ctr-ml"},
-    params={
-        "end_day": Param(None, type=["null", "string"], format="date",
-                         description="Last day of the training window (default: the validated day that "
-                                     "triggered the run, else the logical date)"),
-        "lake_uri": Param(None, type=["null", "string"], pattern="^(s3://|/).+",
-                          description="Override the click-log lake (default: configs/pipeline.yaml)"),
-    },
-)
+# Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is retrained by hand
+# with end_day (backfilling old windows is rarely wanted).
+@ctr_dag("ctr_lora_retrain", __doc__, schedule=[VALIDATED], tags=["lora", "training", "registry"], retries=2,
+         max_active_runs=1,
+         params={"end_day": day_param("Last day of the training window (default: the validated day that "
+                                      "triggered the run, else the logical date)"),
+                 "lake_uri": lake_uri_param()})
 def ctr_lora_retrain():
     # Bad data fails the same way on every try: no retries for validation.
     @task(retries=0)
@@ -85,7 +73,7 @@ def ctr_lora_retrain():
         cfg = pipeline_config(context)
         return {"candidate": candidate, "evaluation": run_eval(cfg, cfg.data.lake_uri, candidate)}
 
-    @task(pool=REGISTRY_POOL)
+    @task(**registry_write(moves=False))
     def register(evaluated: dict, **context) -> dict:
         from pipelines.registry.register import register as run_register
 
@@ -102,8 +90,8 @@ def ctr_lora_retrain():
         approval.expand(registered=registered)
     else:
         # .partial() does not run __init__, so the pool and the asset alias are named here as well
-        GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0, pool=REGISTRY_POOL,
-                                       outlets=[MOVES]).expand(registered=registered)
+        GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0, **registry_write()).expand(
+            registered=registered)
 
 
 ctr_lora_retrain()

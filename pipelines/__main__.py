@@ -96,6 +96,18 @@ def cmd_cold_start(a) -> int:
     return 0 if result["gate"]["passed"] else 1
 
 
+def version_arg(text: str) -> str:
+    """argparse type of --version / --to-version: the version as the registry names it (the one
+    normalisation, `aliases.version_id`); anything but a positive integer is a usage error (exit 2)."""
+    from pipelines.errors import PromotionError
+    from pipelines.promotion.aliases import version_id
+
+    try:
+        return version_id(text)
+    except PromotionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def cmd_promote(a) -> int:
     from pipelines.promotion import aliases
 
@@ -157,7 +169,7 @@ def cmd_bench(a) -> int:
 
         print(json.dumps(bench_serving.run(quick=a.quick)))
     else:
-        from pipelines import bench
+        from pipelines.bench import validation as bench
 
         print(json.dumps(bench.bench_validation(rows=200_000 if a.quick else 1_000_000)))
     return 0
@@ -219,9 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--model", required=True)
         if name == "promote":
-            s.add_argument("--version", required=True, type=int)
+            s.add_argument("--version", required=True, type=version_arg, help="a version number, e.g. 3")
         else:
-            s.add_argument("--to-version", type=int, help="default: the previous champion")
+            s.add_argument("--to-version", type=version_arg, help="default: the previous champion")
         s.add_argument("--reason", required=True)
         s.add_argument("--actor", default="cli", help="who is acting (recorded)")
         s.set_defaults(fn=fn)

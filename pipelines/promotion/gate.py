@@ -34,6 +34,8 @@ def _unmeasured(name: str, threshold, why: str) -> dict:
 
 
 def base_check(base: dict) -> dict:
+    """Base compatibility, the one definition (the gate, overrides and every alias move use it): the
+    adapter's base fingerprint is recorded and equals the serving base's. `base` is `fingerprints(mv)`."""
     cand, serving = base.get("candidate") or "", base.get("serving") or ""
     return _check("base_compatible", cand[:12], serving[:12], bool(cand) and cand == serving,
                   "the adapter's base fingerprint must equal the serving base's")
@@ -130,21 +132,22 @@ def format_table(decision: dict) -> str:
     return "\n".join([head, *lines])
 
 
-def fingerprints(model: str, version: str) -> dict:
-    """{"candidate": the base fingerprint recorded on the version, "serving": ctr_base@champion's}."""
+def fingerprints(mv) -> dict:
+    """{"candidate": the base fingerprint recorded on the ModelVersion `mv`, "serving": its base's
+    @champion's (ctr_base unless the version names another); None where there is none}."""
     from pipelines.registry import mlflow_io
 
-    mv = mlflow_io.get_version(model, version)
     serving = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
     return {"candidate": mv.tags.get("base.fingerprint"), "serving": serving.tags.get("fingerprint") if serving else None}
 
 
-def record(model: str, version: str, decision: dict, evaluation: dict | None) -> None:
-    """The decision on the version (tags), its training run (JSON artifact), the log and the card."""
+def record(model: str, version: str, decision: dict, evaluation: dict | None, mv=None) -> None:
+    """The decision on the version (tags), its training run (JSON artifact), the log and the card.
+    `mv`: the version as already fetched by the caller (fetched here otherwise)."""
     from pipelines.registry import mlflow_io, model_card
 
     c = mlflow_io.client()
-    mv = c.get_model_version(model, version)
+    mv = mlflow_io.get_version(model, version) if mv is None else mv
     if decision.get("override"):   # the gate's own verdict stays as it was; the override sits beside it
         c.set_model_version_tag(model, version, "gate.override", json.dumps(decision["override"]))
     else:
@@ -168,22 +171,24 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None) ->
 
 def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli") -> dict:
     """Decide and record. Releasing a passing version is `promotion.release.release`."""
-    decision = decide(policy, evaluation, base=fingerprints(model, str(version)))
-    decision.update(model=model, version=str(version), decided_by=actor)
-    record(model, str(version), decision, evaluation)
+    from pipelines.registry import mlflow_io
+
+    mv = mlflow_io.get_version(model, version)   # once: for its base fingerprint and its training run
+    decision = decide(policy, evaluation, base=fingerprints(mv))
+    decision.update(model=model, version=version, decided_by=actor)
+    record(model, version, decision, evaluation, mv=mv)
     return decision
 
 
-def override(model: str, version, reason: str, actor: str) -> dict:
+def override(model: str, version: str, reason: str, actor: str) -> dict:
     """Record a human override of a gate rejection. It can never skip base compatibility: an adapter
     trained on another base computes garbage on the serving one, whatever a person decides."""
     from pipelines.registry import mlflow_io
 
     if not reason or len(reason.strip()) < 5:
         raise PromotionError(f"an override of {model} v{version} needs a reason (at least 5 characters)")
-    version = str(version)
     mv = mlflow_io.get_version(model, version)
-    base = base_check(fingerprints(model, version))
+    base = base_check(fingerprints(mv))
     if not base["passed"]:
         raise PromotionError(f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
                              f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check")
@@ -195,5 +200,5 @@ def override(model: str, version, reason: str, actor: str) -> dict:
                 "override": {"actor": actor, "reason": reason.strip(),
                              "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                              "failed_checks": [c["name"] for c in checks if not c.get("passed")]}}
-    record(model, version, decision, None)
+    record(model, version, decision, None, mv=mv)
     return decision

@@ -18,7 +18,8 @@ last entry is the other's. The lock makes each sequence atomic. Where it lives:
   is one machine);
 * unset, anything else (an HTTP tracking server, a file store): every alias move is refused with a
   PromotionError naming CTR_REGISTRY_LOCK_URL. A machine-local lock would let two machines (Airflow
-  workers) move the same alias at once; the Airflow pool `ctr_registry` serialises only one Airflow's
+  workers) move the same alias at once; the Airflow pool `ctr_registry` (named in
+  `ctr_airflow.dag_defaults.REGISTRY_POOL`; nothing here needs it) serialises only one Airflow's
   tasks, not the CLI, the monitor run by hand or a second deployment.
 
 Keys: the advisory-lock key is `lock_key(model)` on every PostgreSQL backend, so processes that lock

@@ -1,25 +1,26 @@
-"""Thin Airflow operators over `pipelines.promotion`.
+"""Thin Airflow operators over `pipelines.promotion`: each calls one library entry function
+(`aliases.promote / revert / promote_canary / withdraw_canary`, `release.gate_and_release / release /
+record_approval / override`) and nothing else.
 
-Keyword-only __init__ with no I/O; templated fields; the work happens in execute(). A refusal is
-pushed to XCom (key `error` / `decision`) and then raised as a typed exception that fails the task
+Keyword-only __init__ with no I/O; templated fields; the work happens in execute(). A version given
+to an operator is normalised once, here (`_version`), and passed on as the library's `str`. A refusal
+is pushed to XCom (key `error` / `decision`) and then raised as a typed exception that fails the task
 without retrying, because re-running a refused move gives the same answer.
 
 Every alias move is made with an operation id naming the task instance, so a retried or cleared
 task returns the recorded move instead of moving the alias again, and it emits an Airflow Asset
 event `mlflow://<model>/<alias>` (through the asset alias `ctr-model-aliases`) that deployment DAGs
-can schedule on. Registry writes run in the pool `ctr_registry` (one slot; see `registry_task`).
+can schedule on. Registry writes run in the pool `ctr_registry` (one slot; see `registry_write`).
 """
 from __future__ import annotations
-
-import json
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from ctr_airflow.dag_defaults import REGISTRY_POOL
 from ctr_airflow.runtime import actor
 
 MOVES = AssetAlias("ctr-model-aliases")
-REGISTRY_POOL = "ctr_registry"
 
 
 class ModelMoveRefused(AirflowFailException):
@@ -30,9 +31,22 @@ class CandidateRejected(AirflowFailException):
     """A candidate failed its gate and the operator was told to fail on rejection."""
 
 
+def registry_write(moves: bool = True) -> dict:
+    """The pool (and, with `moves`, the asset alias of alias moves) of a task that writes to the
+    registry, for `@task(...)` and `.partial(...)`: a mapped operator's __init__ defaults only apply
+    once unmapped, after the scheduler has already picked the pool."""
+    return {"pool": REGISTRY_POOL, **({"outlets": [MOVES]} if moves else {})}
+
+
 def _version(v):
-    """Params render to native types; an empty or 'None' version means 'not given'."""
-    return None if v in (None, "", "None") else str(int(v))
+    """The edge where an operator's version argument becomes the library's `str` (Params render to
+    native types); an empty or 'None' version means 'not given', anything else that is not a positive
+    integer is refused (`aliases.version_id`, a PipelineError)."""
+    if v in (None, "", "None"):
+        return None
+    from pipelines.promotion.aliases import version_id
+
+    return version_id(v)
 
 
 def op_id(context) -> str:
@@ -52,6 +66,14 @@ def emit_move(context, move: dict) -> None:
         return
     extra = {k: str(move.get(k) or "") for k in ("kind", "from_version", "to_version", "reason", "actor")}
     context["outlet_events"][MOVES].add(Asset(asset_uri(move["model"], move["alias"])), extra=extra)
+
+
+def _each_move(result: dict | list[dict]):
+    """The moves in an operator's result: one, several, and a promoted canary's withdrawal."""
+    for m in result if isinstance(result, list) else [result]:
+        yield m
+        if m.get("withdrawn"):
+            yield m["withdrawn"]
 
 
 class _MoveOperator(BaseOperator):
@@ -75,7 +97,7 @@ class _MoveOperator(BaseOperator):
         except PipelineError as exc:
             context["ti"].xcom_push(key="error", value={"model": getattr(self, "model", None), "error": str(exc)})
             raise ModelMoveRefused(f"{self.what} of {getattr(self, 'model', '?')} refused: {exc}") from exc
-        for m in result if isinstance(result, list) else [result]:
+        for m in _each_move(result):
             emit_move(context, m)
             self.log.info("%s@%s: %s -> %s (%s)", m.get("model"), m.get("alias"), m.get("from_version"),
                           m.get("to_version"), "moved" if m.get("moved") else "nothing to do")
@@ -97,6 +119,38 @@ class RevertModelVersionOperator(_MoveOperator):
 
         return aliases.revert(self.model, reason=self.reason, to_version=_version(self.to_version),
                               actor=actor(context), op_id=op_id(context))
+
+
+class _CanaryMoveOperator(_MoveOperator):
+    """Ends `<model>`'s canary by hand, for a reason (see PromoteCanaryOperator, WithdrawCanaryOperator)."""
+
+    template_fields = ("model", "reason")
+
+    def __init__(self, *, model: str, reason: str, **kwargs):
+        super().__init__(**kwargs)
+        self.model, self.reason = model, reason
+
+
+class PromoteCanaryOperator(_CanaryMoveOperator):
+    """`<model>@canary` becomes `@champion` and `@canary` is removed: two recorded moves, two Asset events."""
+
+    what = "canary promotion"
+
+    def move(self, context):
+        from pipelines.promotion import aliases
+
+        return aliases.promote_canary(self.model, reason=self.reason, actor=actor(context), op_id=op_id(context))
+
+
+class WithdrawCanaryOperator(_CanaryMoveOperator):
+    """`<model>@canary` is removed; the champion keeps serving everyone."""
+
+    what = "canary withdrawal"
+
+    def move(self, context):
+        from pipelines.promotion import aliases
+
+        return aliases.withdraw_canary(self.model, reason=self.reason, actor=actor(context), op_id=op_id(context))
 
 
 class _VersionMoveOperator(_MoveOperator):
@@ -163,18 +217,18 @@ class ReleaseOperator(_MoveOperator):
         downstream task does not reach a mapped task group's instances), no answer refuses it."""
         if not self.approval_task_id:
             return None
-        from pipelines.registry import mlflow_io
-
-        ti, version = context["ti"], self.decision["version"]
+        ti, version = context["ti"], _version(self.decision["version"])
         answer = ti.xcom_pull(task_ids=self.approval_task_id, map_indexes=ti.map_index)
         chosen = list(answer.get("chosen_options") or []) if isinstance(answer, dict) else []
         if chosen not in (["Approve"], ["Reject"]):
             raise ModelMoveRefused(f"release of {self.model} v{version} refused: no recorded answer from "
                                    f"{self.approval_task_id} (got {answer!r})")
+        from pipelines.promotion import release
+
         user = answer.get("responded_by_user") or {}
         who = user.get("name") or user.get("id") or "unknown user"
-        record = {"answer": chosen[0], "by": who, "at": str(answer.get("responded_at") or ""), "task": op_id(context)}
-        mlflow_io.client().set_model_version_tag(self.model, version, "release.approval", json.dumps(record))
+        release.record_approval(self.model, version, answer=chosen[0], by=who,
+                                at=str(answer.get("responded_at") or ""), task=op_id(context))
         if chosen == ["Reject"]:
             raise AirflowSkipException(f"{self.model} v{version}: release rejected by {who}; nothing moves")
         return who
@@ -184,7 +238,7 @@ class ReleaseOperator(_MoveOperator):
         from pipelines.promotion import release
 
         self.model = self.decision["model"]
-        return release.release(load_gate_policy(self.policy_path), self.model, self.decision["version"],
+        return release.release(load_gate_policy(self.policy_path), self.model, _version(self.decision["version"]),
                                actor=actor(context), op_id=op_id(context), approved_by=self._approver(context))
 
 
@@ -208,17 +262,13 @@ class GatedPromotionOperator(BaseOperator):
 
     def execute(self, context):
         from pipelines.config import load_gate_policy
-        from pipelines.promotion import gate, release
+        from pipelines.promotion import release
 
         r = self.registered
-        policy = load_gate_policy(self.policy_path)
-        decision = gate.run(policy, r["model"], r["version"], r["evaluation"], actor=actor(context))
+        decision = release.gate_and_release(load_gate_policy(self.policy_path), r["model"], _version(r["version"]),
+                                            r["evaluation"], actor=actor(context), op_id=op_id(context),
+                                            release_on_pass=self.release, on_move=lambda m: emit_move(context, m))
         if decision["passed"]:
-            if self.release:
-                move = release.release(policy, r["model"], r["version"], actor=actor(context), op_id=op_id(context))
-                emit_move(context, move)
-                decision["release"] = {k: move.get(k) for k in ("alias", "moved", "from_version", "to_version")}
-                decision["promoted"] = bool(move.get("moved")) and move.get("alias") == "champion"
             return decision
         context["ti"].xcom_push(key="decision", value=decision)
         msg = f"{r['model']} v{r['version']} rejected by the gate; @champion stays at v{decision['champion_version']}"

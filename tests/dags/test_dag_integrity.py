@@ -1,7 +1,9 @@
-"""Every DAG file imports without error, quickly, without heavy libraries, with tags and retries; the
-daily DAGs wait for validated data (ctr_lake_arrival's asset) instead of a clock."""
+"""Every DAG file imports without error, quickly, without heavy libraries, with tags and retries and the
+shared header (ctr_airflow.dag_defaults); the daily DAGs wait for validated data (ctr_lake_arrival's
+asset) instead of a clock. The files are discovered, not listed: a new DAG file is covered as it lands."""
 from __future__ import annotations
 
+import ast
 import copy
 import os
 import subprocess
@@ -28,6 +30,7 @@ def dagbag(tmp_path_factory):
 
 
 def test_dag_files_exist():
+    assert len(DAG_FILES) == 6, DAG_IDS   # a DAG file added or removed: update this count and the docs
     assert set(DAG_IDS) >= {"ctr_lora_retrain", "ctr_base_model", "ctr_model_ops", "ctr_cold_start",
                             "ctr_champion_monitor", "ctr_lake_arrival"}
 
@@ -52,6 +55,43 @@ def test_tags_retries_docs(dagbag, dag_id):
     assert dag.catchup is False
     for t in dag.tasks:
         assert t.retries is not None
+
+
+@pytest.mark.parametrize("dag_id", DAG_IDS)
+def test_every_dag_has_the_shared_header(dagbag, dag_id):
+    from ctr_airflow import dag_defaults
+
+    dag = dagbag.dags[dag_id]
+    assert dag.start_date == dag_defaults.START_DATE and dag.catchup is False
+    assert dag.owner == dag_defaults.OWNER and dag_defaults.TAG in dag.tags
+    assert set(dag.default_args) == {"retries", "retry_delay", "owner"}
+    assert dag.doc_md == ast.get_docstring(ast.parse(Path(dag.fileloc).read_text()), clean=False)   # the file's own
+
+
+def test_registry_writes_share_one_pool(dagbag):
+    from ctr_airflow.dag_defaults import REGISTRY_POOL
+
+    writers = {(d, t.task_id) for d in DAG_IDS for t in dagbag.dags[d].tasks if t.pool == REGISTRY_POOL}
+    assert writers >= {("ctr_base_model", "register"), ("ctr_champion_monitor", "monitor"),
+                       ("ctr_champion_monitor", "auto_revert"), ("ctr_cold_start", "register"),
+                       ("ctr_cold_start", "gate_and_promote"), ("ctr_lora_retrain", "register"),
+                       ("ctr_lora_retrain", "gate_and_promote")}
+    assert {t for d, t in writers if d == "ctr_model_ops"} == {"revert", "promote", "override", "promote_canary",
+                                                               "withdraw_canary"}
+
+
+def test_model_ops_is_wiring_every_action_is_an_operator(dagbag):
+    """The form's actions run operators (one library call each); no task body moves an alias itself."""
+    from ctr_airflow import operators
+
+    dag = dagbag.dags["ctr_model_ops"]
+    choose = dag.get_task("choose")
+    assert choose.downstream_task_ids == {"revert", "promote", "override", "promote_canary", "withdraw_canary"}
+    for task_id in choose.downstream_task_ids:
+        t = dag.get_task(task_id)
+        assert isinstance(t, operators._MoveOperator), task_id
+        assert t.model == "{{ params.model }}" and t.reason == "{{ params.reason }}"
+        assert [o.name for o in t.outlets] == [operators.MOVES.name]
 
 
 def test_validation_never_retries(dagbag):

@@ -82,6 +82,24 @@ def test_missing_stage_is_a_usage_error():
     assert p.returncode == 2 and "usage:" in p.stderr
 
 
+@pytest.mark.parametrize("argv, dest", [(["promote", "--version", "3"], "version"),
+                                        (["revert", "--to-version", "12"], "to_version")])
+def test_a_version_argument_is_the_registrys_string(argv, dest):
+    from pipelines.__main__ import build_parser
+
+    args = build_parser().parse_args([argv[0], "--model", "ctr_lora_feed", "--reason", "why", *argv[1:]])
+    assert getattr(args, dest) == argv[-1]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two"])
+def test_a_version_that_is_not_a_positive_integer_is_a_usage_error(bad, capsys):
+    from pipelines.__main__ import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["promote", "--model", "ctr_lora_feed", "--reason", "why", "--version", bad])
+    assert exit_.value.code == 2 and "positive integer" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- validate
 def test_validate_a_valid_local_partition(tmp_path):
     where = Lake(str(tmp_path / "lake")).write_partition(click_frame(), "2024-01-02")

@@ -185,3 +185,15 @@ def test_version_with_a_base_fingerprint_but_no_serving_base_is_refused(tracking
     with pytest.raises(PromotionError, match="missing"):
         aliases.promote(MODEL, v, reason="r", actor="a")
     assert champion() is None
+
+
+# ----------------------------------------------------------------------------- the version, normalised once
+@pytest.mark.parametrize("raw, expected", [(3, "3"), ("3", "3"), (" 12 ", "12"), ("007", "7")])
+def test_version_id_is_the_registrys_string(raw, expected):
+    assert aliases.version_id(raw) == expected
+
+
+@pytest.mark.parametrize("raw", [0, -1, "0", "two", "", None, True, "1.5"])
+def test_version_id_refuses_what_is_not_a_positive_integer(raw):
+    with pytest.raises(PromotionError, match="a model version is a positive integer"):
+        aliases.version_id(raw)

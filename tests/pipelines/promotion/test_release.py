@@ -1,8 +1,10 @@
 """Release to canary or champion, canary promote / withdraw, human override, and revert refusals, on a
-real MLflow store: each move recorded with its kind, op ids make re-runs idempotent."""
+real MLflow store: each move recorded with its kind, op ids make re-runs idempotent. gate_and_release
+(the one gate-then-release pass) and record_approval (a person's answer on the version)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +13,7 @@ from pipelines.errors import PromotionError, RegistryError
 from pipelines.promotion import aliases, release
 from pipelines.registry import mlflow_io
 from tests.pipelines.promotion.test_aliases import MODEL, add_version
+from tests.pipelines.promotion.test_gate import POLICY, evaluation
 
 FP = "f" * 64
 CANARY = GatePolicy(promotion="canary", canary_share=0.2)
@@ -105,3 +108,61 @@ def test_revert_refusals_name_what_is_wrong(registry):
     assert back["moved"] and aliases.current(MODEL) == "1"
     assert aliases.revert(MODEL, reason="incident 7", actor="oncall", op_id="ui-revert-7")["replayed"] is True
     assert aliases.current(MODEL) == "1" and kinds()[-1] == ("champion", "revert", "2", "1")
+
+
+# ----------------------------------------------------------------------------- gate_and_release
+GATED = replace(POLICY, promotion="canary", canary_share=0.2)
+
+
+def test_gate_and_release_gates_then_releases_under_the_callers_op_id(registry):
+    moves = []
+    first = release.gate_and_release(GATED, MODEL, "1", evaluation(champion=False), actor="dag", op_id="task-1",
+                                     on_move=moves.append)
+    assert first["passed"] and first["first_run"] and first["promoted"] is True and first["version"] == "1"
+    assert first["release"] == {"alias": "champion", "moved": True, "from_version": "", "to_version": "1"}
+    assert [(m["alias"], m["kind"], m["op_id"], m["actor"]) for m in moves] == [("champion", "promote", "task-1", "dag")]
+    assert mlflow_io.get_version(MODEL, "1").tags["gate.passed"] == "true"
+
+    again = release.gate_and_release(GATED, MODEL, "1", evaluation(champion=False), actor="dag", op_id="task-1",
+                                     on_move=moves.append)   # the task retried: the recorded move, no second one
+    assert again["promoted"] is False and again["release"]["moved"] is False and moves[-1]["replayed"] is True
+    assert len(aliases.history(MODEL, None)) == 1
+
+    second = release.gate_and_release(GATED, MODEL, "2", evaluation(version="1"), actor="dag", op_id="task-2")
+    assert second["passed"] and second["promoted"] is False and second["release"]["alias"] == "canary"
+    assert aliases.current(MODEL) == "1" and aliases.current(MODEL, "canary") == "2"
+
+
+def test_gate_and_release_without_release_or_on_a_rejection_moves_nothing(registry):
+    moves = []
+    gated = release.gate_and_release(GATED, MODEL, "1", evaluation(champion=False), actor="dag",
+                                     release_on_pass=False, on_move=moves.append)   # a human approves first
+    assert gated["passed"] and gated["promoted"] is False and "release" not in gated
+    rejected = release.gate_and_release(GATED, MODEL, "2", evaluation(cand_auc=0.55, champion=False), actor="dag",
+                                        on_move=moves.append)
+    assert rejected["passed"] is False and rejected["promoted"] is False and "release" not in rejected
+    assert moves == [] and aliases.current(MODEL) is None and aliases.history(MODEL, None) == []
+    assert mlflow_io.get_version(MODEL, "2").tags["gate.passed"] == "false"
+
+
+def test_one_gate_and_release_pass_fetches_the_version_twice(registry, monkeypatch):
+    """Once for the gate (base fingerprint, training run), once for the release's own check (the gate
+    has just changed its tags); the move itself does not fetch it again."""
+    fetched, get_version = [], mlflow_io.get_version
+    monkeypatch.setattr(mlflow_io, "get_version", lambda name, v: fetched.append((name, v)) or get_version(name, v))
+    release.gate_and_release(GATED, MODEL, "1", evaluation(champion=False), actor="dag")
+    assert fetched == [(MODEL, "1"), (MODEL, "1")] and aliases.current(MODEL) == "1"
+
+
+# ----------------------------------------------------------------------------- record_approval
+def test_an_approval_answer_is_recorded_on_the_version_whatever_it_is(registry):
+    for version, answer in (("1", "Approve"), ("2", "Reject")):
+        record = release.record_approval(MODEL, version, answer=answer, by="alice", at="2024-01-05T10:00:00+00:00",
+                                         task="airflow:ctr_lora_retrain/r/approval.release[0]")
+        tag = mlflow_io.get_version(MODEL, version).tags[release.APPROVAL_TAG]
+        assert json.loads(tag) == record == {"answer": answer, "by": "alice", "at": "2024-01-05T10:00:00+00:00",
+                                             "task": "airflow:ctr_lora_retrain/r/approval.release[0]"}
+    with pytest.raises(PromotionError, match="approval answer must be one of"):
+        release.record_approval(MODEL, "3", answer="Maybe", by="bob", at="", task="t")
+    assert release.APPROVAL_TAG not in mlflow_io.get_version(MODEL, "3").tags
+    assert aliases.current(MODEL) is None   # an answer is a record, not a move
