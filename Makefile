@@ -27,8 +27,12 @@ test-fast: install
 bench: install
 	.venv/bin/python -m pipelines.bench --write docs/benchmarks.md
 
+# The compose file with a throwaway generated env file (the real one, .env, holds this machine's secrets).
 compose-check:
-	docker compose -f docker-compose.yml config -q && docker compose -f docker-compose.yml --profile debug config -q
+	@tmp=$$(mktemp -d) && python3 scripts/compose_env.py --env-file $$tmp/env >/dev/null && \
+	docker compose --env-file $$tmp/env -f docker-compose.yml config -q && \
+	docker compose --env-file $$tmp/env -f docker-compose.yml --profile debug config -q; \
+	rc=$$?; rm -rf $$tmp; exit $$rc
 
 clean:
 	rm -rf .demo .bench

@@ -22,14 +22,12 @@ from ctr_airflow.runtime import actor, pipeline_config, run_day
 def ctr_base_model():
     @task(retries=0)
     def validate(**context) -> dict:
-        import datetime as dt
-
+        from pipelines.flows.windows import base_days
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
         day = run_day(context)
-        days = (dt.date.fromisoformat(day) - dt.date.fromisoformat(cfg.base_training.train_start)).days + 1
-        return validate_window(cfg, cfg.data.lake_uri, day, days, log_to_mlflow=True)
+        return validate_window(cfg, cfg.data.lake_uri, day, base_days(cfg, day), log_to_mlflow=True)
 
     @task
     def train(report: dict, **context) -> dict:

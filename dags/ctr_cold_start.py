@@ -7,7 +7,8 @@ passed validation; unpausing starts nothing until the next one). For the run's d
 param of a manual run, else the `day` of the triggering event on that event's lake, else the logical
 date of `airflow dags test <dag> <date>`) and the `slot` param (`all`, or one slot):
 
-1. **validate** the `cold_start.window_days` partitions ending at `D` (GX suite; a failure stops the run).
+1. **validate** the `cold_start.history_days + window_days` partitions ending at `D` (GX suite; a failure
+   stops the run).
 2. **detect** the cold users / items: first seen after the serving base's training cutoff
    (`ctr_base@champion`'s `data.last`), or fewer than `cold_start.min_impressions` impressions
    before the window. The cold users who showed up last are held out entirely.
@@ -16,11 +17,14 @@ date of `airflow dags test <dag> <date>`) and the `slot` param (`all`, or one sl
    BCE on the few labelled cold rows + distillation + representation alignment; and the baseline
    (same labelled rows, BCE only, PEFT's default init).
 4. **evaluate** teacher, baseline and student on the held-out cold users (AUC, logloss; logged to
-   the student's MLflow run) and the serving `ctr_lora_cold_start@champion` on the same rows.
+   the student's MLflow run) and the serving `ctr_lora_cold_start@champion` on the same rows; then
+   the student is judged like any candidate: fairness, calibration, per slot, DeLong, latency, size.
 5. **register** the student as `ctr_lora_cold_start` (alias `candidate`, full lineage).
 6. **gate_and_promote**: the same gate as every candidate (`configs/gate_policy.yaml`). With
    `approval: true`, the task group **approval** gates, asks a person (**approve_release**) and only
-   then **release**s, as in `ctr_lora_retrain`.
+   then **release**s, as in `ctr_lora_retrain` (an unreadable policy is an import error here too).
+   The student is gated on the same checks as any candidate: one its evaluation could not measure
+   fails unless the policy lists it in `optional_checks`.
 
 Triggered by the same event as `ctr_lora_retrain`: the teacher is whatever `@champion` serves when
 distill starts (with `promotion: canary` a retrain releases to `@canary` and leaves it); new users
@@ -56,11 +60,12 @@ def ctr_cold_start():
     # Bad data fails the same way on every try: no retries for validation.
     @task(retries=0)
     def validate(**context) -> dict:
+        from pipelines.flows.windows import cold_start_days
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        return validate_window(cfg, cfg.data.lake_uri, run_day(context), cfg.cold_start.window_days,
-                               log_to_mlflow=True)
+        # the history before the window too: detection counts impressions there
+        return validate_window(cfg, cfg.data.lake_uri, run_day(context), cold_start_days(cfg), log_to_mlflow=True)
 
     @task
     def detect(report: dict, **context) -> dict:

@@ -23,6 +23,9 @@ when several days were queued into one run, else the logical date of `airflow da
    **gate_and_promote** without releasing, then **approve_release** (Airflow's human-in-the-loop:
    the UI's Required Actions) and **release**, which moves the alias only after a recorded
    "Approve" and records the approver. Rejecting one slot's candidate skips only that slot.
+   The policy is read when this file is parsed: a policy that cannot be read is an import error of
+   this DAG (shown in the UI), never a DAG without its approval step. The release enforces the policy
+   again when it runs (no approval, a person's rejection, a stale gate: refused).
 
 Every alias move is recorded in the alias history and emits the Asset event
 `mlflow://<model>/<alias>`. Registry writes run in the one-slot pool `ctr_registry`.
@@ -50,10 +53,11 @@ def ctr_lora_retrain():
     # Bad data fails the same way on every try: no retries for validation.
     @task(retries=0)
     def validate(**context) -> dict:
+        from pipelines.flows.windows import adapter_days
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        return validate_window(cfg, cfg.data.lake_uri, run_day(context), cfg.lora.window_days, log_to_mlflow=True)
+        return validate_window(cfg, cfg.data.lake_uri, run_day(context), adapter_days(cfg), log_to_mlflow=True)
 
     @task
     def slots(report: dict, **context) -> list[str]:

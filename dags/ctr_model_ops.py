@@ -9,9 +9,10 @@ Trigger with a form to
 - **promote_canary** / **withdraw_canary**: end a canary by hand.
 
 The form is validated before any task runs (model name pattern, version an integer >= 1, reason
-at least 5 characters). The reason, the user and the run are recorded in the alias history
+5 to 1,000 characters). The reason, the user and the run are recorded in the alias history
 (`python -m pipelines history --model NAME`) and every move emits `mlflow://<model>/<alias>`.
-Refused moves (version missing, never passed its gate, incompatible base) fail with the reason.
+Refused moves (version missing, never passed its gate, rejected by a person, no recorded approval
+where the gate policy asks for one, incompatible base) fail with the reason.
 """
 from __future__ import annotations
 
@@ -19,16 +20,17 @@ from datetime import timedelta
 
 from airflow.sdk import Param, task
 
-from ctr_airflow.dag_defaults import ctr_dag
+from ctr_airflow.dag_defaults import ctr_dag, reason_param
 from ctr_airflow.operators import (OverrideGateOperator, PromoteCanaryOperator, PromoteModelVersionOperator,
                                    RevertModelVersionOperator, WithdrawCanaryOperator)
 
-# Every operator reads the same form; the version is normalised by the operator (`_version`).
+# Every operator reads the same form, rendered as text (a native rendering turns a reason "12345" into an
+# int); the operator coerces each field to its type (`_version`, `_text`).
 MODEL, VERSION, REASON = "{{ params.model }}", "{{ params.version }}", "{{ params.reason }}"
 
 
 @ctr_dag("ctr_model_ops", __doc__, schedule=None, tags=["ops", "registry", "manual"], retries=0,
-         retry_delay=timedelta(minutes=1), render_template_as_native_obj=True,
+         retry_delay=timedelta(minutes=1),
          params={"action": Param("revert", type="string",
                                  enum=["revert", "promote", "override", "promote_canary", "withdraw_canary"]),
                  "model": Param("ctr_lora_morning", type="string", pattern="^ctr_(base|lora_[a-z0-9_]+)$",
@@ -36,7 +38,7 @@ MODEL, VERSION, REASON = "{{ params.model }}", "{{ params.version }}", "{{ param
                  "version": Param(None, type=["null", "integer"], minimum=1,
                                   description="Target version (revert: optional, default the previous champion; "
                                               "promote / override: required)"),
-                 "reason": Param(type="string", minLength=5, description="Why (recorded in the alias history)")})
+                 "reason": reason_param("Why (recorded in the alias history)")})
 def ctr_model_ops():
     @task.branch
     def choose(params: dict) -> str:

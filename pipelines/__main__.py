@@ -23,21 +23,15 @@ def cmd_generate(a) -> int:
 
     lake = Lake(a.out)
     if a.source == "movielens":
-        from tqdm import tqdm
-
         from pipelines.data import movielens
 
-        days = list(movielens.daily_partitions())
-        if a.days:
-            days = days[:a.days]
-        for day, part in tqdm(days, desc="movielens partitions", unit="day", disable=not sys.stderr.isatty()):
-            lake.write_partition(part, day)
-        written = [d for d, _ in days]
+        written = movielens.write_days(lake, a.days, overwrite=a.overwrite, progress=sys.stderr.isatty())
     else:
         from pipelines.data import synthetic
 
         spec = synthetic.SyntheticSpec(seed=a.seed)
-        written = synthetic.write_days(lake, spec, a.start_day, a.days or 7, a.rows_per_day, progress=True)
+        written = synthetic.write_days(lake, spec, a.start_day, a.days or 7, a.rows_per_day, progress=True,
+                                       overwrite=a.overwrite)
     _print({"out": a.out, "source": a.source, "partitions": len(written),
             "first": written[0] if written else None, "last": written[-1] if written else None})
     return 0
@@ -61,23 +55,29 @@ def cmd_validate(a) -> int:
 
 def cmd_train_base(a) -> int:
     from pipelines.config import load_pipeline_config
-    from pipelines.flows import base
+    from pipelines.flows import base, windows
     from pipelines.training import base_model
 
     cfg = load_pipeline_config(a.config)
     lake = a.data or cfg.data.lake_uri
+    if a.register:
+        from pipelines.promotion import lock
+
+        lock.backend()  # no registry lock to move @champion with: refuse now, not after validating
+    windows.validate_first(cfg, lake, a.cutoff, windows.base_days(cfg, a.cutoff))
     _print(base.run(cfg, lake, a.cutoff) if a.register else base_model.train(cfg, lake, a.cutoff))
     return 0
 
 
 def cmd_train_adapter(a) -> int:
     from pipelines.config import load_gate_policy, load_pipeline_config
-    from pipelines.flows import retrain
+    from pipelines.flows import retrain, windows
     from pipelines.promotion import gate
     from pipelines.training import adapter
 
     cfg = load_pipeline_config(a.config)
     lake = a.data or cfg.data.lake_uri
+    windows.validate_first(cfg, lake, a.end_day, windows.adapter_days(cfg))
     if not a.register:
         _print(adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty()))
         return 0
@@ -88,10 +88,12 @@ def cmd_train_adapter(a) -> int:
 
 def cmd_cold_start(a) -> int:
     from pipelines.config import load_gate_policy, load_pipeline_config
-    from pipelines.flows import cold_start
+    from pipelines.flows import cold_start, windows
 
     cfg = load_pipeline_config(a.config)
-    result = cold_start.run_all(cfg, a.data or cfg.data.lake_uri, a.end_day, a.slot, policy=load_gate_policy(a.policy))
+    lake = a.data or cfg.data.lake_uri
+    windows.validate_first(cfg, lake, a.end_day, windows.cold_start_days(cfg))
+    result = cold_start.run_all(cfg, lake, a.end_day, a.slot, policy=load_gate_policy(a.policy))
     _print(result)
     return 0 if result["gate"]["passed"] else 1
 
@@ -109,9 +111,35 @@ def version_arg(text: str) -> str:
 
 
 def cmd_promote(a) -> int:
+    from pipelines.config import load_gate_policy
     from pipelines.promotion import aliases
 
-    _print(aliases.promote(a.model, a.version, reason=a.reason, actor=a.actor))
+    policy = load_gate_policy(a.policy)   # approval: true also holds for a promote by hand
+    _print(aliases.promote(a.model, a.version, reason=a.reason, actor=a.actor, require_approval=policy.approval))
+    return 0
+
+
+def cmd_override(a) -> int:
+    from pipelines.promotion import release
+
+    _print(release.override(a.model, a.version, reason=a.reason, actor=a.actor))
+    return 0
+
+
+def cmd_approve(a) -> int:
+    """A person's answer, recorded on the version; "Approve" then releases it as the policy says (the
+    CLI's counterpart of the DAGs' approve_release + release)."""
+    import datetime as dt
+
+    from pipelines.config import load_gate_policy
+    from pipelines.promotion import release
+
+    at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    record = release.record_approval(a.model, a.version, answer=a.answer, by=a.actor, at=at, task="cli")
+    out = {"approval": record}
+    if a.answer == "Approve":
+        out["release"] = release.release(load_gate_policy(a.policy), a.model, a.version, actor=a.actor)
+    _print(out)
     return 0
 
 
@@ -178,6 +206,29 @@ def cmd_bench(a) -> int:
 VERBOSE_HELP = "log at INFO, and print the full traceback of an unexpected error"
 
 
+def _add_move_commands(sub) -> None:
+    """promote, revert, override and approve: a person moving an alias (or answering), on the record."""
+    for name, fn, helptext in (("promote", cmd_promote, "make a gated version @champion"),
+                               ("revert", cmd_revert, "put the previous (or a named) champion back"),
+                               ("override", cmd_override, "release a rejected version to @champion (recorded)"),
+                               ("approve", cmd_approve, "record a person's answer; Approve releases as the policy says")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("--model", required=True)
+        if name == "revert":
+            s.add_argument("--to-version", type=version_arg, help="default: the previous champion")
+        else:
+            s.add_argument("--version", required=True, type=version_arg, help="a version number, e.g. 3")
+        if name == "approve":
+            s.add_argument("--answer", required=True, choices=["Approve", "Reject"])
+        else:
+            s.add_argument("--reason", required=True, help="why (recorded; at most 1,000 characters)")
+        if name in ("promote", "approve"):
+            s.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
+        s.add_argument("--actor", required=name == "approve", default=None if name == "approve" else "cli",
+                       help="who is acting (recorded)")
+        s.set_defaults(fn=fn)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rows-per-day", type=int, default=100_000, help="synthetic only")
     g.add_argument("--start-day", default="2026-01-01", help="synthetic only: first day")
     g.add_argument("--seed", type=int, default=7, help="synthetic only")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace partitions that already exist (their old parts are kept until the new ones are "
+                        "committed); without it, writing a day that exists is refused")
     g.set_defaults(fn=cmd_generate)
 
     v = sub.add_parser("validate", help="validate one partition; exit 1 with one line per failed check")
@@ -226,17 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
     cs.set_defaults(fn=cmd_cold_start)
 
-    for name, fn, helptext in (("promote", cmd_promote, "make a gated version @champion"),
-                               ("revert", cmd_revert, "put the previous (or a named) champion back")):
-        s = sub.add_parser(name, help=helptext)
-        s.add_argument("--model", required=True)
-        if name == "promote":
-            s.add_argument("--version", required=True, type=version_arg, help="a version number, e.g. 3")
-        else:
-            s.add_argument("--to-version", type=version_arg, help="default: the previous champion")
-        s.add_argument("--reason", required=True)
-        s.add_argument("--actor", default="cli", help="who is acting (recorded)")
-        s.set_defaults(fn=fn)
+    _add_move_commands(sub)
 
     h = sub.add_parser("history", help="print the alias history as JSON lines, oldest first")
     h.add_argument("--model", required=True)

@@ -314,6 +314,9 @@ class GatePolicy:
     calibration_min: float = 0.5               # mean pCTR / observed CTR within [min, max]
     calibration_max: float = 1.5
     latency_budget_ms: float = 250.0           # p99 of the pyfunc at batch 32
+    # Checks that pass when the evaluation could not measure them; any other unmeasured check FAILS.
+    # An entry is a check's family (`slot_auc`: every slot) or one check (`slot_auc[night]`).
+    optional_checks: tuple[str, ...] = ()
     # release
     promotion: Literal["canary", "direct"] = "canary"
     canary_share: float = 0.1                  # share of users (hash of user_id) served by @canary
@@ -326,7 +329,18 @@ class GatePolicy:
     revert_windows: int = 3                    # ... for this many consecutive windows => auto-revert
     live_metrics_url: str = ""                 # Prometheus HTTP API base URL ("" = labelled partitions only)
 
+    # The gate checks that can go unmeasured (promotion.gate): only these may be listed as optional.
+    # Base compatibility, the AUC / logloss checks and DeLong superiority fail when unmeasured, always.
+    OPTIONAL_CHECK_FAMILIES: ClassVar[tuple[str, ...]] = (
+        "fairness", "fairness_dp", "fairness_eo", "calibration", "latency_p99_batch32_ms", "slot_auc")
+
     def __post_init__(self):
+        # A YAML list or a list given in code: stored as a tuple (the policy is frozen and hashable).
+        object.__setattr__(self, "optional_checks", tuple(self.optional_checks))
+        _check(all(isinstance(n, str) and n.split("[", 1)[0] in self.OPTIONAL_CHECK_FAMILIES
+                   and ("[" not in n or (n.endswith("]") and len(n) > n.index("[") + 2)) for n in self.optional_checks),
+               f"gate.optional_checks must name checks of {list(self.OPTIONAL_CHECK_FAMILIES)} (a family, or one "
+               f"check such as slot_auc[night]), got {list(self.optional_checks)}")
         _check(0.0 <= self.auc_tolerance < 0.5, f"gate.auc_tolerance must be in [0, 0.5), got {self.auc_tolerance}")
         _check(self.logloss_tolerance >= 0, "gate.logloss_tolerance must be >= 0")
         _check(0.0 < self.superiority_alpha < 1.0, "gate.superiority_alpha must be in (0, 1)")
@@ -352,6 +366,10 @@ class GatePolicy:
 
     def slot_tolerance(self, slot: str) -> float:
         return float(self.slot_tolerances.get(slot, self.slot_auc_tolerance))
+
+    def is_optional(self, check: str) -> bool:
+        """Whether the check `check` (e.g. `slot_auc[night]`) may pass unmeasured: it or its family is listed."""
+        return check in self.optional_checks or check.split("[", 1)[0] in self.optional_checks
 
 
 # ---------------------------------------------------------------- loading

@@ -253,3 +253,23 @@ def on_mlflow_server(mlflow_server, tmp_path, monkeypatch):
     use_mlflow_server(mlflow_server, tmp_path, monkeypatch)
     yield mlflow_server
     mlflow.set_tracking_uri(None)
+
+
+# ----------------------------------------------------------------------------- validated lakes
+def validate_lake(lake_uri: str, cfg=None) -> dict:
+    """Run the real validation stage over every committed partition of `lake_uri`, as the DAGs' validate
+    task does before anything trains: training, evaluation and cold start read only partitions whose
+    marker says `passed` for their content (pipelines.data.validated). Raises if a day fails.
+    `cfg` defaults to the synthetic slots with the default validation settings."""
+    import datetime as dt
+
+    from pipelines.config import DataConfig, PipelineConfig
+    from pipelines.data.lake import Lake
+    from pipelines.data.synthetic import SLOTS
+    from pipelines.validation.stage import validate_window
+
+    days = Lake(lake_uri).list_partitions()
+    assert days, f"no committed partition in {lake_uri} to validate"
+    cfg = cfg or PipelineConfig(data=DataConfig(lake_uri=lake_uri, slots=SLOTS))
+    span = (dt.date.fromisoformat(days[-1]) - dt.date.fromisoformat(days[0])).days + 1
+    return validate_window(cfg, lake_uri, days[-1], span)

@@ -156,12 +156,12 @@ def _load_ms(server, versions: list[str]) -> float:
 
 
 def _merged_model(base_model, adapter_uri: str):
-    import mlflow.artifacts
+    from pipelines.registry import mlflow_io
 
     from pipelines.model import adapters
 
     with tempfile.TemporaryDirectory() as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{adapter_uri}/artifacts/adapter", dst_path=tmp))
+        local = Path(mlflow_io.download_artifacts(artifact_uri=f"{adapter_uri}/artifacts/adapter", dst_path=tmp))
         return adapters.load(copy.deepcopy(base_model), str(local)).merge_and_unload().eval()
 
 

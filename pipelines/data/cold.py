@@ -16,6 +16,7 @@ import pandas as pd
 
 from pipelines.config import PipelineConfig
 from pipelines.data.lake import Lake, concat, lineage
+from pipelines.data.validated import read_validated_window
 from pipelines.errors import PipelineError
 
 ALL = "all"   # a cold-start run over every slot (one model), as opposed to one slot's
@@ -149,8 +150,15 @@ class Prepared:
     rows_cold: int
 
 
+def read_days(cfg: PipelineConfig) -> int:
+    """Days `prepare` reads, ending at the run's day: the history before the window, then the window.
+    All of them must be validated (the detection counts impressions in the history)."""
+    return cfg.cold_start.window_days + cfg.cold_start.history_days
+
+
 def prepare(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, base: dict) -> Prepared:
-    """Read history + window from the lake, detect the cold entities and split the window.
+    """Read history + window from the lake (validated partitions only), detect the cold entities and
+    split the window.
 
     `base` (name, version, fingerprint, cutoff) is the serving base at detection; later tasks pass
     the one detection used, so a base promoted in between cannot change the split under them.
@@ -159,7 +167,7 @@ def prepare(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, base: d
     if slot != ALL and slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)}, or 'all')")
     window_first = (dt.date.fromisoformat(end_day) - dt.timedelta(days=cs.window_days - 1)).isoformat()
-    parts = Lake(lake_uri).read_window(end_day, cs.window_days + cs.history_days)
+    parts = read_validated_window(Lake(lake_uri), end_day, read_days(cfg))
     in_window = [p for p in parts if p.dt >= window_first]
     if not in_window:
         raise PipelineError(f"no partitions in {lake_uri} for the window {window_first}..{end_day}")

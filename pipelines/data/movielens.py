@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.data import schema
+from pipelines.data import commit, schema
+from pipelines.data.lake import Lake
 from pipelines.errors import LakeError
 
 SLOTS = ("morning", "afternoon", "night")
@@ -74,3 +75,19 @@ def daily_partitions(df: pd.DataFrame | None = None):
     days = df["event_ts"].dt.strftime("%Y-%m-%d")
     for day, part in df.groupby(days, sort=True):
         yield day, part.reset_index(drop=True)
+
+
+def write_days(lake: Lake, days: int | None = None, *, overwrite: bool = False, progress: bool = False) -> list[str]:
+    """Write the first `days` daily partitions (all without `days`) into `lake`, each day committed on
+    its own (`data.commit`). Days already committed are replaced only with `overwrite=True`; without it
+    PartitionExistsError names every such day before anything is written. Returns the dates written."""
+    from tqdm import tqdm
+
+    parts = list(daily_partitions())
+    if days:
+        parts = parts[:days]
+    if not overwrite:
+        commit.refuse_existing(lake, [d for d, _ in parts])
+    for day, frame in tqdm(parts, desc="movielens partitions", unit="day", disable=not progress):
+        commit.write_frames(lake, day, [frame], overwrite=overwrite)
+    return [d for d, _ in parts]

@@ -1,7 +1,8 @@
 """Training data from the lake in memory: the window of partitions, the slot filter, the temporal split.
 
 The base model reads its window this way (`load_split`); adapters stream theirs (`model.stream`),
-split by the same rule: the newest rows hold out.
+split by the same rule: the newest rows hold out. Either way only committed partitions validated as
+they are now are read (`data.validated`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pipelines.data.lake import Lake, concat, lineage
+from pipelines.data.validated import read_validated_window
 from pipelines.errors import PipelineError
 
 
@@ -29,7 +31,7 @@ def time_split(frame: pd.DataFrame, holdout_fraction: float) -> tuple[pd.DataFra
 
 def load_split(lake_uri: str, end_day: str, holdout_fraction: float, *, days: int | None = None,
                start_day: str | None = None, slot: str | None = None, min_rows: int = 1) -> Split:
-    parts = Lake(lake_uri).read_window(end_day, days or 1, start_day=start_day)
+    parts = read_validated_window(Lake(lake_uri), end_day, days or 1, start_day=start_day)
     if not parts:
         raise PipelineError(f"no partitions in {lake_uri} for the window ending {end_day}")
     frame = concat(parts)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -37,12 +36,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.data import schema
-from pipelines.data.lake import Lake, split_s3
+from pipelines.data import commit, schema
+from pipelines.data.lake import Lake
 from pipelines.data.synthetic_world import (AGE_BUCKETS, CATEGORIES, GENDERS, OCCUPATIONS, SLOT_SCALE, SLOTS,
                                           World, calibrated_world, categorical, item_attrs, relevance,
                                           sigmoid, user_attrs, zipf_rank)
-from pipelines.errors import ConfigError, LakeError
+from pipelines.errors import ConfigError
 
 _BLOCK = 1 << 16            # rows per RNG block; fixed so output is independent of chunk_rows
 _DAY_US = 86_400_000_000
@@ -254,32 +253,14 @@ def _take(pending: list[dict], k: int) -> dict:
     return {c: np.concatenate([p[c] for p in pieces]) for c in pieces[0]}
 
 
-def _remove_stale_parts(lake: Lake, day: str, written: set[str]) -> None:
-    """Delete part files of `day` left over from an earlier, bigger write (re-runs must replace a partition)."""
-    keep = {w.rsplit("/", 1)[-1] for w in written}
-    stale = [f for f in lake.parquet_files(day)
-             if f.rsplit("/", 1)[-1].startswith("part-") and f.rsplit("/", 1)[-1] not in keep]
-    if not stale:
-        return
-    if lake.is_s3:
-        bucket, _ = split_s3(lake.uri)
-        try:
-            for i in range(0, len(stale), 1000):
-                lake.client.delete_objects(Bucket=bucket,
-                                           Delete={"Objects": [{"Key": k} for k in stale[i:i + 1000]]})
-        except Exception as exc:  # botocore errors
-            raise LakeError(f"cannot remove stale parts {stale} of {lake.partition_uri(day)}: {exc}") from exc
-    else:
-        for f in stale:
-            Path(f).unlink()
-
-
 def write_days(lake: Lake, spec: SyntheticSpec, start_day: str, days: int, rows_per_day: int,
-               chunk_rows: int = 500_000, progress: bool = False) -> list[str]:
-    """Generate `days` consecutive days from `start_day` into `lake`, one part file per chunk.
+               chunk_rows: int = 500_000, progress: bool = False, overwrite: bool = False) -> list[str]:
+    """Generate `days` consecutive days from `start_day` into `lake`, one part file per chunk, each day
+    committed on its own (`data.commit`): a day appears whole once its manifest is written, or not at all.
 
-    Re-running replaces each partition (stale extra parts from a previous run are removed).
-    Returns the partition dates written, oldest first.
+    A day already committed in the lake is replaced only with `overwrite=True`; without it the call
+    raises PartitionExistsError naming every such day before writing anything. Replacing keeps the old
+    parts until the new ones are committed. Returns the partition dates written, oldest first.
     """
     _check(_is_int(days) and days >= 1, f"days must be an integer >= 1, got {days!r}")
     _check(_is_int(rows_per_day) and rows_per_day >= 1, f"rows_per_day must be an integer >= 1, got {rows_per_day!r}")
@@ -287,6 +268,8 @@ def write_days(lake: Lake, spec: SyntheticSpec, start_day: str, days: int, rows_
     dates = [(start + dt.timedelta(days=i)).isoformat() for i in range(days)]
     for d in dates:
         spec.day_index(d)  # fail before writing anything
+    if not overwrite:
+        commit.refuse_existing(lake, dates)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -294,13 +277,12 @@ def write_days(lake: Lake, spec: SyntheticSpec, start_day: str, days: int, rows_
         bar = tqdm(total=days * rows_per_day, unit="rows", unit_scale=True, desc="synthetic")
     try:
         for d in dates:
-            written = set()
-            for part, chunk in enumerate(generate_day(spec, d, rows_per_day, chunk_rows)):
-                written.add(lake.write_partition(chunk, d, part=part))
+            def on_part(chunk: pd.DataFrame, d: str = d) -> None:
                 if bar is not None:
                     bar.update(len(chunk))
-                    bar.set_postfix_str(f"dt={d} part={part}")
-            _remove_stale_parts(lake, d, written)
+                    bar.set_postfix_str(f"dt={d}")
+            commit.write_frames(lake, d, generate_day(spec, d, rows_per_day, chunk_rows), overwrite=overwrite,
+                                on_part=on_part)
     finally:
         if bar is not None:
             bar.close()

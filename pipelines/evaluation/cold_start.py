@@ -2,11 +2,16 @@
 
 The slot champions as they serve those rows today, the no-distillation baseline, the distilled
 student and the serving base alone are all scored on the same rows; for the gate the student is the
-candidate and the serving `<model_name>@champion` the champion (None on the first run).
+candidate and the serving `<model_name>@champion` the champion (None on the first run). The student
+is then judged like any other candidate (`evaluation.judge`, as `compare.evaluate` does): fairness,
+calibration, per slot, DeLong against the champion, the served pyfunc's latency and the adapter's
+size, so the gate measures the same checks on it (an unmeasured one fails, issue 13).
 """
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 from pipelines.config import PipelineConfig
 from pipelines.data.cold import base_of, prepare, same_data, slots_of
@@ -24,8 +29,14 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     For the gate, `candidate` is the student and `champion` is the serving `<model_name>@champion`
     on the same rows (None on the first run: absolute thresholds). The slot champions are reported,
     not gated against: they usually trained on part of the held-out users' rows (`teacher_saw_holdout`).
+    The rest of the result is `evaluation.judge`'s, the keys `compare.evaluate` returns (`report`,
+    `champion_report`, `delong`, `latency`, `adapter_bytes`, `interference`, ...).
     """
+    from pipelines.evaluation import report
+    from pipelines.evaluation.judge import judge
     from pipelines.model import features
+    from pipelines.registry import pyfunc
+    from pipelines.registry.model_input import predict_pctr
 
     slot, name = candidate["slot"], candidate["model_name"]
     prep = prepare(cfg, lake_uri, candidate["end_day"], slot, base=base_of(candidate))
@@ -36,29 +47,33 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
                             f"{prep.split.holdout_start} vs {candidate['rows']['holdout']} from "
                             f"{candidate['holdout_start']}): the cold_start config changed between tasks; re-run the DAG")
     y = features.labels(rows)
-    cold_slice = _score_cold_slice(cfg, prep, rows, y, candidate)
-    champion_mv, champion = _score_serving_champion(name, rows, y)
+    served = pyfunc.load(candidate["model_uri"])   # the student as it will serve: scored and timed through it
+    preds = {"candidate": predict_pctr(served, rows)}
+    cold_slice = _score_cold_slice(cfg, prep, rows, y, candidate, preds["candidate"])
+    champion_mv, p_champion = _score_serving_champion(name, rows)
+    if p_champion is not None:
+        preds["champion"] = p_champion
+    # Every held-out row is a cold user's (the split holds out cold users only): the cold mask is all True.
+    judged, comparison = judge(cfg, candidate, rows, preds, np.ones(len(rows), dtype=bool), rows.head(64),
+                               served=served, champion_mv=champion_mv,
+                               title=f"{name}: cold-start student vs champion on held-out cold users")
     start_day = candidate["holdout_start"][:10]
     saw = sorted(s for s, r in candidate["teachers"].items() if r.get("data_last") and r["data_last"] >= start_day)
-    result = {"model_name": name, "slot": slot, "candidate": cold_slice["student"], "champion": champion,
-              "champion_version": str(champion_mv.version) if champion_mv else None,
-              "holdout_rows": int(len(rows)), "holdout_users": candidate["holdout_users"],
-              "holdout_start": candidate["holdout_start"], "cold_slice": cold_slice,
-              "teacher": candidate["teacher"]["kind"], "teacher_saw_holdout": saw}
+    result = {**judged, "holdout_users": candidate["holdout_users"], "holdout_start": candidate["holdout_start"],
+              "cold_slice": cold_slice, "teacher": candidate["teacher"]["kind"], "teacher_saw_holdout": saw}
     _log_to_run(candidate["run_id"], result)
     _log_summary(result, start_day)
+    log.info("%s judged like any candidate on the held-out cold rows:\n%s", name, report.format_table(comparison))
     return result
 
 
-def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict) -> dict:
+def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict, p_student) -> dict:
     """Metric summaries on the held-out rows of the slot champions (as they serve the rows today), the
-    no-distillation baseline, the student (through its served pyfunc) and the serving base alone."""
-    import mlflow
-
+    no-distillation baseline, the student (`p_student`: through its served pyfunc) and the serving base alone."""
     from pipelines.metrics import summary as metric_summary
+    from pipelines.registry import mlflow_io
     from pipelines.model import adapters, features, inference
     from pipelines.model.inference import predict
-    from pipelines.registry.model_input import predict_pctr
     from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
     from pipelines.registry.pyfunc import load_base_from_registry
 
@@ -69,35 +84,31 @@ def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict) -> di
     del teachers
     champions = metric_summary(y, sigmoid(t_logits))
     b = candidate["base"]
-    local = mlflow.artifacts.download_artifacts(run_id=candidate["run_id"], artifact_path=BASELINE_ARTIFACT)
+    local = mlflow_io.download_artifacts(run_id=candidate["run_id"], artifact_path=BASELINE_ARTIFACT)
     baseline = metric_summary(y, predict(adapters.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]),
                                                    local), x))
-    student = metric_summary(y, predict_pctr(mlflow.pyfunc.load_model(candidate["model_uri"]), rows))  # the served path
+    student = metric_summary(y, p_student)
     return {"champions": champions, "baseline": baseline, "student": student, "base": base_only}
 
 
-def _score_serving_champion(name: str, rows, y):
-    """(`name`@champion's model version, its metric summary on the held-out rows); (None, None) on the first run."""
-    import mlflow
-
-    from pipelines.metrics import summary as metric_summary
-    from pipelines.registry import mlflow_io
+def _score_serving_champion(name: str, rows):
+    """(`name`@champion's model version, its pCTRs on the held-out rows); (None, None) on the first run."""
+    from pipelines.registry import mlflow_io, pyfunc
     from pipelines.registry.model_input import predict_pctr
 
     champion_mv = mlflow_io.version_by_alias(name, "champion")
     if champion_mv is None:
         return None, None
-    model = mlflow.pyfunc.load_model(f"models:/{name}/{champion_mv.version}")
-    return champion_mv, metric_summary(y, predict_pctr(model, rows))
+    return champion_mv, predict_pctr(pyfunc.load(f"models:/{name}/{champion_mv.version}"), rows)
 
 
 def _log_to_run(run_id: str, result: dict) -> None:
-    """Every score as `eval_<who>_<metric>` on the student's run, and the whole result as a JSON artifact."""
+    """The cold-slice scores as `eval_<who>_<metric>` on the student's run (`judge` logged the candidate's
+    and the champion's), and the whole result as a JSON artifact."""
     from pipelines.registry import mlflow_io
 
     c = mlflow_io.client()
-    scores = {**result["cold_slice"], "candidate": result["candidate"], "champion": result["champion"]}
-    for who, m in scores.items():
+    for who, m in result["cold_slice"].items():
         for k, v in (m or {}).items():
             if isinstance(v, (int, float)) and v is not None:
                 c.log_metric(run_id, f"eval_{who}_{k}", float(v))

@@ -33,7 +33,8 @@ def register_stage(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> di
 
 
 def run_all(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = ALL, policy=None, actor: str = "cli") -> dict:
-    """detect -> distill -> evaluate -> register -> gate, in-process (the CLI's path)."""
+    """detect -> distill -> evaluate -> register -> gate, in-process (the CLI's path). The release
+    follows the policy as everywhere: with `approval: true` it raises PromotionError (see flows.retrain.run)."""
     from pipelines.config import load_gate_policy
     from pipelines.promotion.release import gate_and_release
 

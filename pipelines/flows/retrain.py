@@ -15,7 +15,11 @@ from pipelines.training import adapter
 
 def run(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, end_day: str, slot: str, *,
         actor: str = "cli", progress: bool = False) -> dict:
-    """train -> evaluate -> register -> gate and release; returns the gate's decision."""
+    """train -> evaluate -> register -> gate and release; returns the gate's decision.
+
+    In one process nobody can answer an approval: with `approval: true` a passing version stays
+    registered and gated, and the release raises PromotionError until a person approves it
+    (`python -m pipelines approve`, or the DAG's approval step)."""
     candidate = adapter.train(cfg, lake_uri, end_day, slot, progress=progress)
     registered = register(cfg, candidate, evaluate(cfg, lake_uri, candidate))
     return gate_and_release(policy, registered["model"], registered["version"], registered["evaluation"], actor=actor)

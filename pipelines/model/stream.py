@@ -1,9 +1,11 @@
 """Training batches streamed from the lake, in memory bounded by the read chunk and the shuffle buffer
 instead of the row count.
 
-`LakeIndex` lists the window's parquet files, counts each one's rows of the slot (reading only
-the `slot` column) and hashes their bytes (the same partition hashes as `data.lake.lineage`, so a
-streamed run records the same data lineage as an in-memory read). Rows have a canonical order: partition date, file name, row in file. A
+`LakeIndex` lists the window's committed parts (each day's manifest, `data.commit`), refuses a day
+whose validation marker does not say `passed` for that content (`data.validated`), counts each
+part's rows of the slot (reading only the `slot` column) and hashes their bytes (the same partition
+hashes as `data.lake.lineage`, so a streamed run records the same data lineage as an in-memory read).
+Rows have a canonical order: partition date, part (manifest order), row in part. A
 `LakeStream` is a range of that order (train / val / holdout are consecutive ranges, the newest
 last, as in `data.splits.time_split` but by lake order rather than a global sort). Each epoch it
 reads the files of its range in a shuffled order, record batch by record batch
@@ -16,7 +18,6 @@ bytes each) + for S3 one parquet object's bytes (a local file is read in place).
 """
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import io
 import json
@@ -31,8 +32,10 @@ import pyarrow.parquet as pq
 import torch
 
 from pipelines.config import ModelConfig, PipelineConfig
+from pipelines.data.commit import check_content
 from pipelines.data.lake import Lake, split_s3
 from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.data.validated import validated_manifests
 from pipelines.errors import LakeError, PipelineError
 from pipelines.model import features
 
@@ -52,15 +55,17 @@ class LakeIndex:
     def __init__(self, lake_uri: str, end_day: str, days: int | None = None, start_day: str | None = None,
                  slot: str | None = None):
         self.lake, self.slot = Lake(lake_uri), slot
-        end = dt.date.fromisoformat(end_day)
-        start = dt.date.fromisoformat(start_day) if start_day else end - dt.timedelta(days=(days or 1) - 1)
-        wanted = [d for d in self.lake.list_partitions() if start <= dt.date.fromisoformat(d) <= end]
+        # Refused before a byte of data is read: training and evaluation only see validated content.
+        manifests = validated_manifests(self.lake, end_day, days or 1, start_day)
         self.files, self.partition_sha256 = [], {}
-        for d in wanted:
-            digest = hashlib.sha256()   # as Lake.read_partition hashes a partition: its files' bytes in order
-            for k in self.lake.parquet_files(d):
-                self.files.append(LakeFile(d, k, self._count(k, digest)))
+        for d, man in manifests.items():
+            digest = hashlib.sha256()   # as Lake.read_partition hashes a partition: its parts' bytes in order
+            for p in man.parts:
+                k = self.lake.key_of(f"dt={d}/{p.name}")
+                self.files.append(LakeFile(d, k, self._count(k, digest, p.sha256)))
             self.partition_sha256[d] = digest.hexdigest()
+            # The bytes indexed must be those validated: a part replaced after its commit is refused.
+            check_content(man, self.partition_sha256[d], self.lake.partition_uri(d))
         self.rows = sum(f.rows for f in self.files)
 
     def lineage(self) -> dict:
@@ -78,18 +83,26 @@ class LakeIndex:
             return pq.ParquetFile(key)
         return pq.ParquetFile(io.BytesIO(self._bytes(key)))
 
-    def _count(self, key: str, digest) -> int:
-        """Rows of the slot in one file; feeds the file's bytes to the partition's digest on the way."""
+    def _count(self, key: str, digest, committed_sha256: str) -> int:
+        """Rows of the slot in one part; feeds the part's bytes to the partition's digest on the way, and
+        refuses a part whose bytes are not the committed ones (replaced after its commit)."""
+        own = hashlib.sha256()
         try:
             if self.lake.is_s3:
                 payload = self._bytes(key)
                 digest.update(payload)
+                own.update(payload)
                 pf = pq.ParquetFile(io.BytesIO(payload))
             else:
                 with open(key, "rb") as fh:
                     for block in iter(lambda: fh.read(1 << 22), b""):
                         digest.update(block)
-                pf = pq.ParquetFile(key)
+                        own.update(block)
+                pf = None
+            if own.hexdigest() != committed_sha256:
+                raise LakeError(f"object {key} of the lake {self.lake.uri} changed after it was committed: its "
+                                "bytes are not the ones its manifest lists; re-write the partition")
+            pf = pf or pq.ParquetFile(key)
             if self.slot is None:
                 return pf.metadata.num_rows
             return int(pc.sum(pc.equal(pf.read(columns=["slot"]).column("slot"), self.slot)).as_py() or 0)

@@ -11,7 +11,13 @@ Checks (each: name, value, threshold, passed, one-line reason):
   logloss ceiling, and nothing else;
 * against the champion: AUC and logloss non-inferiority, per-slot AUC non-inferiority, and with
   `superiority: true` a DeLong test (AUC difference > 0 at p < alpha).
-A value the evaluation could not measure (e.g. a fairness group too small) passes and says so.
+A check the evaluation could not measure (no fairness report, a fairness group too small, no clicks,
+no latency sample, a slot with too few rows) FAILS and says so, unless the policy lists it in
+`optional_checks`: silence is never a pass.
+
+Who may be released is decided here too, from the version's tags (`release_refusal`, pure): the gate
+passed, no person rejected it, the approval the policy asks for is recorded, the gate compared
+against the champion that serves now. Only an override (`override`) releases a rejected version.
 """
 from __future__ import annotations
 
@@ -29,8 +35,11 @@ def _check(name: str, value, threshold, passed: bool, reason: str) -> dict:
     return {"name": name, "value": value, "threshold": threshold, "passed": bool(passed), "reason": reason}
 
 
-def _unmeasured(name: str, threshold, why: str) -> dict:
-    return _check(name, None, threshold, True, f"not measured: {why}")
+def _unmeasured(policy: GatePolicy, name: str, threshold, why: str) -> dict:
+    if policy.is_optional(name):
+        return _check(name, None, threshold, True, f"not measured: {why} (optional in the policy)")
+    return _check(name, None, threshold, False, f"not measured: {why}; an unmeasured check fails unless the "
+                                                "policy lists it in optional_checks")
 
 
 def base_check(base: dict) -> dict:
@@ -51,17 +60,20 @@ def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
                                   "max TPR/FPR gap between groups at the serving threshold")):
             name = f"fairness_{'dp' if key.startswith('demographic') else 'eo'}[{attr}]"
             v = f.get(key)
-            out.append(_unmeasured(name, limit, f"fewer than 2 {attr} groups with enough rows") if v is None else
-                       _check(name, v, limit, v <= limit, f"{what} ({attr}) must be <= {limit}"))
-    if not rep:
-        out.append(_unmeasured("fairness", policy.max_demographic_parity_gap, "no slice report in this evaluation"))
+            out.append(_unmeasured(policy, name, limit, f"fewer than 2 {attr} groups with enough rows")
+                       if v is None else _check(name, v, limit, v <= limit, f"{what} ({attr}) must be <= {limit}"))
+    if not rep.get("fairness"):   # no report, or one without a single attribute: nothing was measured
+        out.append(_unmeasured(policy, "fairness", policy.max_demographic_parity_gap,
+                               "no fairness report in this evaluation"))
     ratio = cand.get("calibration_ratio")
     band = [policy.calibration_min, policy.calibration_max]
-    out.append(_unmeasured("calibration", band, "no clicks in the holdout") if ratio is None else
+    out.append(_unmeasured(policy, "calibration", band, "no clicks in the holdout") if ratio is None else
                _check("calibration", ratio, band, band[0] <= ratio <= band[1],
                       "mean pCTR / observed CTR must lie in the band"))
+    # An empty latency sample gives no batch_32 entry (evaluation.latency.pyfunc_latency returns {}).
     p99 = ((evaluation.get("latency") or {}).get("batch_32") or {}).get("p99_ms")
-    out.append(_unmeasured("latency_p99_batch32_ms", policy.latency_budget_ms, "no latency in this evaluation")
+    out.append(_unmeasured(policy, "latency_p99_batch32_ms", policy.latency_budget_ms,
+                           "no latency sample in this evaluation")
                if p99 is None else
                _check("latency_p99_batch32_ms", p99, policy.latency_budget_ms, p99 <= policy.latency_budget_ms,
                       "pyfunc p99 latency at batch 32 must fit the budget"))
@@ -85,13 +97,22 @@ def _relative(policy: GatePolicy, evaluation: dict) -> list[dict]:
         out.append(_check("superiority_delong", None if not d else d["p_value"], policy.superiority_alpha, ok,
                           "DeLong: AUC difference must be > 0 with p below alpha" if d else
                           "DeLong test unavailable on this holdout: superiority cannot be shown"))
+    return out + _slots(policy, evaluation)
+
+
+def _slots(policy: GatePolicy, evaluation: dict) -> list[dict]:
+    """Per-slot AUC non-inferiority; a slot either side lacks, or no per-slot report at all, is unmeasured."""
     cand_slots = (evaluation.get("report") or {}).get("slots") or {}
     champ_slots = (evaluation.get("champion_report") or {}).get("slots") or {}
-    for slot in sorted(set(cand_slots) & set(champ_slots)):
-        a, b = cand_slots[slot].get("auc"), champ_slots[slot].get("auc")
+    if not cand_slots:
+        return [_unmeasured(policy, "slot_auc", policy.slot_auc_tolerance, "no per-slot AUC in this evaluation")]
+    out = []
+    for slot in sorted(set(cand_slots) | set(champ_slots)):
+        a, b = (cand_slots.get(slot) or {}).get("auc"), (champ_slots.get(slot) or {}).get("auc")
         tol = policy.slot_tolerance(slot)
         name = f"slot_auc[{slot}]"
-        out.append(_unmeasured(name, tol, "too few rows in this slot") if a is None or b is None else
+        out.append(_unmeasured(policy, name, tol, "too few rows in this slot, or no AUC for it on one side")
+                   if a is None or b is None else
                    _check(name, a, b - tol, a >= b - tol, f"slot {slot}: candidate AUC must be >= champion's - {tol}"))
     return out
 
@@ -151,8 +172,15 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None, mv
     if decision.get("override"):   # the gate's own verdict stays as it was; the override sits beside it
         c.set_model_version_tag(model, version, "gate.override", json.dumps(decision["override"]))
     else:
+        # An approval answers one gate decision: a new decision needs a new one (a rejection stays).
+        if (approval_of(mv.tags) or {}).get("answer") == "Approve":
+            c.delete_model_version_tag(model, version, APPROVAL_TAG)
         c.set_model_version_tag(model, version, "gate.passed", "true" if decision["passed"] else "false")
         c.set_model_version_tag(model, version, "gate.first_run", str(decision["first_run"]).lower())
+        # What the release checks: the champion compared against (stale gate) and the approval rule then.
+        c.set_model_version_tag(model, version, GATE_CHAMPION_TAG, decision.get("champion_version") or "")
+        c.set_model_version_tag(model, version, APPROVAL_REQUIRED_TAG,
+                                str(bool((decision.get("policy") or {}).get("approval"))).lower())
         c.set_model_version_tag(model, version, "gate.checks", json.dumps(
             [{k: ch[k] for k in ("name", "value", "passed")} for ch in decision["checks"]])[:5000])
     if mv.run_id:
@@ -185,7 +213,7 @@ def override(model: str, version: str, reason: str, actor: str) -> dict:
     trained on another base computes garbage on the serving one, whatever a person decides."""
     from pipelines.registry import mlflow_io
 
-    if not reason or len(reason.strip()) < 5:
+    if not isinstance(reason, str) or len(reason.strip()) < 5:
         raise PromotionError(f"an override of {model} v{version} needs a reason (at least 5 characters)")
     mv = mlflow_io.get_version(model, version)
     base = base_check(fingerprints(mv))
@@ -193,12 +221,73 @@ def override(model: str, version: str, reason: str, actor: str) -> dict:
         raise PromotionError(f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
                              f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check")
     checks = json.loads(mv.tags.get("gate.checks") or "[]")
+    approval = approval_of(mv.tags)
     decision = {"passed": True, "first_run": mv.tags.get("gate.first_run") == "true",
                 "champion_version": None, "model": model, "version": version,
                 "checks": [base] + [{**c, "threshold": None, "reason": "original gate result (overridden)"}
                                     for c in checks if c.get("name") != "base_compatible"],
                 "override": {"actor": actor, "reason": reason.strip(),
                              "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                             "failed_checks": [c["name"] for c in checks if not c.get("passed")]}}
+                             "failed_checks": [c["name"] for c in checks if not c.get("passed")],
+                             # the person's "no" this override goes against, kept beside it
+                             "rejection": approval if (approval or {}).get("answer") != "Approve" else None}}
     record(model, version, decision, None, mv=mv)
     return decision
+
+
+# ----------------------------------------------------------------------------- who may be released
+APPROVAL_TAG = "release.approval"            # a person's answer, JSON: answer, by, at, task
+APPROVAL_REQUIRED_TAG = "gate.approval_required"   # the policy's `approval` when the gate decided
+GATE_CHAMPION_TAG = "gate.champion_version"  # the champion the gate compared against ("" = none)
+
+
+def approval_of(tags: dict) -> dict | None:
+    """The recorded answer on a version's tags; an unreadable record counts as no approval."""
+    raw = tags.get(APPROVAL_TAG)
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("answer") not in ("Approve", "Reject"):
+        return {"answer": "unreadable", "by": "?", "at": "?", "raw": raw[:200]}
+    return record
+
+
+def release_refusal(tags: dict, *, require_approval: bool = False) -> str | None:
+    """Why the version with these tags may not serve (None: it may): never passed its gate, rejected by a
+    person, or no recorded "Approve" where approval is required (by the policy now, `require_approval`,
+    or when it was gated). An override lifts all three: a person released it, on the record."""
+    if tags.get("gate.override"):
+        return None
+    if tags.get("gate.passed") != "true":
+        return f"never passed its gate (gate.passed={tags.get('gate.passed', 'missing')}, no override)"
+    approval = approval_of(tags)
+    if approval and approval["answer"] == "Reject":
+        return (f"was rejected by {approval['by']} at {approval['at']}: only an override (a named person and a "
+                "reason, recorded beside the rejection) can release it")
+    if (require_approval or tags.get(APPROVAL_REQUIRED_TAG) == "true") and not (approval and
+                                                                               approval["answer"] == "Approve"):
+        return ("needs a recorded approval (gate policy `approval: true`) and has "
+                + ("an unreadable one" if approval else "none") + ": answer its approve_release step (Airflow) "
+                "or `python -m pipelines approve`")
+    return None
+
+
+def stale_refusal(tags: dict, version: str, champion: str | None) -> str | None:
+    """"stale gate" when the champion serving now is not the one the gate compared against (approval can
+    take hours; a gate against another champion says nothing about this one). None when it still is, or
+    when the version is the champion already (nothing moves)."""
+    if champion == version:
+        return None
+    if GATE_CHAMPION_TAG in tags:
+        gated = tags[GATE_CHAMPION_TAG]
+    else:   # gated before the tag existed: the evaluation's champion, which the gate compared against
+        gated = tags.get("eval.champion_version")
+    if gated is None:
+        return "stale gate: re-evaluate (the version does not record which champion its gate compared against)"
+    if (gated or None) != champion:
+        return (f"stale gate: re-evaluate (the gate compared against champion {f'v{gated}' if gated else 'none'}, "
+                f"the champion is now {f'v{champion}' if champion else 'none'})")
+    return None

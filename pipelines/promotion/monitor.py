@@ -87,12 +87,11 @@ class _Scorer:
         self._models: dict = {}
 
     def predict(self, model: str, version: str, rows):
-        import mlflow.pyfunc
-
+        from pipelines.registry import pyfunc
         from pipelines.registry.model_input import predict_pctr
 
         if (model, version) not in self._models:
-            self._models[model, version] = mlflow.pyfunc.load_model(f"models:/{model}/{version}")
+            self._models[model, version] = pyfunc.load(f"models:/{model}/{version}")
         return predict_pctr(self._models[model, version], rows)
 
 

@@ -5,6 +5,12 @@ champion, and `ctr_champion_monitor` promotes or withdraws it from live windows.
 compare a canary against before the first champion, so a first run is released straight to
 @champion (the decision's `first_run` says so). `promotion: direct` always moves @champion.
 
+The policy is enforced here, whoever calls (a DAG, the CLI, a flow): `release` refuses a version
+without a recorded "Approve" when the policy says `approval: true`, a version a person rejected (only
+`override` releases it, and records the rejection it overrides), and a stale gate: one that compared
+against another champion than the one serving now ("stale gate: re-evaluate"). Reading the
+champion, checking and moving happen under the model's registry lock, as one step.
+
 The entry points the CLI, the flows and the Airflow operators call: `gate_and_release` (the gate,
 then the release on a pass), `release` (after a human approval), `record_approval` (that person's
 answer, on the version) and `override`. Versions are `str` (see `aliases.version_id`).
@@ -17,34 +23,54 @@ from typing import Callable
 from pipelines.config import GatePolicy
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases, gate
+from pipelines.promotion.gate import APPROVAL_TAG, approval_of
 
-APPROVAL_TAG = "release.approval"
 APPROVAL_ANSWERS = ("Approve", "Reject")
 # What a decision says about the move its release made (the full move goes to `on_move`).
 RELEASE_KEYS = ("alias", "moved", "from_version", "to_version")
+__all__ = ["APPROVAL_TAG", "gate_and_release", "override", "record_approval", "release"]
 
 
-def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str | None = None,
-            approved_by: str | None = None) -> dict:
-    champion = aliases.current(model)
-    why = f" (approved by {approved_by})" if approved_by else ""
-    if policy.promotion == "canary" and champion is not None and champion != version:
-        move = aliases.start_canary(model, version, policy.canary_share, actor=actor, op_id=op_id,
-                                    reason=f"passed gate against v{champion}: canary at {policy.canary_share:.0%} of "
-                                           f"users{why}")
-        return {**move, "alias": "canary", "share": policy.canary_share}
-    reason = ("passed gate (first run)" if champion is None else f"passed gate against v{champion}") + why
-    return {**aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id), "alias": "champion"}
+def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str | None = None) -> dict:
+    """Release `version` as the policy says, or raise PromotionError saying why not (see the module doc).
+    A retried task (same `op_id`) gets its recorded move back, whatever changed since."""
+    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry import mlflow_io
+
+    with registry_lock(model):   # re-entrant: the move takes it again
+        replay = aliases.replayed(model, op_id)
+        if replay:
+            return replay
+        mv = mlflow_io.get_version(model, version)   # after the gate and the approval wrote their tags
+        champion = aliases.current(model)
+        aliases.check_promotable(model, version, mv=mv, require_approval=policy.approval)
+        stale = gate.stale_refusal(mv.tags, version, champion)
+        if stale:
+            raise PromotionError(f"release of {model} v{version} refused: {stale}")
+        approval = approval_of(mv.tags)
+        why = f" (approved by {approval['by']})" if approval and approval["answer"] == "Approve" else ""
+        if policy.promotion == "canary" and champion is not None and champion != version:
+            move = aliases.start_canary(model, version, policy.canary_share, actor=actor, op_id=op_id, mv=mv,
+                                        require_approval=policy.approval,
+                                        reason=f"passed gate against v{champion}: canary at "
+                                               f"{policy.canary_share:.0%} of users{why}")
+            return {**move, "alias": "canary", "share": policy.canary_share}
+        reason = ("passed gate (first run)" if champion is None else f"passed gate against v{champion}") + why
+        return {**aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id, mv=mv,
+                                  require_approval=policy.approval), "alias": "champion"}
 
 
 def override(model: str, version: str, reason: str, actor: str, op_id: str | None = None) -> dict:
-    """A human releases a rejected version to @champion: recorded on the version and in the history
-    as kind "override"; base compatibility is still enforced (gate.override refuses otherwise)."""
+    """A human releases a version the gate or a person rejected to @champion: recorded on the version
+    (`gate.override`: who, why, when, the failed checks and the rejection it goes against) and in the
+    history as kind "override"; base compatibility is still enforced (gate.override refuses otherwise)."""
+    reason = aliases.check_reason(reason, f"override the gate of {model} v{version}")
     decision = gate.override(model, version, reason, actor)
     # gate.override fetched the version (it exists) and checked its base: the move need not again.
-    move = aliases.move_alias(model, "champion", version, kind="override", reason=reason.strip(), actor=actor,
+    move = aliases.move_alias(model, "champion", version, kind="override", reason=reason, actor=actor,
                               op_id=op_id, checked=True)
-    return {**move, "alias": "champion", "failed_checks": decision["override"]["failed_checks"]}
+    return {**move, "alias": "champion", "failed_checks": decision["override"]["failed_checks"],
+            "overrides_rejection": decision["override"]["rejection"]}
 
 
 def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli",
@@ -56,6 +82,8 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
 
     `release_on_pass=False`: the gate only (a human approval, then ReleaseOperator, releases).
     Returns the decision with `promoted` (whether @champion moved) and, after a release, `release`.
+    A pass that may not be released (the policy asks for an approval, the champion changed meanwhile)
+    raises `release`'s PromotionError, with the decision already recorded on the version.
     """
     decision = gate.run(policy, model, version, evaluation, actor=actor)
     decision["promoted"] = False
@@ -70,11 +98,14 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
 
 def record_approval(model: str, version: str, *, answer: str, by: str, at: str, task: str) -> dict:
     """A person's answer to "release this version?" ("Approve" or "Reject"), who gave it, when and in
-    which task: recorded on the version (tag `release.approval`, JSON) whatever the answer."""
+    which task: recorded on the version (tag `release.approval`, JSON) whatever the answer. `release`
+    reads it from there (not from its caller): an answer counts only once it is on the record."""
     from pipelines.registry import mlflow_io
 
     if answer not in APPROVAL_ANSWERS:
         raise PromotionError(f"{model} v{version}: approval answer must be one of {APPROVAL_ANSWERS}, got {answer!r}")
+    if not isinstance(by, str) or not by.strip():
+        raise PromotionError(f"{model} v{version}: an approval answer names who gave it")
     record = {"answer": answer, "by": by, "at": at, "task": task}
     mlflow_io.client().set_model_version_tag(model, version, APPROVAL_TAG, json.dumps(record))
     return record

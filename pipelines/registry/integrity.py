@@ -1,10 +1,13 @@
-"""File hashes that tie a registered adapter to the exact bytes it was trained with.
+"""What the registry records about a model's bytes, and the checks against that record.
 
-At logging time `file_hashes(adapter_dir)` is recorded twice: in the model's `meta.json` (travels with
-the artifact, checked by the pyfunc at load) and as the version tag `adapter.sha256` (lives in the
-registry database, out of reach of whoever can write the artifact store; checked by the serving
-router). `verify_files` refuses a directory whose files differ in any way: changed bytes, a missing
-file or an extra one.
+At logging time `file_hashes(adapter_dir)` is recorded in the model's `meta.json` (travels with the
+artifact: detects corruption only) and, with the base the adapter was trained on, as the *integrity
+record* (`record`): tags on the logged model (the hashes also on its run), copied onto the version
+at registration (`mlflow_io.register`).
+Tags live in the tracking/registry database, out of reach of whoever can write the artifact store;
+the serving router and the trusted loader (`registry.pyfunc.load`) check the bytes they load
+against them. `verify_files` refuses a directory whose files differ in any way: changed bytes, a
+missing file or an extra one.
 """
 from __future__ import annotations
 
@@ -15,6 +18,12 @@ from pathlib import Path
 from pipelines.errors import RegistryError
 
 TAG = "adapter.sha256"
+# A base version's record: the sha256 over its weights (pipelines.model.base.fingerprint).
+FINGERPRINT_TAG = "fingerprint"
+# An adapter version's record besides TAG: the base it was trained on (its registered name and
+# version, and that base's fingerprint, which the loaded base must match).
+BASE_TAGS = ("base.name", "base.version", "base.fingerprint")
+RECORD_KEYS = (TAG, FINGERPRINT_TAG, *BASE_TAGS)
 # PEFT writes a model-card README next to the weights; it does not change what the adapter computes,
 # and MLflow may rewrite line endings of text artifacts, so it is not part of the contract.
 IGNORED = frozenset({"README.md"})
@@ -68,3 +77,33 @@ def verify_files(directory: str | Path, expected: dict[str, str] | str | None, w
         raise RegistryError(f"{what}: adapter files do not match the registry ({'; '.join(problems)}); "
                             "refusing to load")
     return actual
+
+
+def record(meta: dict) -> dict[str, str]:
+    """The integrity record of a model being logged, from its meta.json contents (`adapter_files` of an
+    adapter, `fingerprint` of a base): the tags its logged model, and later its version, carry."""
+    if meta["kind"] == "base":
+        return {FINGERPRINT_TAG: meta["fingerprint"]}
+    b = meta["base"]
+    return {TAG: json.dumps(meta["adapter_files"], sort_keys=True), "base.name": str(b["name"]),
+            "base.version": str(b["version"]), "base.fingerprint": str(b["fingerprint"])}
+
+
+def of_tags(tags: dict | None) -> dict[str, str]:
+    """The integrity record within a set of tags (a version's, a logged model's); empty values dropped."""
+    return {k: str(tags[k]) for k in RECORD_KEYS if (tags or {}).get(k)}
+
+
+def required(rec: dict, key: str, what: str) -> str:
+    """rec[key], or RegistryError: a model whose record lacks it cannot be verified, so it does not load."""
+    value = rec.get(key)
+    if not value:
+        raise RegistryError(f"{what}: the registry records no {key!r} for it; refusing to load an unverifiable "
+                            "model")
+    return str(value)
+
+
+def check_fingerprint(actual: str, expected: str, what: str) -> None:
+    if actual != expected:
+        raise RegistryError(f"{what}: weights hash to fingerprint {actual[:12]}..., the registry recorded "
+                            f"{expected[:12]}...; refusing to load")

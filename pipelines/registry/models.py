@@ -5,9 +5,6 @@ champions that teach a cold-start student); the pyfunc's own loading is in `regi
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from pipelines.config import PipelineConfig
 from pipelines.errors import PipelineError
 
@@ -39,10 +36,7 @@ def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None,
     the recorded versions are loaded, not the current aliases, so every task sees the same teacher;
     `base` likewise (default: the serving base).
     """
-    import mlflow.artifacts
-
-    from pipelines.model import adapters
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import mlflow_io, pyfunc
     from pipelines.registry.pyfunc import load_base_from_registry
 
     base = base or serving_base(cfg, with_cutoff=True)
@@ -62,11 +56,9 @@ def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None,
                               "data_last": base["cutoff"]}
             continue
         mv = mlflow_io.get_version(name, version)
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}"))
-        meta = json.loads((local / "artifacts" / "meta.json").read_text())
-        b = meta["base"]
-        models[slot] = adapters.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]),
-                                 str(local / "artifacts" / "adapter"))
+        # the trusted load: the adapter's files are checked against the version's registry tags
+        teacher = pyfunc.load(f"models:/{name}/{version}").unwrap_python_model()
+        models[slot] = teacher.model
         out_refs[slot] = {"kind": "adapter", "model": name, "version": version, "data_last": mv.tags.get("data.last"),
-                          "base_version": str(b["version"])}
+                          "base_version": str(teacher.meta["base"]["version"])}
     return models, out_refs

@@ -25,8 +25,24 @@ def model_status(name: str) -> dict:
                          "first_run": t.get("gate.first_run") == "true"})
         if t.get("gate.kind") == "direct":
             versions[-1]["gate"] = "direct (no gate)"
+        if t.get("gate.override"):
+            versions[-1]["gate"] = f"{versions[-1]['gate']}, overridden"
+        versions[-1]["approval"] = _approval(t)
+    entries = history.entries(name)
     return {"model": name, "aliases": dict(sorted(rm.aliases.items())) if rm.aliases else {},
-            "versions": versions, "history": history.history(name)}
+            "versions": versions,
+            "history": [e for e in history.done(entries) if e["alias"] == "champion"],
+            # written ahead of a move whose process died; the next move of the model settles it
+            "pending": [e for e in entries if e["status"] == history.PENDING]}
+
+
+def _approval(tags: dict) -> str | None:
+    """"Approve by alice" / "Reject by bob" from the version's `release.approval` record (None: none)."""
+    try:
+        record = json.loads(tags.get("release.approval") or "null")
+    except ValueError:
+        return "unreadable"
+    return f"{record.get('answer')} by {record.get('by')}" if isinstance(record, dict) else None
 
 
 def _float(v):
@@ -52,10 +68,14 @@ def format_status(models: list[dict]) -> str:
         out.append(f"{m['model']}  ({al})")
         out.append(f"  {'ver':>3}  {'data to':10}  {'cand AUC':>8}  {'champ AUC':>9}  {'vs':>3}  gate")
         for v in m["versions"]:
-            gate = (v["gate"] or "-") + (" (first run)" if v["first_run"] else "")
+            gate = ((v["gate"] or "-") + (" (first run)" if v["first_run"] else "")
+                    + (f"; {v['approval']}" if v.get("approval") else ""))
             out.append(f"  {v['version']:>3}  {f(v['data_last']):10}  {f(v['candidate_auc']):>8}  "
                        f"{f(v['champion_auc']):>9}  {f(v['vs_version']):>3}  {gate}")
         for h in m["history"]:
             out.append(f"  history: {h['at']}  {h['kind']:8} v{h['from_version'] or '-'} -> v{h['to_version']}  "
                        f"by {h['actor']}: {h['reason']}")
+        for h in m.get("pending", []):
+            out.append(f"  PENDING: {h['at']}  {h['kind']:8} @{h['alias']} v{h['from_version'] or '-'} -> "
+                       f"v{h['to_version'] or '-'} (op {h['op_id'] or '-'}): settled by the next move")
     return "\n".join(out)

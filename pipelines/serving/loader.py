@@ -3,7 +3,8 @@
 Nothing here touches the in-memory model; `router.AdapterServer` decides what to do with the result.
 A version that fails a check raises `RefusedVersion` with a machine-readable `reason`:
 
-* ``integrity``: the adapter files do not hash to the registry's `adapter.sha256` (or none recorded);
+* ``integrity``: the adapter files do not hash to the version's `adapter.sha256` tag, or the version
+  carries no `adapter.sha256` or no `base.fingerprint` (nothing in the registry to check against);
 * ``base_mismatch``: the adapter was trained on another base than the one being served;
 * ``unsupported``: the adapter carries the base's LayerNorm biases (`lora.train_layernorm_bias`):
   they would overwrite the shared base's and change every other adapter's output (also raised by the
@@ -38,10 +39,11 @@ class Registry:
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
 
     def download(self, uri: str, dst: str | Path) -> Path:
-        import mlflow.artifacts
+        from pipelines.registry import mlflow_io
 
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst),
-                                                        tracking_uri=self.tracking_uri, registry_uri=self.registry_uri))
+        # retried when a body breaks off mid-stream (MLflow's own retries stop at the response headers)
+        return Path(mlflow_io.download_artifacts(artifact_uri=uri, dst_path=str(dst),
+                                                 tracking_uri=self.tracking_uri, registry_uri=self.registry_uri))
 
 
 @dataclass(frozen=True)
@@ -84,19 +86,14 @@ def resolve_alias(registry: Registry, model: str, alias: str) -> VersionRef | No
     return VersionRef(model, str(mv.version), dict(mv.tags or {}), mv.run_id)
 
 
-def recorded_hashes(registry: Registry, ref: VersionRef) -> str | None:
-    """The registry's `adapter.sha256` of a version: its own tag, else its training run's.
+def recorded_hashes(ref: VersionRef) -> str | None:
+    """The registry's `adapter.sha256` of a version: its own tag, as resolved with the alias.
 
-    Both live in the tracking database, out of reach of whoever can write the artifact store; the run
-    fallback covers versions registered before the tag was copied onto versions.
+    It lives in the registry database, out of reach of whoever can write the artifact store. There is
+    no fallback to the training run's tag: a version whose tag is missing (removed, or registered
+    without it) is refused, like one whose files differ.
     """
-    tag = ref.tags.get(integrity.TAG)
-    if tag or not ref.run_id:
-        return tag
-    try:
-        return registry.client.get_run(ref.run_id).data.tags.get(integrity.TAG)
-    except Exception:  # a deleted run: nothing recorded, verify_files refuses
-        return None
+    return ref.tags.get(integrity.TAG) or None
 
 
 def _download(registry: Registry, ref: VersionRef, subpath: str, dst: str | Path) -> Path:
@@ -118,6 +115,9 @@ def _read_meta(ref: VersionRef, local: Path) -> dict:
 
 
 def _check_base(ref: VersionRef, meta: dict, base_fingerprint: str) -> None:
+    if not ref.tags.get("base.fingerprint"):   # meta.json alone is the artifact store's word
+        raise RefusedVersion(ref, "integrity", "the version carries no base.fingerprint tag: the base it was "
+                                               "trained on cannot be checked against the registry")
     recorded = {"meta.json": meta["base"].get("fingerprint"), "tag base.fingerprint": ref.tags.get("base.fingerprint")}
     for where, fp in recorded.items():
         if fp is not None and fp != base_fingerprint:
@@ -139,7 +139,7 @@ def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, ds
     _check_base(ref, meta, base_fingerprint)
     adapter_dir = local / "adapter"
     try:
-        integrity.verify_files(adapter_dir, recorded_hashes(registry, ref), f"{ref.model} v{ref.version}")
+        integrity.verify_files(adapter_dir, recorded_hashes(ref), f"{ref.model} v{ref.version}")
     except RegistryError as exc:
         raise RefusedVersion(ref, "integrity", str(exc)) from exc
     if (adapter_dir / LAYERNORM_BIAS_FILE).exists():
@@ -150,7 +150,8 @@ def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, ds
 
 
 def load_base(registry: Registry, name: str, dst: str | Path):
-    """(VersionRef of name@champion, the frozen CTRModel, its fingerprint); checks the version tag."""
+    """(VersionRef of name@champion, the frozen CTRModel, its fingerprint); the weights must hash to the
+    version's `fingerprint` tag, and a version without one is refused."""
     from pipelines.model import store
     from pipelines.model.base import fingerprint
 
@@ -163,8 +164,6 @@ def load_base(registry: Registry, name: str, dst: str | Path):
         raise RegistryError(str(exc)) from exc
     model = store.load_base(local)
     fp = fingerprint(model)
-    recorded = ref.tags.get("fingerprint")
-    if recorded is not None and recorded != fp:
-        raise RegistryError(f"base {name} v{ref.version}: weights hash to {fp[:12]}..., the registry recorded "
-                            f"{recorded[:12]}...; refusing to serve")
+    what = f"base {name} v{ref.version}"
+    integrity.check_fingerprint(fp, integrity.required(ref.tags, integrity.FINGERPRINT_TAG, what), what)
     return ref, model, fp

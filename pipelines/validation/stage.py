@@ -21,11 +21,12 @@ import pandas as pd
 
 from pipelines.config import PipelineConfig
 from pipelines.data.lake import Lake, PartitionData
+from pipelines.data.validated import MARKER
 from pipelines.errors import DataValidationError, LakeError
 
 log = logging.getLogger(__name__)
 
-MARKER, REPORT_HTML = "validation", "_validation_report.html"
+REPORT_HTML = "_validation_report.html"   # the marker's name (MARKER) is data.validated's: training reads it
 
 
 def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict | None:

@@ -9,7 +9,9 @@ tasks `approve >> release`, one rejection skipped every slot's release.
 The release reads the answer of the approval task of its own index: "Approve" releases and puts
 the approver in the alias history's reason; "Reject" skips it (the ApprovalOperator's own skip of
 its downstream does not reach the instances of a mapped group); no answer (the approval task
-marked success by hand) refuses it. Either answer is recorded on the version (`release.approval`).
+marked success by hand) refuses it. Either answer is recorded on the version (`release.approval`),
+and the library's `release` reads it from there: the approval is a rule of the release, enforced for
+every caller, and this group is only how Airflow asks for it.
 """
 from __future__ import annotations
 

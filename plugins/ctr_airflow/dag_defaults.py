@@ -24,6 +24,9 @@ START_DATE = pendulum.datetime(1997, 1, 1, tz="UTC")
 RETRY_DELAY = timedelta(minutes=5)
 REGISTRY_POOL = "ctr_registry"
 LAKE_URI_PATTERN = "^(s3://|/).+"
+# The library's limit on a move's reason (pipelines.promotion.aliases.REASON_MAX_CHARS, which imports
+# MLflow and cannot be read at parse time; tests/plugins/ctr_airflow/test_dag_defaults.py keeps them equal).
+REASON_MIN_CHARS, REASON_MAX_CHARS = 5, 1000
 
 
 def default_args(retries: int, retry_delay: timedelta = RETRY_DELAY) -> dict:
@@ -40,6 +43,12 @@ def lake_uri_param() -> Param:
     """A form field that points one run at another click-log lake (read by `runtime.pipeline_config`)."""
     return Param(None, type=["null", "string"], pattern=LAKE_URI_PATTERN,
                  description="Override the click-log lake (default: configs/pipeline.yaml)")
+
+
+def reason_param(description: str) -> Param:
+    """A form field for the reason of a move: required, 5 to REASON_MAX_CHARS characters (checked when
+    the run is triggered, before any task; the library checks the same limit wherever a move comes from)."""
+    return Param(type="string", minLength=REASON_MIN_CHARS, maxLength=REASON_MAX_CHARS, description=description)
 
 
 def ctr_dag(dag_id: str, doc_md: str, *, schedule, tags: list[str], retries: int, params: dict,

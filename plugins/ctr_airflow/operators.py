@@ -3,9 +3,12 @@
 record_approval / override`) and nothing else.
 
 Keyword-only __init__ with no I/O; templated fields; the work happens in execute(). A version given
-to an operator is normalised once, here (`_version`), and passed on as the library's `str`. A refusal
-is pushed to XCom (key `error` / `decision`) and then raised as a typed exception that fails the task
-without retrying, because re-running a refused move gives the same answer.
+to an operator is normalised once, here (`_version`), and passed on as the library's `str`; text
+fields (model, reason) are coerced to `str` here too (`_text`): a Param such as reason "12345"
+renders to an int in a DAG with `render_template_as_native_obj`. A refusal is pushed to XCom (key
+`error` / `decision`) and then raised as a typed exception that fails the task without retrying,
+because re-running a refused move gives the same answer. The policy (approval, rejections, stale
+gates) is the library's to enforce (`pipelines.promotion.release`), not the DAG's shape.
 
 Every alias move is made with an operation id naming the task instance, so a retried or cleared
 task returns the recorded move instead of moving the alias again, and it emits an Airflow Asset
@@ -47,6 +50,19 @@ def _version(v):
     from pipelines.promotion.aliases import version_id
 
     return version_id(v)
+
+
+def _text(value, what: str) -> str:
+    """The edge where a templated text field (a Param rendered natively: "12345" becomes 12345) becomes
+    the library's `str`: numbers are written back as text; anything else (None, a list, ...) is
+    refused as a PipelineError, which the operator turns into a refusal. Length: the library's limit."""
+    from pipelines.errors import PipelineError
+
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise PipelineError(f"{what} must be text, got {type(value).__name__} {value!r}")
 
 
 def op_id(context) -> str:
@@ -93,6 +109,9 @@ class _MoveOperator(BaseOperator):
         from pipelines.errors import PipelineError
 
         try:
+            for field in ("model", "reason"):   # rendered Params, before any use
+                if hasattr(self, field):
+                    setattr(self, field, _text(getattr(self, field), field))
             result = self.move(context)
         except PipelineError as exc:
             context["ti"].xcom_push(key="error", value={"model": getattr(self, "model", None), "error": str(exc)})
@@ -175,14 +194,23 @@ class _VersionMoveOperator(_MoveOperator):
 
 
 class PromoteModelVersionOperator(_VersionMoveOperator):
-    """Make a gated version `<model>@champion` by hand (e.g. after a revert), recorded in the history."""
+    """Make a gated version `<model>@champion` by hand (e.g. after a revert), recorded in the history.
+    Refused for a version a person rejected (that is `override`) and, when the gate policy (read
+    now, `policy_path`) or its gate asked for one, for a version without a recorded approval."""
 
+    template_fields = ("model", "version", "reason", "policy_path")
     what = "promotion"
 
+    def __init__(self, *, model: str, version: int | str, reason: str, policy_path: str | None = None, **kwargs):
+        super().__init__(model=model, version=version, reason=reason, **kwargs)
+        self.policy_path = policy_path
+
     def move_to(self, version, *, actor, op_id):
+        from pipelines.config import load_gate_policy
         from pipelines.promotion import aliases
 
-        return aliases.promote(self.model, version, reason=self.reason, actor=actor, op_id=op_id)
+        return aliases.promote(self.model, version, reason=self.reason, actor=actor, op_id=op_id,
+                               require_approval=load_gate_policy(self.policy_path or None).approval)
 
 
 class OverrideGateOperator(_VersionMoveOperator):
@@ -237,9 +265,11 @@ class ReleaseOperator(_MoveOperator):
         from pipelines.config import load_gate_policy
         from pipelines.promotion import release
 
-        self.model = self.decision["model"]
-        return release.release(load_gate_policy(self.policy_path), self.model, _version(self.decision["version"]),
-                               actor=actor(context), op_id=op_id(context), approved_by=self._approver(context))
+        self.model = _text(self.decision["model"], "model")
+        policy = load_gate_policy(self.policy_path or None)
+        self._approver(context)   # records the answer on the version, which release() then reads
+        return release.release(policy, self.model, _version(self.decision["version"]), actor=actor(context),
+                               op_id=op_id(context))
 
 
 class GatedPromotionOperator(BaseOperator):
@@ -262,12 +292,18 @@ class GatedPromotionOperator(BaseOperator):
 
     def execute(self, context):
         from pipelines.config import load_gate_policy
+        from pipelines.errors import PipelineError
         from pipelines.promotion import release
 
         r = self.registered
-        decision = release.gate_and_release(load_gate_policy(self.policy_path), r["model"], _version(r["version"]),
-                                            r["evaluation"], actor=actor(context), op_id=op_id(context),
-                                            release_on_pass=self.release, on_move=lambda m: emit_move(context, m))
+        try:
+            decision = release.gate_and_release(load_gate_policy(self.policy_path or None), r["model"],
+                                                _version(r["version"]), r["evaluation"], actor=actor(context),
+                                                op_id=op_id(context), release_on_pass=self.release,
+                                                on_move=lambda m: emit_move(context, m))
+        except PipelineError as exc:   # e.g. a pass the policy does not let go out without an approval
+            context["ti"].xcom_push(key="error", value={"model": r.get("model"), "error": str(exc)})
+            raise ModelMoveRefused(f"gate and release of {r.get('model')} v{r.get('version')} refused: {exc}") from exc
         if decision["passed"]:
             return decision
         context["ti"].xcom_push(key="decision", value=decision)

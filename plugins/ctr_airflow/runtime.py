@@ -119,11 +119,11 @@ def pipeline_config(context):
 
 def approval_required() -> bool:
     """Whether the gate policy asks for a human approval before a release (read at parse time: it
-    decides the DAG's shape; the policy file is small YAML, no heavy imports)."""
+    decides the DAG's shape; the policy file is small YAML, no heavy imports).
+
+    A policy that cannot be read raises (a ConfigError): the DAG file fails to import and the UI shows
+    the import error. Guessing a shape instead would serve a silently different DAG. The release
+    enforces the policy again when it runs (`pipelines.promotion.release`), whatever shape was parsed."""
     from pipelines.config import load_gate_policy
 
-    try:
-        return load_gate_policy().approval
-    except Exception as exc:  # a broken policy file must not hide the DAG: the gate task will report it
-        log.warning("gate policy unreadable at parse time (%s); assuming no approval step", exc)
-        return False
+    return load_gate_policy().approval

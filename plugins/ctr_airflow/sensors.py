@@ -78,7 +78,7 @@ class LakePartitionSensor(BaseSensorOperator):
         return super().execute(context)
 
     def poke(self, context) -> PokeReturnValue:
-        """One LIST of the partition's prefix (execute() has resolved day and lake_uri)."""
+        """The partition's committed parts (its manifest; execute() has resolved day and lake_uri)."""
         from pipelines.data.lake import Lake
         from pipelines.errors import LakeError
 
@@ -87,6 +87,6 @@ class LakePartitionSensor(BaseSensorOperator):
         except LakeError as exc:
             raise LakeUnreachable(f"cannot look for dt={self.day} in {self.lake_uri}: {exc}") from exc
         if not files:
-            self.log.info("no .parquet object under %s/dt=%s yet", self.lake_uri, self.day)
+            self.log.info("dt=%s is not committed in %s yet (no manifest)", self.day, self.lake_uri)
         return PokeReturnValue(is_done=bool(files),
                                xcom_value={"day": self.day, "lake_uri": self.lake_uri, "files": len(files)})

@@ -223,6 +223,34 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("content", [None, "approval: [true\n", "approval: true\napprovals: false\n",
+                                     "approval: maybe\n"], ids=["missing", "not-yaml", "unknown-key", "wrong-type"])
+def test_a_policy_that_cannot_be_read_fails_the_import_visibly(tmp_path, content):
+    """Issue 13: a broken policy file is an import error of the DAGs whose shape depends on it (the UI
+    shows it), never a silently different DAG without the approval step. The other DAGs still load."""
+    policy = tmp_path / "gate.yaml"
+    if content is not None:
+        policy.write_text(content)
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(REPO / 'plugins')!r})
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder={str(REPO / 'dags')!r})
+print(json.dumps({{"errors": {{k.rsplit("/", 1)[-1]: v for k, v in bag.import_errors.items()}},
+                  "dags": sorted(bag.dag_ids)}}))
+"""
+    env = {**os.environ, "CTR_GATE_POLICY": str(policy), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    bag = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(bag["errors"]) == {"ctr_lora_retrain.py", "ctr_cold_start.py"}, bag["errors"]
+    for error in bag["errors"].values():
+        assert "ConfigError" in error and str(policy) in error
+    assert "ctr_lora_retrain" not in bag["dags"] and "ctr_model_ops" in bag["dags"]
+
+
 def test_default_policy_releases_from_the_gate_task(dagbag):
     dag = dagbag.dags["ctr_lora_retrain"]
     assert "approve_release" not in dag.task_ids and dag.get_task("register").pool == "ctr_registry"
@@ -237,6 +265,7 @@ def test_default_policy_releases_from_the_gate_task(dagbag):
     {"model": "ctr_lora_feed", "reason": "a valid reason", "version": "two"},
     {"model": "ctr_lora_feed", "reason": "a valid reason", "action": "delete"},
     {"model": "ctr_lora_feed"},                                        # reason is required
+    {"model": "ctr_lora_feed", "reason": "x" * 2000},                  # over the library's limit
 ])
 def test_model_ops_form_rejects_invalid_input_before_any_task(dagbag, bad):
     from airflow.sdk.definitions.param import ParamValidationError
@@ -246,6 +275,11 @@ def test_model_ops_form_rejects_invalid_input_before_any_task(dagbag, bad):
         for k, v in bad.items():
             params[k] = v
         params.validate()
+
+
+def test_model_ops_renders_its_form_as_text(dagbag):
+    """A native rendering turns a reason "12345" into an int (issue 13); the operators coerce text."""
+    assert dagbag.dags["ctr_model_ops"].render_template_as_native_obj is False
 
 
 def test_model_ops_form_accepts_a_valid_override(dagbag):

@@ -23,10 +23,11 @@ pytestmark = pytest.mark.slow
 
 BUCKET = "e2e-approval-lake"
 DAY = "2024-01-05"
-# A permissive gate: what is tested is the human step after it, so every candidate must pass.
+# A permissive gate: what is tested is the human step after it, so every candidate must pass (fairness
+# per group is optional, as in the shipped policy: the small synthetic holdouts may not measure it).
 POLICY = replace(GatePolicy(), approval=True, promotion="direct", min_auc_first_run=0.5, max_logloss_first_run=5.0,
                  max_demographic_parity_gap=1.0, max_equalized_odds_gap=1.0, calibration_min=0.01,
-                 calibration_max=100.0, latency_budget_ms=60_000.0)
+                 calibration_max=100.0, latency_budget_ms=60_000.0, optional_checks=("fairness_dp", "fairness_eo"))
 ANSWERS = {"ctr_lora_feed": "Approve", "ctr_lora_search": "Approve", "ctr_lora_splash": "Reject"}
 
 
@@ -82,6 +83,13 @@ def test_each_release_waits_for_its_own_approval(stack):
     for v, answer in ((splash, "Reject"), (MlflowClient().get_model_version("ctr_lora_feed", "1"), "Approve")):
         record = json.loads(v.tags["release.approval"])
         assert (record["answer"], record["by"]) == (answer, "release-manager") and record["at"]
+
+    # The rule lives in the library, not in the DAG's shape: the rejected version cannot be promoted by
+    # hand; the approved ones record that their gate asked for the approval.
+    assert splash.tags["gate.approval_required"] == "true"
+    refused = stack.pipelines("promote", "--model", "ctr_lora_splash", "--version", "1", "--reason", "e2e: by hand")
+    assert refused.returncode == 1 and "v1 was rejected by release-manager" in refused.stderr, refused.stderr
+    assert current("ctr_lora_splash") is None
 
     states = task_states(stack, "ctr_lora_retrain")
     releases = {m: s for (t, m), s in states.items() if t == "approval.release"}

@@ -16,6 +16,20 @@ pytestmark = pytest.mark.slow
 
 CUTOFF, TEACHER_DAY, DAY = "1997-12-31", "1998-03-01", "1998-03-02"
 BUCKET = "e2e-cold-lake"
+LAKE_URI = f"s3://{BUCKET}/clicks"
+
+
+def lake_days(lake_uri: str, last: str = DAY, days: int | None = None) -> int:
+    """How many committed partitions the `days` days ending at `last` hold (all of the lake without `days`)."""
+    import datetime as dt
+
+    from pipelines.data.lake import Lake
+
+    present = Lake(lake_uri).list_partitions()
+    if days is None:
+        return (dt.date.fromisoformat(last) - dt.date.fromisoformat(present[0])).days + 1
+    first = (dt.date.fromisoformat(last) - dt.timedelta(days=days - 1)).isoformat()
+    return sum(first <= d <= last for d in present)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +40,7 @@ def stack(tmp_path_factory, s3_endpoint):
     from pipelines.registry.register import register
     from pipelines.flows.base import register_base
     from pipelines.training import adapter, base_model
+    from pipelines.validation.stage import validate_window
 
     tmp = tmp_path_factory.mktemp("e2e-cold")
     lake_uri, config_path = movielens_lake(tmp, BUCKET, DAY, cold_start={"window_days": 45, "history_days": 60})
@@ -35,6 +50,8 @@ def stack(tmp_path_factory, s3_endpoint):
         st.init_airflow()
         with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_PIPELINE_CONFIG=str(config_path)):
             cfg = load_pipeline_config()
+            # every day the set-up and the run read is validated first, as the DAGs' validate tasks do
+            assert validate_window(cfg, lake_uri, DAY, lake_days(lake_uri))["success"]
             register_base(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e")
             cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
             reg = register(cfg, cand, evaluate(cfg, lake_uri, cand))
@@ -51,7 +68,8 @@ def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):
 
     proc = stack.airflow("dags", "test", "ctr_cold_start", DAY)
     out = proc.stdout + proc.stderr
-    assert "validated 45 partitions" in out
+    # the history and the window: detection counts impressions in the history, so all of it is validated
+    assert f"validated {lake_days(LAKE_URI, last=DAY, days=45 + 60)} partitions" in out
     assert "held-out cold users: slot champions AUC" in out and "| baseline AUC" in out and "| student AUC" in out
     assert "gate PASSED" in out or "gate REJECTED" in out
 

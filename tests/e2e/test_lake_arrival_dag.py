@@ -108,7 +108,7 @@ def test_a_day_that_never_arrives_is_skipped_not_failed(stack, lakes):
                          json.dumps({"lake_uri": arrivals, "wait_timeout_s": 3}), timeout=300)
     assert proc.returncode == 0
     out = proc.stdout + proc.stderr
-    assert f"no .parquet object under {arrivals}/dt={MISSING} yet" in out and "timed out" in out
+    assert f"dt={MISSING} is not committed in {arrivals} yet" in out and "timed out" in out
     run_id, state = latest_run(stack, "ctr_lake_arrival")
     assert state == "success"   # a late day is not a red run
     states = dict(sql(stack, "SELECT task_id, state FROM task_instance WHERE dag_id = 'ctr_lake_arrival' "

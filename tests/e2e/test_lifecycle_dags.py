@@ -149,13 +149,17 @@ def test_bad_partition_stops_the_run_at_validation(stack):
     import boto3
 
     from pipelines.data import movielens
+    from pipelines.data.commit import PartitionWriter
+    from pipelines.data.lake import Lake
 
     frame = next(p for d, p in movielens.daily_partitions() if d == BAD_DAY).drop(columns=["slot"])
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
     s3 = boto3.client("s3")
-    key = f"clicks/dt={BAD_DAY}/part-00000.parquet"
-    s3.put_object(Bucket="e2e-lake", Key=key, Body=buf.getvalue())
+    # committed like any partition (the contract is broken, not the commit): validation must catch it
+    writer = PartitionWriter(Lake("s3://e2e-lake/clicks"), BAD_DAY)
+    key = "clicks/" + writer.put_part(buf.getvalue()).split("/clicks/", 1)[1]
+    writer.commit()
 
     before = {s: (len(versions(f"ctr_lora_{s}")), champion(f"ctr_lora_{s}")) for s in SLOTS}
     proc = stack.airflow("dags", "test", "ctr_lora_retrain", BAD_DAY, check=False)

@@ -9,13 +9,16 @@ from tests.conftest import use_store_copy
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> str:
-    """Four synthetic days (2024-01-02..05, 2,000 rows each) in a local lake, once per test module."""
+    """Four synthetic days (2024-01-02..05, 2,000 rows each) in a local lake, validated (as the DAGs do
+    before training: the stages refuse unvalidated days), once per test module."""
     from pipelines.data.lake import Lake
     from pipelines.data.synthetic import write_days
+    from tests.conftest import validate_lake
     from tests.pipelines.training.helpers import SPEC
 
     uri = str(tmp_path_factory.mktemp("lake"))
     write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
+    validate_lake(uri)
     return uri
 
 

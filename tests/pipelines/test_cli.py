@@ -20,7 +20,8 @@ from pipelines.config import REPO_ROOT
 from pipelines.data.lake import Lake
 from tests.conftest import free_port
 
-STAGES = ("generate", "validate", "train-base", "train-adapter", "cold-start", "promote", "revert", "history", "status", "bench")
+STAGES = ("generate", "validate", "train-base", "train-adapter", "cold-start", "promote", "revert", "override", "approve",
+          "history", "status", "bench")
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
@@ -223,3 +224,65 @@ def test_an_interrupted_stage_exits_130_with_one_line():
             out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.splitlines() == ["interrupted in status"] and out == ""
+
+
+# ----------------------------------------------------------------------------- promote / approve / override
+@pytest.fixture
+def registry(template_db, tmp_path, monkeypatch):
+    """A SQLite store with a serving base and ctr_lora_feed v1..v3 on it (passed, first runs); v2 was
+    rejected by a person. Yields the store's URI for the CLI subprocesses."""
+    import mlflow
+
+    from pipelines.promotion import release
+    from pipelines.registry import mlflow_io
+    from tests.conftest import use_store_copy
+    from tests.pipelines.promotion.test_aliases import add_version
+
+    uri = use_store_copy(template_db, tmp_path, monkeypatch)
+    base = add_version("ctr_base", gate_passed=None, fingerprint="f" * 64)
+    mlflow_io.client().set_registered_model_alias("ctr_base", "champion", base)
+    for _ in range(3):
+        add_version("ctr_lora_feed", base__fingerprint="f" * 64, gate__champion_version="")
+    release.record_approval("ctr_lora_feed", "2", answer="Reject", by="bob", at="2024-01-05", task="test")
+    yield uri
+    mlflow.set_tracking_uri(None)
+
+
+def test_cli_promote_refuses_a_rejected_version_and_override_records_the_rejection(registry):
+    from pipelines.promotion import aliases
+
+    env = {"MLFLOW_TRACKING_URI": registry}
+    p = cli("promote", "--model", "ctr_lora_feed", "--version", "2", "--reason", "bob was wrong", env=env)
+    assert p.returncode == 1 and "v2 was rejected by bob" in p.stderr, p.stderr
+    assert aliases.current("ctr_lora_feed") is None
+    p = cli("override", "--model", "ctr_lora_feed", "--version", "2", "--reason", "fixed upstream", "--actor", "carol",
+            env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["kind"] == "override" and out["overrides_rejection"]["by"] == "bob" and out["actor"] == "carol"
+    assert aliases.current("ctr_lora_feed") == "2"
+    no_traceback(p)
+
+
+def test_cli_promote_follows_the_policys_approval_and_approve_releases(registry, tmp_path):
+    from pipelines.promotion import aliases
+
+    policy = tmp_path / "gate.yaml"
+    policy.write_text("approval: true\npromotion: direct\n")
+    env = {"MLFLOW_TRACKING_URI": registry}
+    p = cli("promote", "--model", "ctr_lora_feed", "--version", "1", "--reason", "by hand", "--policy", str(policy),
+            env=env)
+    assert p.returncode == 1 and "v1 needs a recorded approval" in p.stderr, p.stderr
+    assert aliases.current("ctr_lora_feed") is None
+    p = cli("approve", "--model", "ctr_lora_feed", "--version", "1", "--answer", "Approve", "--actor", "alice",
+            "--policy", str(policy), env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["approval"]["by"] == "alice" and out["release"]["moved"] and aliases.current("ctr_lora_feed") == "1"
+    assert aliases.history("ctr_lora_feed")[-1]["reason"] == "passed gate (first run) (approved by alice)"
+
+
+def test_cli_reason_over_the_limit_is_refused(registry):
+    p = cli("promote", "--model", "ctr_lora_feed", "--version", "1", "--reason", "x" * 2000,
+            env={"MLFLOW_TRACKING_URI": registry})
+    assert p.returncode == 1 and "a reason is at most 1000 characters (got 2000)" in p.stderr, p.stderr

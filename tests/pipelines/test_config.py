@@ -47,7 +47,7 @@ def test_repo_yaml_agrees_with_dataclass_defaults():
     cfg = load_pipeline_config()
     assert dataclasses.replace(cfg, validation=ValidationConfig()) == PipelineConfig()
     assert cfg.validation.drift_action == "warn" and ValidationConfig().drift_action == "fail"
-    assert load_gate_policy() == GatePolicy()
+    assert load_gate_policy() == GatePolicy(optional_checks=("fairness_dp", "fairness_eo"))
 
 
 def test_gate_policy_defaults_load_from_the_repo_yaml():

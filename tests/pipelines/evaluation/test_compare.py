@@ -89,10 +89,10 @@ def test_candidate_vs_champion_on_the_same_rows_with_delong(cfg, lake, caplog):
     assert d["diff"] == pytest.approx(ev["candidate"]["auc"] - ev["champion"]["auc"])
     assert d["ci95"][0] <= d["diff"] <= d["ci95"][1] and 0.0 <= d["p_value"] <= 1.0
 
-    import mlflow.pyfunc
+    from pipelines.registry import pyfunc
 
-    models = {"cand": mlflow.pyfunc.load_model(cand["model_uri"]),
-              "champ": mlflow.pyfunc.load_model("models:/ctr_lora_feed/1")}
+    models = {"cand": pyfunc.load(cand["model_uri"]),
+              "champ": pyfunc.load("models:/ctr_lora_feed/1")}
     rows, preds, cold, sample = score_holdout(cfg, lake, cand, models)
     again = delong_test(rows["label"].to_numpy(dtype=float), preds["cand"], preds["champ"])
     assert again["p_value"] == pytest.approx(d["p_value"]) and len(sample) == 64

@@ -34,6 +34,9 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
     t0 = time.perf_counter()
     if mode == "write":
         write_days(Lake(lake_dir), SyntheticSpec(), START, days, rows_per_day)
+        from tests.conftest import validate_lake
+
+        validate_lake(lake_dir)   # the stream reads validated days only
         return {"mode": mode, "days": days, "rows": days * rows_per_day, "wall_s": round(time.perf_counter() - t0, 1)}
     if mode == "stage":
         return stage(lake_dir, end, days)

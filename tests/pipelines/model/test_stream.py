@@ -11,11 +11,14 @@ import torch
 from pipelines.config import LoraTrainConfig
 from pipelines.data.lake import Lake, concat
 from pipelines.data.synthetic import write_days
+from pipelines.data.validated import UnvalidatedPartitionError
+from pipelines.errors import DataValidationError
 from pipelines.model import features
 from pipelines.model import adapters
 from pipelines.training.checkpoint import CheckpointStore
 from pipelines.training.loop import LoopSettings, fit, seed_everything
 from pipelines.model.stream import LakeIndex, LakeStream, stream_split
+from tests.conftest import validate_lake
 from tests.pipelines.training.helpers import CFG, SPEC, base
 
 DAYS = ("2024-01-02", "2024-01-03", "2024-01-04")
@@ -25,6 +28,7 @@ DAYS = ("2024-01-02", "2024-01-03", "2024-01-04")
 def lake(tmp_path_factory) -> str:
     uri = str(tmp_path_factory.mktemp("lake"))
     write_days(Lake(uri), SPEC, DAYS[0], len(DAYS), 3000, chunk_rows=1000)   # 3 files per day
+    validate_lake(uri)   # streams feed training and evaluation: validated days only
     return uri
 
 
@@ -92,8 +96,8 @@ def test_stream_reads_from_s3(lake, s3_bucket):
     src = Lake(lake)
     dst = Lake(f"s3://{s3_bucket}/clicks")
     for day in DAYS[:1]:
-        for f in src.parquet_files(day):
-            dst.put_bytes(f"dt={day}/{f.rsplit('/', 1)[-1]}", open(f, "rb").read())
+        for f in src.objects(day):   # parts, manifest and validation marker: the committed, validated day
+            dst.put_bytes(f[len(src.uri) + 1:], open(f, "rb").read())
     local = LakeIndex(lake, DAYS[0], slot="search")
     remote = LakeIndex(dst.uri, DAYS[0], slot="search")
     assert remote.rows == local.rows > 0
@@ -131,3 +135,42 @@ def test_training_on_a_stream_is_deterministic_and_resumes_exactly(lake, tmp_pat
     resumed, wc = run(checkpoint=store)
     assert resumed["resumed_from_epoch"] == 1
     assert all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_training_streams_refuse_days_not_validated_as_they_are_now(tmp_path):
+    """Unvalidated, quarantined, and re-written-after-validation days are all refused, named, before any
+    row is read; validating the current content lifts the refusal."""
+    from pipelines.config import DataConfig, PipelineConfig
+    from pipelines.data.synthetic import SLOTS
+    from pipelines.model.stream import holdout_streams
+    from pipelines.validation.stage import validate_window
+
+    uri = str(tmp_path / "lake")
+    lake = Lake(uri)
+    write_days(lake, SPEC, DAYS[0], 2, 2000)
+    validate_lake(uri)
+    cfg = PipelineConfig(data=DataConfig(lake_uri=uri, slots=SLOTS), model=CFG,
+                         lora=LoraTrainConfig(window_days=3, min_rows=10))
+    write_days(lake, SPEC, DAYS[2], 1, 2000)                                  # never validated
+    flipped = lake.read_partition(DAYS[1]).frame
+    flipped["label"] = (1 - flipped["label"]).astype(flipped["label"].dtype)
+    lake.write_partition(flipped, DAYS[1], overwrite=True)
+    with pytest.raises(DataValidationError):
+        validate_window(cfg, uri, DAYS[1], 1)                                   # quarantined
+    write_days(lake, SPEC, DAYS[0], 1, 2000, chunk_rows=700, overwrite=True)   # same rows, new parts: new hash
+
+    with pytest.raises(UnvalidatedPartitionError) as info:
+        holdout_streams(cfg, uri, DAYS[2], "feed", CFG)
+    observed = {f["check"]: f["observed"] for f in info.value.failures}
+    assert list(observed) == [f"validated_partition @ dt={d}" for d in DAYS]
+    assert observed[f"validated_partition @ dt={DAYS[0]}"].startswith("re-written since it was validated")
+    assert observed[f"validated_partition @ dt={DAYS[1]}"] == "validation status 'quarantined', not 'passed'"
+    assert observed[f"validated_partition @ dt={DAYS[2]}"] == "no validation marker (never validated)"
+    assert "Validate these days first" in str(info.value)
+    with pytest.raises(UnvalidatedPartitionError, match=f"dt={DAYS[2]}"):
+        LakeIndex(uri, DAYS[2], days=1, slot="feed")
+
+    write_days(lake, SPEC, DAYS[1], 1, 2000, overwrite=True)                  # the upstream fix, re-exported
+    validate_lake(uri)
+    streams = holdout_streams(cfg, uri, DAYS[2], "feed", CFG)
+    assert streams["index"].lineage()["partitions"] == {d: lake.read_partition(d).sha256 for d in DAYS}

@@ -55,7 +55,7 @@ def write_lake(uri: str, flip_labels: bool = False) -> str:
         for d in lake.list_partitions():
             frame = lake.read_partition(d).frame
             frame["label"] = (1 - frame["label"]).astype(frame["label"].dtype)
-            lake.write_partition(frame, d)
+            lake.write_partition(frame, d, overwrite=True)
     return uri
 
 
@@ -81,6 +81,8 @@ def build_world(root: Path, template_db: Path) -> dict:
         use_store_copy(template_db, root, mp)
         mp.setenv("CTR_CHECKPOINT_ROOT", str(root / "ckpt"))
         cfg = make_config(lake)
+        for uri in (lake, flipped):   # the training days, validated as the DAGs' validate task does
+            validate(make_config(uri), uri, day(5), days=4)
         register_base(cfg, base_model.train(cfg, lake, day(3)), actor="test")
         versions = {"v1": register_adapter(cfg, lake, day(4)), "v2": register_adapter(cfg, lake, day(5)),
                     "bad": register_adapter(cfg, flipped, day(5))}
@@ -93,10 +95,11 @@ def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str 
     """Keep the slot's clicks per day but give them to the rows `model` v`version` ranks lowest."""
     import numpy as np
 
+    from pipelines.registry import pyfunc
     from pipelines.registry.model_input import predict_pctr
 
     lake = Lake(lake_uri)
-    m = mlflow.pyfunc.load_model(f"models:/{model}/{version}")
+    m = pyfunc.load(f"models:/{model}/{version}")
     for d in days:
         frame = lake.read_partition(d).frame
         rows = frame.index[frame["slot"] == slot]
@@ -105,13 +108,13 @@ def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str 
         label = np.zeros(len(rows), dtype=frame["label"].dtype)
         label[np.argsort(p, kind="stable")[:clicks]] = 1
         frame.loc[rows, "label"] = label
-        lake.write_partition(frame, d)
+        lake.write_partition(frame, d, overwrite=True)
 
 
-def validate(cfg: PipelineConfig, lake: str, d: str) -> None:
+def validate(cfg: PipelineConfig, lake: str, d: str, days: int = 1) -> None:
     from pipelines.validation.stage import validate_window
 
-    assert validate_window(cfg, lake, d, 1)["success"]
+    assert validate_window(cfg, lake, d, days)["success"]
 
 
 @pytest.fixture(scope="module")

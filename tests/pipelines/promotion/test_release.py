@@ -22,10 +22,12 @@ DIRECT = GatePolicy(promotion="direct")
 
 @pytest.fixture
 def registry(tracking):
-    """A serving base (fingerprint FP) and three adapter versions on it: v1, v2 passed, v3 rejected."""
+    """A serving base (fingerprint FP) and three adapter versions on it: v1 passed (first run), v2
+    passed against v1, v3 rejected."""
     v = add_version("ctr_base", gate_passed=None, fingerprint=FP)
     mlflow_io.client().set_registered_model_alias("ctr_base", "champion", v)
-    return [add_version(MODEL, base__fingerprint=FP), add_version(MODEL, base__fingerprint=FP),
+    return [add_version(MODEL, base__fingerprint=FP, gate__champion_version=""),
+            add_version(MODEL, base__fingerprint=FP, gate__champion_version="1"),
             add_version(MODEL, gate_passed="false", base__fingerprint=FP)]
 
 
@@ -73,7 +75,7 @@ def test_override_releases_a_rejected_version_and_is_recorded(registry):
     mlflow_io.client().set_model_version_tag(MODEL, "3", "gate.checks", json.dumps(
         [{"name": "base_compatible", "value": FP[:12], "passed": True},
          {"name": "latency_p99_batch32_ms", "value": 61.0, "passed": False}]))
-    with pytest.raises(PromotionError, match="needs a reason"):
+    with pytest.raises(PromotionError, match="a reason is required to override"):
         release.override(MODEL, "3", reason=" ", actor="alice")
     out = release.override(MODEL, "3", reason="latency measured on a loaded worker", actor="alice", op_id="ui-1")
     assert out["moved"] and out["kind"] == "override" and out["failed_checks"] == ["latency_p99_batch32_ms"]

@@ -1,7 +1,9 @@
 """Registry entries serving can trust: a fresh process loads base + adapter from the registry alone and
-predicts what the training process predicted; tampered adapter files and a changed base are refused;
-every version carries its lineage and file hashes; registration is idempotent; a model card is kept.
-The fresh-process load and the lineage checks also run against a real `mlflow server` over HTTP."""
+predicts what the training process predicted (through MLflow's own load and through the trusted
+`registry.pyfunc.load`); tampered adapter files and a changed base are refused by both; every version
+carries its lineage and file hashes; registration is idempotent; a model card is kept. The
+fresh-process load and the lineage checks also run against a real `mlflow server` over HTTP.
+Tampering that also rewrites meta.json, and removed tags: test_trusted_load.py."""
 from __future__ import annotations
 
 import json
@@ -21,7 +23,7 @@ from pipelines.errors import RegistryError
 from pipelines.evaluation.compare import evaluate
 from pipelines.model import features, store
 from pipelines.promotion import gate
-from pipelines.registry import integrity, mlflow_io, register as reg
+from pipelines.registry import integrity, mlflow_io, pyfunc, register as reg
 from pipelines.model import adapters
 from pipelines.training import adapter
 from pipelines.model.inference import predict
@@ -37,12 +39,15 @@ def _stored(tmp_path: Path, name: str) -> list[Path]:
     return sorted(p for p in tmp_path.rglob(name) if "mlruns" in p.parts)
 
 
-def _fresh_process_predict(model_uri: str, rows: pd.DataFrame, tmp_path: Path) -> np.ndarray:
-    """Load `model_uri` in a new interpreter that only knows the tracking URI, and score `rows`."""
+def _fresh_process_predict(model_uri: str, rows: pd.DataFrame, tmp_path: Path, trusted: bool = False) -> np.ndarray:
+    """Load `model_uri` in a new interpreter that only knows the tracking URI, and score `rows`; with
+    `trusted`, through `pipelines.registry.pyfunc.load` instead of `mlflow.pyfunc.load_model`. The
+    model ships no code: the interpreter imports the installed package."""
     rows.to_parquet(tmp_path / "rows.parquet")
+    load = "from pipelines.registry.pyfunc import load\n" if trusted else "load = mlflow.pyfunc.load_model\n"
     script = (
-        "import sys, numpy as np, pandas as pd, mlflow.pyfunc\n"
-        "m = mlflow.pyfunc.load_model(sys.argv[1])\n"
+        "import sys, numpy as np, pandas as pd, mlflow.pyfunc\n" + load +
+        "m = load(sys.argv[1])\n"
         "np.save(sys.argv[3], np.asarray(m.predict(pd.read_parquet(sys.argv[2])), dtype=np.float64))\n")
     env = {k: os.environ[k] for k in ("PATH", "HOME", "MLFLOW_TRACKING_URI") if k in os.environ}
     env["CTR_TORCH_THREADS"] = "1"
@@ -79,6 +84,9 @@ def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake,
     version = mlflow_io.register(info.model_uri, "ctr_lora_feed", {}, run_id=info.run_id)
     fresh = _fresh_process_predict(f"models:/ctr_lora_feed/{version}", rows, tmp_path)
     np.testing.assert_allclose(fresh, in_process, rtol=0, atol=1e-6)
+    # registered without tags: registration copied the logged model's record, which the trusted load checks
+    trusted = _fresh_process_predict(f"models:/ctr_lora_feed/{version}", rows, tmp_path, trusted=True)
+    np.testing.assert_allclose(trusted, in_process, rtol=0, atol=1e-6)
 
 
 # over HTTP too: the session's mlflow server (tests/pipelines/registry/conftest.py)
@@ -91,6 +99,8 @@ def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, 
     t = mv.tags
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{out['model']}/{out['version']}"))
     assert json.loads(t[integrity.TAG]) == integrity.file_hashes(local / "artifacts" / "adapter")
+    assert (local / pyfunc.MODEL_FILE.name).is_file()                   # models-from-code: no pickle, no code/
+    assert not (local / "python_model.pkl").exists() and not (local / "code").exists()
     assert "adapter_model.safetensors" in json.loads(t[integrity.TAG])
     base = mlflow_io.version_by_alias("ctr_base", "champion")
     assert (t["base.name"], t["base.version"], t["base.fingerprint"]) == ("ctr_base", str(base.version),
@@ -105,7 +115,8 @@ def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, 
     assert mv.description.startswith(f"# {out['model']} v{out['version']}") and "pending" in mv.description
 
     lenient = GatePolicy(min_auc_first_run=0.5, max_logloss_first_run=5.0, calibration_min=0.01, calibration_max=100.0,
-                         max_demographic_parity_gap=1.0, max_equalized_odds_gap=1.0, latency_budget_ms=1e6)
+                         max_demographic_parity_gap=1.0, max_equalized_odds_gap=1.0, latency_budget_ms=1e6,
+                         optional_checks=("fairness_dp", "fairness_eo"))
     decision = gate.run(lenient, out["model"], out["version"], ev, actor="test")   # the record, not the bar
     card = mlflow_io.get_version(out["model"], out["version"]).description
     assert decision["passed"] and "**passed** (first run" in card and "auc_floor" in card
@@ -142,7 +153,9 @@ def test_a_tampered_adapter_file_is_refused(cfg, lake, tmp_path):
         blob[-1] ^= 0x01                                                  # one bit of one weight
         p.write_bytes(bytes(blob))
     with pytest.raises(RegistryError, match="adapter_model.safetensors has sha256 .* refusing to load"):
-        mlflow.pyfunc.load_model(uri)
+        mlflow.pyfunc.load_model(uri)                                     # against its meta.json
+    with pytest.raises(RegistryError, match="do not match the registry .*adapter_model.safetensors has sha256"):
+        pyfunc.load(uri)                                                  # against the version's tag
 
 
 def test_an_adapter_whose_base_changed_is_refused(cfg, lake, tmp_path):
@@ -156,8 +169,11 @@ def test_an_adapter_whose_base_changed_is_refused(cfg, lake, tmp_path):
         w = load_file(str(p))
         w["head.bias"] = w["head.bias"] + 0.5                            # a different base, same shapes
         save_file(w, str(p))
+    for load in (mlflow.pyfunc.load_model, pyfunc.load):                 # the base's own tag, both ways
+        with pytest.raises(RegistryError, match="base ctr_base v1: weights hash to fingerprint .* refusing to load"):
+            load(f"models:/{out['model']}/{out['version']}")
     with pytest.raises(RegistryError, match="fingerprint .* refusing to load"):
-        mlflow.pyfunc.load_model(f"models:/{out['model']}/{out['version']}")
+        pyfunc.load("models:/ctr_base@champion")
 
 
 def test_verify_files_names_each_difference(tmp_path):

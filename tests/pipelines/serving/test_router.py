@@ -198,3 +198,24 @@ def test_adapter_carrying_layernorm_biases_is_refused_as_unsupported(registry):
     assert [(r["version"], r["reason"]) for r in report["refused"]] == [(bad, "unsupported")]
     assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
     json.dumps(report)   # JSON-safe
+
+
+def test_a_version_without_its_registry_hashes_is_refused_not_checked_against_its_run(registry):
+    """The version's adapter.sha256 tag is the record: removed, the training run's copy does not stand in."""
+    from pipelines.registry import integrity
+
+    server = AdapterServer(SLOTS)
+    frame = fixtures.rows(200, "2024-01-11")
+    before = server.score(frame)
+    v2 = registry.adapter("feed", seed=46, alias=None)
+    client = mlflow.MlflowClient()
+    run_id = client.get_model_version("ctr_lora_feed", v2).run_id
+    assert client.get_run(run_id).data.tags[integrity.TAG]                 # still on the run
+    client.delete_model_version_tag("ctr_lora_feed", v2, integrity.TAG)
+    registry.set_alias("ctr_lora_feed", "champion", v2)
+
+    report = server.refresh()
+    assert [(r["version"], r["reason"]) for r in report["refused"]] == [(v2, "integrity")]
+    assert "no recorded adapter file hashes" in report["refused"][0]["error"]
+    assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
+    np.testing.assert_array_equal(server.score(frame), before)

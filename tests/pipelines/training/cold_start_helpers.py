@@ -3,11 +3,12 @@ synthetic days, a serving base trained up to BASE_DAY, and a slot champion train
 from __future__ import annotations
 
 import mlflow
+import pytest
 
 from pipelines.config import BaseTrainConfig, ColdStartConfig, DataConfig, LoraTrainConfig, PipelineConfig
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, write_days
-from tests.conftest import use_store_copy
+from tests.conftest import use_store_copy, validate_lake
 from tests.pipelines.training.helpers import CFG, SPEC
 
 BASE_DAY, END_DAY = "2024-01-04", "2024-01-09"
@@ -17,6 +18,7 @@ def write_lake(tmp_path_factory) -> str:
     """Eight synthetic days from 2024-01-02, 2,000 rows each (module-scoped in the tests)."""
     uri = str(tmp_path_factory.mktemp("lake"))
     write_days(Lake(uri), SPEC, "2024-01-02", 8, 2000)
+    validate_lake(uri)   # cold start reads validated days only, as after the DAG's validate task
     return uri
 
 
@@ -61,3 +63,16 @@ def promote_teacher(cfg: PipelineConfig, lake: str, slot: str) -> None:
     cand = adapter.train(cfg, lake, "2024-01-07", slot)
     reg = register(cfg, cand, evaluate(cfg, lake, cand))
     make_champion(reg["model"], reg["version"])
+
+
+# The fixtures of the three cold-start test modules (stage, evaluation, flow): each imports them,
+# and they replace tests/pipelines/conftest.py's `lake` and `cfg` there.
+@pytest.fixture(scope="module", name="lake")
+def cold_lake(tmp_path_factory) -> str:
+    return write_lake(tmp_path_factory)
+
+
+@pytest.fixture(name="cfg")
+def cold_cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
+    """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
+    yield from serving_base_config(template_db, tmp_path, monkeypatch, lake)

@@ -10,7 +10,8 @@ import pytest
 from pipelines.config import PipelineConfig
 from pipelines.errors import PipelineError
 from pipelines.training import cold_start as CS
-from tests.pipelines.training.cold_start_helpers import END_DAY, serving_base_config, tiny_config, write_lake
+from tests.pipelines.training.cold_start_helpers import END_DAY, tiny_config
+from tests.pipelines.training.cold_start_helpers import cold_cfg, cold_lake  # noqa: F401  (fixtures `cfg`, `lake`)
 from tests.pipelines.training.helpers import CFG
 
 
@@ -41,17 +42,6 @@ def test_choose_teacher_falls_back_to_the_base_only_when_it_predicts_the_labelle
 
 
 # ----------------------------------------------------------------------------- the stage
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> str:
-    return write_lake(tmp_path_factory)
-
-
-@pytest.fixture
-def cfg(template_db, tmp_path, monkeypatch, lake) -> PipelineConfig:
-    """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
-    yield from serving_base_config(template_db, tmp_path, monkeypatch, lake)
-
-
 def test_stage_refusals(cfg, lake, monkeypatch):
     with pytest.raises(PipelineError, match="slot 'nope' is not configured"):
         CS.detect_stage(cfg, lake, END_DAY, "nope")

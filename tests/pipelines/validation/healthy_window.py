@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from mlflow import MlflowClient
 
 from pipelines.config import REPO_ROOT, load_pipeline_config
+from pipelines.data.commit import PartitionWriter
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 from pipelines.errors import DataValidationError
@@ -62,8 +63,17 @@ def parquet_bytes(frame: pd.DataFrame | pa.Table) -> bytes:
     return buf.getvalue()
 
 
-def put_frame(lk: Lake, day: str, frame, part: int = 0) -> None:
-    lk.put_bytes(f"dt={day}/part-{part:05d}.parquet", parquet_bytes(frame))
+def put_frame(lk: Lake, day: str, *frames) -> None:
+    """The frames as they are (`parquet_bytes`), one part each, committed as the day's partition."""
+    put_parts(lk, day, *(parquet_bytes(f) for f in frames))
+
+
+def put_parts(lk: Lake, day: str, *payloads: bytes) -> None:
+    """Bytes committed as the day's part files, unparsed: what an upstream writer delivered, good or bad."""
+    writer = PartitionWriter(lk, day)
+    for payload in payloads:
+        writer.put_part(payload)
+    writer.commit()
 
 
 def objects(lk: Lake, day: str) -> dict[str, bytes]:

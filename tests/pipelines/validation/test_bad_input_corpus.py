@@ -31,7 +31,7 @@ from pipelines.errors import DataValidationError
 from pipelines.validation.stage import REPORT_HTML, read_marker, validate_window
 from tests.pipelines.validation.healthy_window import (ADDED_BY_VALIDATION, DAY, HEALTHY, ROWS, SPEC, WINDOW,
                                                       assign_some, config, failed_checks, objects, parquet_bytes,
-                                                      put_frame, registry_state, rows_mask, synthetic)
+                                                      put_frame, put_parts, registry_state, rows_mask, synthetic)
 
 
 def tomorrow() -> str:
@@ -149,20 +149,24 @@ def _empty_partition(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
 
 
 def _not_parquet(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
-    lk.put_bytes(f"dt={day}/part-00000.parquet", healthy.head(100).to_csv(index=False).encode())
+    put_parts(lk, day, healthy.head(100).to_csv(index=False).encode())
 
 
 def _truncated(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
     payload = parquet_bytes(schema.to_arrow(healthy))
-    lk.put_bytes(f"dt={day}/part-00000.parquet", payload[: len(payload) // 2])
+    put_parts(lk, day, payload[: len(payload) // 2])
+
+
+def _uncommitted(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+    """A writer killed mid-day: a healthy part file, but no manifest (never committed)."""
+    lk.put_bytes(f"dt={day}/part-00000-killed.parquet", parquet_bytes(schema.to_arrow(healthy)))
 
 
 def _mixed_schemas(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
     """Two writers: part 0 follows the contract, part 1 wrote hour/weekday as int64 and no advertiser_id."""
     half = len(healthy) // 2
-    put_frame(lk, day, schema.to_arrow(healthy.iloc[:half]), part=0)
     second = healthy.iloc[half:].drop(columns=["advertiser_id"]).astype({"hour": "int64", "weekday": "int64"})
-    put_frame(lk, day, second, part=1)
+    put_frame(lk, day, schema.to_arrow(healthy.iloc[:half]), second)
 
 
 CASES = [
@@ -212,6 +216,7 @@ CASES = [
     Case("empty_partition", _empty_partition, ("readable_partition",), readable=False),
     Case("not_parquet", _not_parquet, ("readable_partition",), readable=False),
     Case("truncated_parquet", _truncated, ("readable_partition",), readable=False),
+    Case("uncommitted_partition", _uncommitted, ("readable_partition",), readable=False),
     Case("mixed_schemas", _mixed_schemas, ("readable_partition",), readable=False),
 ]
 BY_ID = {c.id: c for c in CASES}
@@ -276,6 +281,8 @@ def test_bad_input_is_quarantined_with_the_right_check(case, lake, healthy_next_
         sample = next(f for f in marker["report"]["failures"]
                       if f["check"] == "expect_column_value_lengths_to_be_between(user_id)")["observed"]["sample"]
         assert sample and all(len(s) < 100 and s.endswith("(10000 chars)") for s in sample)
+    if case.id == "uncommitted_partition":  # parts a killed writer left are never judged as data
+        assert "is not committed (no _MANIFEST.json)" in marker["report"]["failures"][0]["observed"]
     if case.readable and case.id.startswith(("missing_column", "hour_strings", "label_float", "event_ts_tz")):
         assert marker["report"]["drift"] is None  # drift needs a structurally sound partition
 

@@ -80,7 +80,7 @@ def test_fixing_a_partition_lifts_its_quarantine(lake, healthy_next_day):
     with pytest.raises(DataValidationError):
         validate_window(config(str(lake)), str(lake), DAY, WINDOW)
 
-    write_days(lk, SPEC, DAY, 1, ROWS)  # the upstream fix re-exports the day (replaces part-00000)
+    write_days(lk, SPEC, DAY, 1, ROWS, overwrite=True)  # the upstream fix re-exports the day (generate --overwrite)
     passes(str(lake))
     marker = read_marker(lk, DAY)
     assert marker["report"]["failures"] == [] and marker["report"]["quarantined"] is False

@@ -75,3 +75,18 @@ def test_each_dag_gets_its_own_param_objects():
 
 def test_the_pool_is_a_plain_name():
     assert REGISTRY_POOL == "ctr_registry"   # scripts/stack.py, docker-compose.yml and tests/e2e create it
+
+
+@pytest.mark.parametrize("value, ok", [("12345", True), ("x" * 1000, True), ("x" * 1001, False), ("x" * 2000, False),
+                                       ("four", False), (12345, False), (None, False)])
+def test_reason_param_has_the_librarys_limits(value, ok):
+    """The form refuses a reason the library would refuse (pipelines.promotion.aliases), before any task."""
+    from ctr_airflow.dag_defaults import REASON_MAX_CHARS, reason_param
+    from pipelines.promotion.aliases import REASON_MAX_CHARS as LIBRARY_MAX
+
+    assert REASON_MAX_CHARS == LIBRARY_MAX
+    if ok:
+        assert reason_param("why").resolve(value) == value
+    else:
+        with pytest.raises(ParamValidationError):
+            reason_param("why").resolve(value)
