@@ -19,8 +19,8 @@ import pytest
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
 from tests.e2e.stack import REPO, synthetic_stack
-from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, ROWS, SPEC, degrade, register_adapter, start,
-                                                    write_lake)
+from tests.pipelines.promotion.test_monitor import (MODEL, POLICY, ROWS, SPEC, degrade, make_config, register_adapter,
+                                                    start, validate, write_lake)
 
 BUCKET = "e2e-monitor-lake"
 DAYS = ("2024-01-06", "2024-01-07", "2024-01-08", "2024-01-09")
@@ -52,8 +52,10 @@ def test_monitor_dag_shape(dagbag):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
     with synthetic_stack(tmp_path_factory.mktemp("e2e-monitor"), BUCKET, E2E_POLICY) as (st, cfg, lake):
+        validate(cfg, lake, "2024-01-05", days=4)                       # the adapters' windows, as a DAG would
         assert (register_adapter(cfg, lake, "2024-01-04"), register_adapter(cfg, lake, "2024-01-05")) == ("1", "2")
         flipped = write_lake(f"s3://{BUCKET}/flipped", flip_labels=True)
+        validate(make_config(flipped), flipped, "2024-01-05", days=4)
         assert register_adapter(cfg, flipped, "2024-01-05") == "3"      # learns the opposite ranking
         write_days(Lake(lake), SPEC, DAYS[3], 1, ROWS)                  # a fourth, ordinary day
         start(MODEL, "1", canary="2")
