@@ -20,7 +20,7 @@ from pipelines.data.commit import PartitionExistsError, PartitionWriter, Uncommi
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SyntheticSpec, generate_day, write_days
 from pipelines.errors import LakeError
-from tests.pipelines.data.s3_faults import DenyDeletes
+from tests.pipelines.data.s3_faults import deny_deletes
 from tests.pipelines.data.test_lake import contract_frame
 
 SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=5)
@@ -133,11 +133,11 @@ def test_s3_delete_errors_are_raised_and_the_commit_stands(s3_bucket, s3_endpoin
     direct = Lake(f"s3://{s3_bucket}/clicks")
     direct.write_partition(contract_frame(DAY, 10, seed=1), DAY)
     old = set(direct.parquet_files(DAY))
-    with DenyDeletes(s3_endpoint) as proxy:
+    with deny_deletes(s3_endpoint) as proxy:
         refused = Lake(direct.uri, endpoint_url=proxy.url)
         with pytest.raises(LakeError, match=r"could not delete 1 of 1 objects .*AccessDenied: Access Denied"):
             refused.write_partition(contract_frame(DAY, 20, seed=2), DAY, overwrite=True)
-        assert proxy.refused == 1
+        assert len(proxy.faulted) == 1
     new = direct.read_partition(DAY)                                   # the new manifest is the commit ...
     assert len(new.frame) == 20 and not old & set(new.files)
     assert old <= set(direct.objects(DAY))                             # ... the old part stays, unread

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from pipelines.registry import mlflow_io
-from tests.pipelines.data.test_s3_retries import FaultProxy
+from tests.pipelines.data.s3_faults import FaultProxy
 
 
 @pytest.fixture
