@@ -1,26 +1,40 @@
 """
 ### CTR base model
 
-Trains the frozen base CTR model from scratch on every validated partition from
-`base_training.train_start` up to the run's day, registers it as `ctr_base` (tagged with the sha256
-fingerprint of its weights) and makes it the serving base (`ctr_base@champion`). Adapters record
-the base version and fingerprint they were trained on; a new base means adapters must be retrained.
-Manual: a new base is a deliberate decision, not a schedule.
+A new base is a release, gated like an adapter:
+
+1. **validate** every partition from `base_training.train_start` up to the run's day (GX suite).
+2. **train** the frozen base CTR model from scratch on them, and score it and the serving base
+   (`ctr_base@champion`) on the same holdout rows.
+3. **register** it as `ctr_base@candidate`, tagged with the sha256 fingerprint of its weights
+   (idempotent: the same weights return the existing version).
+4. **gate_and_promote**: AUC and logloss non-inferiority against the serving base (the first base:
+   the policy's floor and ceiling) and calibration; a pass moves `ctr_base@champion` in one recorded
+   move whose reason lists the serving adapters it makes incompatible, a rejection fails the run and
+   leaves the serving base alone. With `approval: true` in the gate policy a person approves first
+   (task group **approval**, as in ctr_lora_retrain).
+
+Adapters record the base version and fingerprint they were trained on: after a new base, every
+adapter champion on the old one is refused by later moves until it is retrained, and the next
+`ctr_lora_retrain` run trains on the new base. Manual: a new base is a deliberate decision.
 """
 from __future__ import annotations
 
-from airflow.sdk import task
 
-from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
-from ctr_airflow.operators import registry_write
-from ctr_airflow.runtime import actor, pipeline_config, run_day
+from airflow.sdk import TaskGroup
+
+from ctr_airflow.approval import GROUP as APPROVAL_GROUP
+from ctr_airflow.approval import gate_approve_release
+from ctr_airflow.dag_defaults import ctr_dag, ctr_task, day_param, lake_uri_param
+from ctr_airflow.operators import GatedPromotionOperator, registry_write
+from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
-@ctr_dag("ctr_base_model", __doc__, schedule=None, tags=["base-model", "training", "registry"], retries=1,
+@ctr_dag("ctr_base_model", __doc__, schedule=None, tags=["base-model", "training", "registry"],
          params={"end_day": day_param("Training cutoff: last day of data the base sees (default: logical date)"),
                  "lake_uri": lake_uri_param()})
 def ctr_base_model():
-    @task(retries=0)
+    @ctr_task
     def validate(**context) -> dict:
         from pipelines.flows.windows import base_days
         from pipelines.validation.stage import validate_window
@@ -29,23 +43,26 @@ def ctr_base_model():
         day = run_day(context)
         return validate_window(cfg, cfg.data.lake_uri, day, base_days(cfg, day), log_to_mlflow=True)
 
-    @task
+    @ctr_task
     def train(report: dict, **context) -> dict:
         from pipelines.training.base_model import train as run_train
 
         cfg = pipeline_config(context)
         return run_train(cfg, cfg.data.lake_uri, run_day(context))
 
-    @task(retries=0, **registry_write())
+    @ctr_task(**registry_write(moves=False))
     def register(trained: dict, **context) -> dict:
-        from ctr_airflow.operators import emit_move
-        from pipelines.flows.base import register_base as run_register
+        from pipelines.flows.base import register_candidate
 
-        out = run_register(pipeline_config(context), trained, actor=actor(context))
-        emit_move(context, out["move"])   # mlflow://ctr_base/champion: adapters must follow a new base
-        return out
+        return register_candidate(pipeline_config(context), trained)
 
-    register(train(validate()))
+    registered = register(train(validate()))
+    if approval_required():
+        with TaskGroup(group_id=APPROVAL_GROUP):
+            gate_approve_release(registered, subject="Release a new CTR base model that passed its gate?")
+    else:
+        # A rejected base fails the run: a person asked for this base and must see that it did not go out.
+        GatedPromotionOperator(task_id="gate_and_promote", registered=registered, fail_on_reject=True)
 
 
 ctr_base_model()

@@ -32,10 +32,9 @@ the days it was trained on, so a canary released by today's retrain is first sco
 """
 from __future__ import annotations
 
-from airflow.sdk import task
 
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.dag_defaults import ctr_dag, ctr_task, day_param, lake_uri_param
 from ctr_airflow.operators import RevertModelVersionOperator, registry_write
 from ctr_airflow.runtime import actor, pipeline_config, run_days
 
@@ -43,14 +42,14 @@ from ctr_airflow.runtime import actor, pipeline_config, run_days
 # Data-aware: one window per validated day (ctr_lake_arrival), not a clock; a missed day is monitored by
 # hand with `day` (catchup is moot for an asset schedule; kept False so a return to a clock schedule
 # cannot score years of history in one go). One run at a time: decisions read the windows of earlier days.
-@ctr_dag("ctr_champion_monitor", __doc__, schedule=[VALIDATED], tags=["monitor", "registry"], retries=2,
+@ctr_dag("ctr_champion_monitor", __doc__, schedule=[VALIDATED], tags=["monitor", "registry"],
          max_active_runs=1,
          params={"day": day_param("Partition to monitor (default: the validated day that triggered the run, "
                                   "else the logical date)"),
                  "lake_uri": lake_uri_param()})
 def ctr_champion_monitor():
-    # Bad data fails the same way on every try: no retries for validation.
-    @task(retries=0)
+    # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError).
+    @ctr_task
     def validate(**context) -> dict:
         from pipelines.validation.stage import validate_window
 
@@ -58,9 +57,8 @@ def ctr_champion_monitor():
         days = run_days(context)   # several when the run consumed several validated days
         return {d: validate_window(cfg, cfg.data.lake_uri, d, 1, log_to_mlflow=True) for d in days}
 
-    # Re-running is safe (windows are found, canary moves carry per-day op ids), so it keeps the
-    # retries. It moves canaries: a registry write like the others, in their one-slot pool.
-    @task(**registry_write())
+    # Re-running is safe (windows are found, canary moves carry per-day op ids). It moves canaries: a registry write like the others, in their one-slot pool.
+    @ctr_task(**registry_write())
     def monitor(report: dict, **context) -> dict:
         from ctr_airflow.operators import emit_move
         from pipelines.config import load_gate_policy
@@ -75,11 +73,11 @@ def ctr_champion_monitor():
                 emit_move(context, move)   # the asset event deployments schedule on, like every alias move
         return result
 
-    @task
+    @ctr_task
     def reverts_due(result: dict) -> list[dict]:
         return result["reverts"]
 
-    @task(retries=0)
+    @ctr_task
     def check(result: dict) -> None:
         from pipelines.errors import PipelineError
 

@@ -33,12 +33,12 @@ arrive every day and the gate keeps a worse student from serving. Trigger from t
 """
 from __future__ import annotations
 
-from airflow.sdk import Param, TaskGroup, task
+from airflow.sdk import Param, TaskGroup
 
 from ctr_airflow.approval import GROUP as APPROVAL_GROUP
 from ctr_airflow.approval import gate_approve_release
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.dag_defaults import ctr_dag, ctr_task, day_param, lake_uri_param
 from ctr_airflow.operators import GatedPromotionOperator, registry_write
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
@@ -50,15 +50,15 @@ def _slot(context) -> str:
 # Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is re-run by hand
 # with end_day.
 @ctr_dag("ctr_cold_start", __doc__, schedule=[VALIDATED], tags=["lora", "cold-start", "distillation", "registry"],
-         retries=2, max_active_runs=1,
+         max_active_runs=1,
          params={"end_day": day_param("Last day of the cold-start window (default: the validated day that "
                                       "triggered the run, else the logical date)"),
                  "slot": Param("all", type="string", pattern="^[a-z0-9_]+$",
                                description="'all' (one adapter for every slot) or one configured slot"),
                  "lake_uri": lake_uri_param()})
 def ctr_cold_start():
-    # Bad data fails the same way on every try: no retries for validation.
-    @task(retries=0)
+    # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError).
+    @ctr_task
     def validate(**context) -> dict:
         from pipelines.flows.windows import cold_start_days
         from pipelines.validation.stage import validate_window
@@ -67,21 +67,21 @@ def ctr_cold_start():
         # the history before the window too: detection counts impressions there
         return validate_window(cfg, cfg.data.lake_uri, run_day(context), cold_start_days(cfg), log_to_mlflow=True)
 
-    @task
+    @ctr_task
     def detect(report: dict, **context) -> dict:
         from pipelines.training.cold_start import detect_stage
 
         cfg = pipeline_config(context)
         return detect_stage(cfg, cfg.data.lake_uri, run_day(context), _slot(context))
 
-    @task
+    @ctr_task
     def distill(detected: dict, **context) -> dict:
         from pipelines.training.cold_start import distill_stage
 
         cfg = pipeline_config(context)
         return distill_stage(cfg, cfg.data.lake_uri, detected["end_day"], detected["slot"], detected=detected)
 
-    @task
+    @ctr_task
     def evaluate(candidate: dict, **context) -> dict:
         from pipelines.evaluation.cold_start import evaluate_stage
 
@@ -89,7 +89,7 @@ def ctr_cold_start():
         return {"candidate": candidate, "evaluation": evaluate_stage(cfg, cfg.data.lake_uri, candidate)}
 
     # A retry would register a second version: registration runs once.
-    @task(retries=0, **registry_write(moves=False))
+    @ctr_task(**registry_write(moves=False))
     def register(evaluated: dict, **context) -> dict:
         from pipelines.flows.cold_start import register_stage
 
@@ -100,7 +100,7 @@ def ctr_cold_start():
         with TaskGroup(group_id=APPROVAL_GROUP):
             gate_approve_release(registered, subject="Release the distilled cold-start adapter?")
     else:
-        GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered)
+        GatedPromotionOperator(task_id="gate_and_promote", registered=registered)
 
 
 ctr_cold_start()

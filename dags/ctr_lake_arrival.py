@@ -20,16 +20,16 @@ is already in the lake passes the sensor at its first poke.
 """
 from __future__ import annotations
 
-from airflow.sdk import Param, task
+from airflow.sdk import Param
 
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.dag_defaults import ctr_dag, ctr_task, day_param, lake_uri_param
 from ctr_airflow.sensors import LakePartitionSensor
 
 
 # Only the latest day on unpause (no catchup): a past day is validated by hand with `day`. Today's sensor
 # may still be waiting when a past day is triggered by hand: let both run (max_active_runs=3).
-@ctr_dag("ctr_lake_arrival", __doc__, schedule="0 2 * * *", tags=["lake", "validation", "sensor"], retries=2,
+@ctr_dag("ctr_lake_arrival", __doc__, schedule="0 2 * * *", tags=["lake", "validation", "sensor"],
          max_active_runs=3,
          params={"day": day_param("Partition to wait for and validate (default: the logical date)"),
                  "lake_uri": lake_uri_param(),
@@ -41,9 +41,9 @@ def ctr_lake_arrival():
     # counted from the first poke of the first try.
     arrived = LakePartitionSensor(task_id="wait_for_partition", wait_timeout_s="{{ params.wait_timeout_s }}")
 
-    # Bad data fails the same way on every try: no retries for validation. The asset event is only
-    # emitted when this task succeeds.
-    @task(retries=0, outlets=[VALIDATED])
+    # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError);
+    # an S3 outage is retried. The asset event is only emitted when this task succeeds.
+    @ctr_task(outlets=[VALIDATED])
     def validate(partition: dict, **context) -> dict:
         from ctr_airflow.runtime import pipeline_config
         from pipelines.validation.stage import validate_window

@@ -32,26 +32,26 @@ Every alias move is recorded in the alias history and emits the Asset event
 """
 from __future__ import annotations
 
-from airflow.sdk import task, task_group
+from airflow.sdk import task_group
 
 from ctr_airflow.approval import GROUP as APPROVAL_GROUP
 from ctr_airflow.approval import gate_approve_release
 from ctr_airflow.assets import VALIDATED
-from ctr_airflow.dag_defaults import ctr_dag, day_param, lake_uri_param
+from ctr_airflow.dag_defaults import ctr_dag, ctr_task, day_param, lake_uri_param
 from ctr_airflow.operators import GatedPromotionOperator, registry_write
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
 # Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is retrained by hand
 # with end_day (backfilling old windows is rarely wanted).
-@ctr_dag("ctr_lora_retrain", __doc__, schedule=[VALIDATED], tags=["lora", "training", "registry"], retries=2,
+@ctr_dag("ctr_lora_retrain", __doc__, schedule=[VALIDATED], tags=["lora", "training", "registry"],
          max_active_runs=1,
          params={"end_day": day_param("Last day of the training window (default: the validated day that "
                                       "triggered the run, else the logical date)"),
                  "lake_uri": lake_uri_param()})
 def ctr_lora_retrain():
-    # Bad data fails the same way on every try: no retries for validation.
-    @task(retries=0)
+    # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError).
+    @ctr_task
     def validate(**context) -> dict:
         from pipelines.flows.windows import adapter_days
         from pipelines.validation.stage import validate_window
@@ -59,25 +59,25 @@ def ctr_lora_retrain():
         cfg = pipeline_config(context)
         return validate_window(cfg, cfg.data.lake_uri, run_day(context), adapter_days(cfg), log_to_mlflow=True)
 
-    @task
+    @ctr_task
     def slots(report: dict, **context) -> list[str]:
         return list(pipeline_config(context).data.slots)
 
-    @task
+    @ctr_task
     def train_adapter(slot: str, **context) -> dict:
         from pipelines.training.adapter import train
 
         cfg = pipeline_config(context)
         return train(cfg, cfg.data.lake_uri, run_day(context), slot)
 
-    @task
+    @ctr_task
     def evaluate(candidate: dict, **context) -> dict:
         from pipelines.evaluation.compare import evaluate as run_eval
 
         cfg = pipeline_config(context)
         return {"candidate": candidate, "evaluation": run_eval(cfg, cfg.data.lake_uri, candidate)}
 
-    @task(**registry_write(moves=False))
+    @ctr_task(**registry_write(moves=False))
     def register(evaluated: dict, **context) -> dict:
         from pipelines.registry.register import register as run_register
 
@@ -94,7 +94,7 @@ def ctr_lora_retrain():
         approval.expand(registered=registered)
     else:
         # .partial() does not run __init__, so the pool and the asset alias are named here as well
-        GatedPromotionOperator.partial(task_id="gate_and_promote", retries=0, **registry_write()).expand(
+        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(
             registered=registered)
 
 

@@ -29,8 +29,9 @@ from ctr_airflow.operators import (OverrideGateOperator, PromoteCanaryOperator, 
 MODEL, VERSION, REASON = "{{ params.model }}", "{{ params.version }}", "{{ params.reason }}"
 
 
-@ctr_dag("ctr_model_ops", __doc__, schedule=None, tags=["ops", "registry", "manual"], retries=0,
-         retry_delay=timedelta(minutes=1),
+# A person waits on the answer: short retries (a refused move fails at once, see ctr_airflow.operators).
+@ctr_dag("ctr_model_ops", __doc__, schedule=None, tags=["ops", "registry", "manual"],
+         retry_delay=timedelta(seconds=20),
          params={"action": Param("revert", type="string",
                                  enum=["revert", "promote", "override", "promote_canary", "withdraw_canary"]),
                  "model": Param("ctr_lora_morning", type="string", pattern="^ctr_(base|lora_[a-z0-9_]+)$",

@@ -54,7 +54,7 @@ def cmd_validate(a) -> int:
 
 
 def cmd_train_base(a) -> int:
-    from pipelines.config import load_pipeline_config
+    from pipelines.config import load_gate_policy, load_pipeline_config
     from pipelines.flows import base, windows
     from pipelines.training import base_model
 
@@ -65,8 +65,12 @@ def cmd_train_base(a) -> int:
 
         lock.backend()  # no registry lock to move @champion with: refuse now, not after validating
     windows.validate_first(cfg, lake, a.cutoff, windows.base_days(cfg, a.cutoff))
-    _print(base.run(cfg, lake, a.cutoff) if a.register else base_model.train(cfg, lake, a.cutoff))
-    return 0
+    if not a.register:
+        _print(base_model.train(cfg, lake, a.cutoff))
+        return 0
+    out = base.run(cfg, lake, a.cutoff, policy=load_gate_policy(a.policy))
+    _print(out)
+    return 0 if out["passed"] else 1   # a rejected base: the serving base stays, and the exit code says so
 
 
 def cmd_train_adapter(a) -> int:
@@ -260,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cutoff", required=True, help="last day of training data, YYYY-MM-DD")
     b.add_argument("--data", help="lake URI (default: data.lake_uri)")
     b.add_argument("--config")
-    b.add_argument("--register", action="store_true", help="register as ctr_base and make it @champion")
+    b.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
+    b.add_argument("--register", action="store_true",
+                   help="register as ctr_base@candidate, gate it against the serving base, release it to @champion")
     b.set_defaults(fn=cmd_train_base)
 
     t = sub.add_parser("train-adapter", help="train one slot's LoRA adapter (and evaluate/register/gate it)")

@@ -25,12 +25,28 @@ DEFAULT_GATE_YAML = REPO_ROOT / "configs" / "gate_policy.yaml"
 class DataConfig:
     lake_uri: str = "s3://ctr-lake/clicks"
     slots: tuple[str, ...] = ("morning", "afternoon", "night")
+    # The lakes a DAG run may be pointed at instead of lake_uri (its form field, the lake of its
+    # triggering event); any other is refused: a form field must not make a worker read any bucket or
+    # path. Empty: lake_uri only.
+    allowed_lakes: tuple[str, ...] = ()
 
     def __post_init__(self):
-        _check(self.lake_uri.startswith(("s3://", "/", "./", "file://")) or "://" not in self.lake_uri,
-               f"data.lake_uri must be an s3:// URI or a local path, got {self.lake_uri!r}")
+        for lake in (self.lake_uri, *self.allowed_lakes):
+            _check(isinstance(lake, str) and (lake.startswith(("s3://", "/", "./", "file://")) or "://" not in lake),
+                   f"data.lake_uri and data.allowed_lakes must be s3:// URIs or local paths, got {lake!r}")
         _check(len(self.slots) > 0 and len(set(self.slots)) == len(self.slots),
                f"data.slots must be a non-empty list of distinct names, got {list(self.slots)}")
+
+    def lakes(self) -> tuple[str, ...]:
+        """Every lake a run may read: lake_uri, then allowed_lakes."""
+        return tuple(dict.fromkeys((self.lake_uri, *self.allowed_lakes)))
+
+    def checked_lake(self, lake: str | None) -> str:
+        """`lake` when it is one of `lakes()` (a trailing / aside), lake_uri for None; else ConfigError."""
+        found = [k for k in self.lakes() if not lake or str(lake).rstrip("/") == k.rstrip("/")]
+        _check(bool(found), f"lake {lake!r} is not allowed: a run may read data.lake_uri ({self.lake_uri}) or a "
+                            f"lake listed in data.allowed_lakes ({list(self.allowed_lakes)}) of the pipeline config")
+        return found[0]
 
 
 @dataclass(frozen=True)
@@ -349,7 +365,7 @@ class GatePolicy:
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 0.5
             for k, v in self.slot_tolerances.items()),
             f"gate.slot_tolerances must map slot names to tolerances in [0, 0.5), got {self.slot_tolerances!r}")
-        _check(0.5 <= self.min_auc_first_run <= 1.0, "gate.min_auc_first_run must be in [0.5, 1]")
+        _check(0.0 <= self.min_auc_first_run <= 1.0, "gate.min_auc_first_run must be in [0, 1]")
         _check(self.max_logloss_first_run > 0, "gate.max_logloss_first_run must be > 0")
         _check(0 < self.max_demographic_parity_gap <= 1 and 0 < self.max_equalized_odds_gap <= 1,
                "gate.max_demographic_parity_gap and max_equalized_odds_gap must be in (0, 1]")

@@ -45,7 +45,7 @@ step "Airflow metadata DB (SQLite)"
 airflow db migrate >"$DEMO_DIR/logs/db-migrate.log" 2>&1
 airflow pools set ctr_registry 1 "registry writes: registration and alias moves" >>"$DEMO_DIR/logs/db-migrate.log" 2>&1
 
-step "DAG ctr_base_model for 1997-12-31: validate, train the base on 1997-09..12, register ctr_base@champion"
+step "DAG ctr_base_model for 1997-12-31: validate, train the base on 1997-09..12, gate it, release ctr_base@champion"
 run_dag base ctr_base_model 1997-12-31
 step "DAG ctr_lora_retrain for 1998-03-01: first adapters per slot (no champion yet: absolute thresholds)"
 run_dag retrain-1998-03-01 ctr_lora_retrain 1998-03-01

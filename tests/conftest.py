@@ -273,3 +273,65 @@ def validate_lake(lake_uri: str, cfg=None) -> dict:
     cfg = cfg or PipelineConfig(data=DataConfig(lake_uri=lake_uri, slots=SLOTS))
     span = (dt.date.fromisoformat(days[-1]) - dt.date.fromisoformat(days[0])).days + 1
     return validate_window(cfg, lake_uri, days[-1], span)
+
+
+# ----------------------------------------------------------------------------- synthetic adapter versions
+# An adapter version is released only on the base it records (`aliases.check_promotable`: a version
+# without `base.fingerprint` is refused). Tests that register synthetic versions (a source that is
+# never downloaded) give them the serving base's fingerprint, made here when the store has none.
+TEST_BASE_FINGERPRINT = "b" * 64
+
+
+def serving_base_fingerprint(base: str = "ctr_base") -> str:
+    """The fingerprint of `base@champion` in the current store; a synthetic base version is registered
+    and made champion first when there is none (idempotent)."""
+    from mlflow import MlflowClient
+
+    from pipelines.registry import mlflow_io
+
+    mv = mlflow_io.version_by_alias(base, "champion")
+    if mv is not None:
+        return mv.tags["fingerprint"]
+    c = MlflowClient()
+    try:
+        c.create_registered_model(base)
+    except Exception:   # already there (a base version without the alias)
+        pass
+    v = c.create_model_version(base, source="s3://ctr-test/never-read",
+                               tags={"fingerprint": TEST_BASE_FINGERPRINT, "gate.passed": "true"}).version
+    c.set_registered_model_alias(base, "champion", v)
+    return TEST_BASE_FINGERPRINT
+
+
+def adapter_tags(**tags) -> dict:
+    """`tags` plus the lineage of an adapter trained on the serving base (see serving_base_fingerprint)."""
+    return {"base.name": "ctr_base", "base.fingerprint": serving_base_fingerprint(), **tags}
+
+
+def any_base_policy():
+    """A gate policy that passes any base: for the set-up of tests that need *a* serving base, not a
+    good one (their bases train one epoch on a few thousand synthetic rows and are no better than
+    chance). The base gate itself is tested with the shipped policy (tests/pipelines/flows/test_base.py)."""
+    from pipelines.config import GatePolicy
+
+    return GatePolicy(min_auc_first_run=0.0, max_logloss_first_run=1e9, auc_tolerance=0.49, logloss_tolerance=1e9,
+                      calibration_min=1e-9, calibration_max=1e9)
+
+
+def kill_at_marker(cmd: list[str], marker: Path, *, what: str, cwd, env: dict, timeout_s: float = 240) -> None:
+    """Start `cmd`, wait until it touches `marker` (the point where the crash workers of the fault tests
+    stop and sleep), then SIGKILL it: a real process that really dies there, locks and half-done work
+    included. Fails the test when the process ends or times out before it gets there."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"{what} never reached {marker.name} (exit {proc.returncode}):\n{err[-3000:]}")
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    proc.communicate()

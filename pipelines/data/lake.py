@@ -39,9 +39,10 @@ _KEY_RE = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})/(.+)$")   # an object of a partit
 # reset, timed out) with truncated exponential backoff and full jitter, within a per-client retry
 # quota (botocore/retries/standard.py). Since botocore 1.44 a non-throttling error waits
 # rand(0, 1) * min(0.05 s * 2**(attempt-1), 20 s): early retries catch a blip at once, and only the
-# later ones wait long. 12 attempts ride out a MinIO or S3 endpoint restart of ~20-30 s (expected
-# total wait ~33 s, at most ~65 s) before LakeError; longer outages are for the Airflow task's retries.
-S3_MAX_ATTEMPTS = 12
+# later ones wait long. 14 attempts ride out a MinIO or S3 endpoint restart of ~20 s (expected total
+# wait ~53 s, at most ~105 s; with 12, one request in ~11 gave up inside a 20 s outage, by simulating
+# the waits) before LakeError; longer outages are for the Airflow task's retries.
+S3_MAX_ATTEMPTS = 14
 S3_CONNECT_TIMEOUT_S = 10   # a blackholed endpoint costs 10 s an attempt, not botocore's 60
 
 

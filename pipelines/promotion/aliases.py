@@ -16,6 +16,7 @@ from pipelines.errors import PromotionError
 from pipelines.promotion.gate import base_check, fingerprints, release_refusal
 from pipelines.registry import history as store
 from pipelines.registry import mlflow_io
+from pipelines.registry.integrity import FINGERPRINT_TAG
 from pipelines.registry.history import KINDS, current, history
 
 # A reason is an MLflow tag on the history run (8,000 characters at most) and in the override record
@@ -133,18 +134,22 @@ def _champion_stack(entries: list[dict]) -> list[str]:
 def check_promotable(model: str, version: str, *, mv=None, require_approval: bool = False) -> None:
     """Refuse versions that do not exist, never passed a gate, were rejected by a person, lack the
     approval their gate (or `require_approval`, the policy now) asks for (`gate.release_refusal`; an
-    override lifts these), or were trained on another base than the serving one (`gate.base_check`; a
-    version that records no base fingerprint is not checked). `mv`: the version, already fetched."""
+    override lifts these), or, for an adapter, were not trained on the serving base (`gate.base_check`):
+    an adapter version that records no base fingerprint is refused too (nobody can say what it computes
+    on the serving base). A base version records its own `fingerprint` instead. `mv`: the version, already fetched."""
     mv = mlflow_io.get_version(model, version) if mv is None else mv
     refusal = release_refusal(mv.tags, require_approval=require_approval)
     if refusal:
         raise PromotionError(f"{model} v{version} {refusal}; refusing to release it")
-    if mv.tags.get("base.fingerprint"):
-        base = base_check(fingerprints(mv))
-        if not base["passed"]:
-            raise PromotionError(f"{model} v{version} was trained on base fingerprint {base['value']}..., but the "
-                                 f"serving base is {base['threshold'] or 'missing'}...; refusing an incompatible "
-                                 "version")
+    if mv.tags.get(FINGERPRINT_TAG):   # a base model: what it is compatible with is its own fingerprint
+        return
+    base = base_check(fingerprints(mv))
+    if not base["passed"]:
+        if not base["value"]:
+            raise PromotionError(f"{model} v{version} records no base fingerprint (tag base.fingerprint): the base it "
+                                 "was trained on is unknown; refusing it (retrain it on the serving base)")
+        raise PromotionError(f"{model} v{version} was trained on base fingerprint {base['value']}..., but the "
+                             f"serving base is {base['threshold'] or 'missing'}...; refusing an incompatible version")
 
 
 def promote(model: str, version: str, reason: str, actor: str = "cli", op_id: str | None = None, *,

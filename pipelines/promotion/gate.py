@@ -11,6 +11,8 @@ Checks (each: name, value, threshold, passed, one-line reason):
   logloss ceiling, and nothing else;
 * against the champion: AUC and logloss non-inferiority, per-slot AUC non-inferiority, and with
   `superiority: true` a DeLong test (AUC difference > 0 at p < alpha).
+A new base model (a version that records its own `fingerprint`) is gated by `decide_base`: AUC and
+logloss against the serving base on the same holdout rows (first base: floor and ceiling) and calibration.
 A check the evaluation could not measure (no fairness report, a fairness group too small, no clicks,
 no latency sample, a slot with too few rows) FAILS and says so, unless the policy lists it in
 `optional_checks`: silence is never a pass.
@@ -65,11 +67,7 @@ def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
     if not rep.get("fairness"):   # no report, or one without a single attribute: nothing was measured
         out.append(_unmeasured(policy, "fairness", policy.max_demographic_parity_gap,
                                "no fairness report in this evaluation"))
-    ratio = cand.get("calibration_ratio")
-    band = [policy.calibration_min, policy.calibration_max]
-    out.append(_unmeasured(policy, "calibration", band, "no clicks in the holdout") if ratio is None else
-               _check("calibration", ratio, band, band[0] <= ratio <= band[1],
-                      "mean pCTR / observed CTR must lie in the band"))
+    out.append(_calibration(policy, cand))
     # An empty latency sample gives no batch_32 entry (evaluation.latency.pyfunc_latency returns {}).
     p99 = ((evaluation.get("latency") or {}).get("batch_32") or {}).get("p99_ms")
     out.append(_unmeasured(policy, "latency_p99_batch32_ms", policy.latency_budget_ms,
@@ -80,7 +78,25 @@ def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
     return out
 
 
-def _relative(policy: GatePolicy, evaluation: dict) -> list[dict]:
+def _calibration(policy: GatePolicy, cand: dict) -> dict:
+    ratio = cand.get("calibration_ratio")
+    band = [policy.calibration_min, policy.calibration_max]
+    return (_unmeasured(policy, "calibration", band, "no clicks in the holdout") if ratio is None else
+            _check("calibration", ratio, band, band[0] <= ratio <= band[1],
+                   "mean pCTR / observed CTR must lie in the band"))
+
+
+def _first_run(policy: GatePolicy, cand: dict) -> list[dict]:
+    c_auc, c_ll = cand.get("auc"), cand.get("logloss")
+    return [_check("auc_floor", c_auc, policy.min_auc_first_run,
+                   c_auc is not None and c_auc >= policy.min_auc_first_run,
+                   "first run: no champion, absolute AUC floor applies"),
+            _check("logloss_ceiling", c_ll, policy.max_logloss_first_run,
+                   c_ll is not None and c_ll <= policy.max_logloss_first_run,
+                   "first run: no champion, absolute logloss ceiling applies")]
+
+
+def _non_inferiority(policy: GatePolicy, evaluation: dict) -> list[dict]:
     cand, champ, v = evaluation["candidate"], evaluation["champion"], evaluation.get("champion_version")
     out = []
     c_auc, ch_auc = cand.get("auc"), champ.get("auc")
@@ -91,6 +107,11 @@ def _relative(policy: GatePolicy, evaluation: dict) -> list[dict]:
     ceil = None if ch_ll is None else ch_ll + policy.logloss_tolerance
     out.append(_check("logloss_non_inferiority", c_ll, ceil, c_ll is not None and ceil is not None and c_ll <= ceil,
                       f"candidate logloss must be <= champion v{v} logloss {ch_ll} + {policy.logloss_tolerance}"))
+    return out
+
+
+def _relative(policy: GatePolicy, evaluation: dict) -> list[dict]:
+    out = _non_inferiority(policy, evaluation)
     if policy.superiority:
         d = evaluation.get("delong")
         ok = bool(d) and d["diff"] > 0 and d["p_value"] is not None and d["p_value"] < policy.superiority_alpha
@@ -121,18 +142,23 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
     """`base` = {"candidate": fingerprint the adapter was trained on, "serving": ctr_base@champion's}."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
     checks = [base_check(base)] if base is not None else []
-    if champ is None:
-        c_auc, c_ll = cand.get("auc"), cand.get("logloss")
-        checks.append(_check("auc_floor", c_auc, policy.min_auc_first_run,
-                             c_auc is not None and c_auc >= policy.min_auc_first_run,
-                             "first run: no champion, absolute AUC floor applies"))
-        checks.append(_check("logloss_ceiling", c_ll, policy.max_logloss_first_run,
-                             c_ll is not None and c_ll <= policy.max_logloss_first_run,
-                             "first run: no champion, absolute logloss ceiling applies"))
-    else:
-        checks += _relative(policy, evaluation)
+    checks += _first_run(policy, cand) if champ is None else _relative(policy, evaluation)
     checks += _absolute(policy, evaluation)
-    return {"passed": all(c["passed"] for c in checks), "first_run": champ is None,
+    return _decision(policy, evaluation, checks)
+
+
+def decide_base(policy: GatePolicy, evaluation: dict) -> dict:
+    """A new base model against the serving base on the same holdout rows (`training.base_model`):
+    AUC and logloss non-inferiority (the first base: the absolute floor and ceiling) and calibration.
+    Fairness, latency, per-slot AUC and DeLong superiority are judged on what serves users, the
+    adapters: each one retrained on this base passes the full gate before it serves."""
+    cand, champ = evaluation["candidate"], evaluation.get("champion")
+    checks = _first_run(policy, cand) if champ is None else _non_inferiority(policy, evaluation)
+    return {**_decision(policy, evaluation, [*checks, _calibration(policy, cand)]), "kind": "base"}
+
+
+def _decision(policy: GatePolicy, evaluation: dict, checks: list[dict]) -> dict:
+    return {"passed": all(c["passed"] for c in checks), "first_run": evaluation.get("champion") is None,
             "champion_version": evaluation.get("champion_version"), "checks": checks, "policy": to_dict(policy)}
 
 
@@ -201,8 +227,12 @@ def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: s
     """Decide and record. Releasing a passing version is `promotion.release.release`."""
     from pipelines.registry import mlflow_io
 
+    from pipelines.registry.integrity import FINGERPRINT_TAG
+
     mv = mlflow_io.get_version(model, version)   # once: for its base fingerprint and its training run
-    decision = decide(policy, evaluation, base=fingerprints(mv))
+    # A base model records its own fingerprint; an adapter, the base's it was trained on.
+    decision = (decide_base(policy, evaluation) if mv.tags.get(FINGERPRINT_TAG) else
+                decide(policy, evaluation, base=fingerprints(mv)))
     decision.update(model=model, version=version, decided_by=actor)
     record(model, version, decision, evaluation, mv=mv)
     return decision
@@ -215,8 +245,12 @@ def override(model: str, version: str, reason: str, actor: str) -> dict:
 
     if not isinstance(reason, str) or len(reason.strip()) < 5:
         raise PromotionError(f"an override of {model} v{version} needs a reason (at least 5 characters)")
+    from pipelines.registry.integrity import FINGERPRINT_TAG
+
     mv = mlflow_io.get_version(model, version)
-    base = base_check(fingerprints(mv))
+    # A base model records its own fingerprint: there is no base under it to be compatible with.
+    base = (_check("base_compatible", None, None, True, "a base model") if mv.tags.get(FINGERPRINT_TAG) else
+            base_check(fingerprints(mv)))
     if not base["passed"]:
         raise PromotionError(f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
                              f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check")

@@ -3,7 +3,9 @@
 With `promotion: canary` a passing candidate takes `canary_share` of the users next to the serving
 champion, and `ctr_champion_monitor` promotes or withdraws it from live windows. There is nothing to
 compare a canary against before the first champion, so a first run is released straight to
-@champion (the decision's `first_run` says so). `promotion: direct` always moves @champion.
+@champion (the decision's `first_run` says so). `promotion: direct` always moves @champion. A base
+model always goes to @champion (one base serves every adapter), in a move whose reason lists the
+serving adapters it makes incompatible.
 
 The policy is enforced here, whoever calls (a DAG, the CLI, a flow): `release` refuses a version
 without a recorded "Approve" when the policy says `approval: true`, a version a person rejected (only
@@ -24,6 +26,7 @@ from pipelines.config import GatePolicy
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases, gate
 from pipelines.promotion.gate import APPROVAL_TAG, approval_of
+from pipelines.registry.integrity import FINGERPRINT_TAG
 
 APPROVAL_ANSWERS = ("Approve", "Reject")
 # What a decision says about the move its release made (the full move goes to `on_move`).
@@ -49,6 +52,8 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
             raise PromotionError(f"release of {model} v{version} refused: {stale}")
         approval = approval_of(mv.tags)
         why = f" (approved by {approval['by']})" if approval and approval["answer"] == "Approve" else ""
+        if mv.tags.get(FINGERPRINT_TAG):   # a base: no canary, one base serves every adapter
+            return _release_base(policy, model, version, mv, champion, why, actor=actor, op_id=op_id)
         if policy.promotion == "canary" and champion is not None and champion != version:
             move = aliases.start_canary(model, version, policy.canary_share, actor=actor, op_id=op_id, mv=mv,
                                         require_approval=policy.approval,
@@ -58,6 +63,24 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
         reason = ("passed gate (first run)" if champion is None else f"passed gate against v{champion}") + why
         return {**aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id, mv=mv,
                                   require_approval=policy.approval), "alias": "champion"}
+
+
+def _release_base(policy: GatePolicy, model: str, version: str, mv, champion: str | None, why: str, *,
+                  actor: str, op_id: str | None) -> dict:
+    """`<base>@champion` moves to a gated base, in one recorded move whose reason lists the serving adapters
+    (`@champion`, `@canary`) it makes incompatible: they keep their aliases, are refused by every later
+    move and must be retrained on the new base (the next ctr_lora_retrain run trains on it)."""
+    from pipelines.registry.status import adapters_on_other_bases
+
+    stranded = adapters_on_other_bases(model, mv.tags[FINGERPRINT_TAG])
+    listed = ", ".join(f"{a['model']}@{a['alias']} v{a['version']}" for a in stranded) or "none"
+    head = ("base passed gate (first base)" if champion is None else f"base passed gate against v{champion}") + why
+    reason = f"{head}; adapters this base makes incompatible (retrain them): {listed}"
+    if len(reason) > aliases.REASON_MAX_CHARS:   # the full list is on the result and in the task log
+        reason = reason[:aliases.REASON_MAX_CHARS - 24] + f" ... ({len(stranded)} in all)"
+    move = aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id, mv=mv,
+                           require_approval=policy.approval)
+    return {**move, "alias": "champion", "incompatible": stranded}
 
 
 def override(model: str, version: str, reason: str, actor: str, op_id: str | None = None) -> dict:
@@ -92,6 +115,8 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
         if on_move is not None:
             on_move(move)
         decision["release"] = {k: move.get(k) for k in RELEASE_KEYS}
+        if "incompatible" in move:   # a base: the serving adapters it strands
+            decision["release"]["incompatible"] = move["incompatible"]
         decision["promoted"] = bool(move.get("moved")) and move.get("alias") == "champion"
     return decision
 

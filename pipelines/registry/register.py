@@ -5,7 +5,8 @@ The version gets alias `candidate`; `@champion` is only ever moved by the gate o
 Registration is idempotent: the version's *registration key* is a hash of what determines the
 adapter (model name, data content hash, config hash, code version, base fingerprint). Re-running
 the task, or the whole training on the same data, config and code, finds the version carrying that
-key and returns it instead of registering a duplicate.
+key and returns it instead of registering a duplicate, first completing what a run killed right after
+`create_model_version` left out (its `candidate` alias, its model card: `_complete_registration`).
 """
 from __future__ import annotations
 
@@ -66,8 +67,30 @@ def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
         log.info("%s: data %s, config %s, code %s and base %s are already registered as v%s: returning it",
                  name, tags["data.sha256"][:12], tags["config.hash"][:12], tags["code.version"][:12],
                  tags["base.fingerprint"][:12], existing.version)
+        complete_registration(name, str(existing.version), evaluation)
         return {"model": name, "version": str(existing.version), "slot": candidate["slot"], "evaluation": evaluation,
                 "existing": True}
     version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
     model_card.publish(name, version, evaluation=evaluation)
     return {"model": name, "version": version, "slot": candidate["slot"], "evaluation": evaluation, "existing": False}
+
+
+def complete_registration(name: str, version: str, evaluation: dict) -> None:
+    """Finish a registration that a killed process left half done.
+
+    The version with its tags is one write (`create_model_version`), its `candidate` alias and its
+    model card are two more: a task killed in between leaves a version nothing points at and with no
+    card, and a re-run that only returned the existing version would leave it so for good (issue 13,
+    tests/pipelines/flows/test_faults.py). So the re-run completes what is missing, idempotently: the
+    alias only while the version still waits for its gate (a gated version has moved on, and a newer
+    candidate may hold the alias by now), the card only when the version has none.
+    """
+    from pipelines.registry import mlflow_io, model_card
+
+    mv = mlflow_io.get_version(name, version)   # with aliases and description (a search may omit them)
+    if mv.tags.get("gate.passed") == "pending" and "candidate" not in (mv.aliases or []):
+        log.info("%s v%s: registered without its @candidate alias (interrupted): setting it", name, version)
+        mlflow_io.client().set_registered_model_alias(name, "candidate", version)
+    if not (mv.description or "").strip():
+        log.info("%s v%s: registered without a model card (interrupted): publishing it", name, version)
+        model_card.publish(name, version, evaluation=evaluation)

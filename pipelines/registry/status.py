@@ -36,6 +36,25 @@ def model_status(name: str) -> dict:
             "pending": [e for e in entries if e["status"] == history.PENDING]}
 
 
+def adapters_on_other_bases(base_name: str, fingerprint: str) -> list[dict]:
+    """The serving adapter versions (`@champion`, `@canary` of every registered model) trained on a
+    version of `base_name` whose fingerprint is not `fingerprint`: what a move of `base_name@champion`
+    to that fingerprint makes incompatible (they must be retrained on it). Sorted by model and alias."""
+    from pipelines.registry import mlflow_io
+
+    c = mlflow_io.client()
+    out = []
+    for rm in c.search_registered_models():
+        for alias, version in sorted((rm.aliases or {}).items()):
+            if alias not in ("champion", "canary") or rm.name == base_name:
+                continue
+            tags = c.get_model_version(rm.name, version).tags
+            if tags.get("base.name", base_name) == base_name and tags.get("base.fingerprint") != fingerprint:
+                out.append({"model": rm.name, "alias": alias, "version": str(version),
+                            "base_version": tags.get("base.version"), "base_fingerprint": tags.get("base.fingerprint")})
+    return sorted(out, key=lambda a: (a["model"], a["alias"]))
+
+
 def _approval(tags: dict) -> str | None:
     """"Approve by alice" / "Reject by bob" from the version's `release.approval` record (None: none)."""
     try:

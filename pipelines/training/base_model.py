@@ -1,7 +1,8 @@
-"""Stage: train the frozen base CTR model fully on an early window, log it, register it as `ctr_base`.
+"""Stage: train the frozen base CTR model fully on an early window and log it.
 
-`train` returns a small JSON dict (run id, model URI, fingerprint, metrics, data lineage);
-`register` turns it into a registry version and makes it the serving base (`@champion`).
+`train` returns a small JSON dict (run id, model URI, fingerprint, metrics, data lineage, and the
+`evaluation` the base gate reads: this base and the serving base scored on the same holdout rows);
+`flows.base` registers it as `ctr_base@candidate`, gates it and releases it.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
                    on_epoch=lambda m: mlflow.log_metrics({k: v for k, v in m.items() if k != "epoch"}, step=m["epoch"]))
         metrics = summary(y_ho, predict(model, x_ho))
         mlflow.log_metrics({f"holdout_{k}": v for k, v in metrics.items() if v is not None})
+        evaluation = _against_serving_base(cfg, split.holdout, y_ho, metrics)
+        if evaluation["champion"]:
+            mlflow.log_metrics({f"serving_base_{k}": v for k, v in evaluation["champion"].items() if v is not None})
         mlflow.log_dict(split.lineage, "lineage/data.json")
         with tempfile.TemporaryDirectory() as tmp:
             meta = store.save_base(model, tmp)
@@ -50,4 +54,25 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
                  len(split.train), split.lineage["first"], split.lineage["last"], metrics["auc"], metrics["logloss"])
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "fingerprint": meta["fingerprint"],
             "metrics": metrics, "data": {k: split.lineage[k] for k in ("first", "last", "count", "sha256")},
-            "config_hash": config_hash(cfg.model), "cutoff": cutoff_day}
+            "config_hash": config_hash(cfg.model), "cutoff": cutoff_day, "evaluation": evaluation}
+
+
+def _against_serving_base(cfg: PipelineConfig, holdout, y_ho, metrics: dict) -> dict:
+    """What the base gate compares (`promotion.gate.decide_base`): this base's holdout metrics and the
+    serving base's (`<base>@champion`, loaded and checked against its registry fingerprint) on the same
+    rows, each encoded with its own model config. No serving base: `champion` is None (a first base).
+    A serving base that cannot be loaded raises: it is never read as "there is none"."""
+    from pipelines.metrics import summary
+    from pipelines.model import features
+    from pipelines.model.inference import predict
+    from pipelines.registry import mlflow_io
+    from pipelines.registry.pyfunc import load_base_from_registry
+
+    name = cfg.registry.base_model_name
+    serving = mlflow_io.version_by_alias(name, "champion")
+    champion = None
+    if serving is not None:
+        old = load_base_from_registry(name, str(serving.version))
+        champion = summary(y_ho, predict(old, features.encode(holdout, old.cfg)))
+    return {"candidate": metrics, "champion": champion, "holdout_rows": int(len(y_ho)),
+            "champion_version": str(serving.version) if serving is not None else None}

@@ -31,8 +31,8 @@ def gate_approve_release(registered, subject: str):
     """Call inside a task group whose group_id is GROUP. Returns the release task."""
     from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-    gated = GatedPromotionOperator(task_id="gate_and_promote", retries=0, registered=registered, release=False)
+    gated = GatedPromotionOperator(task_id="gate_and_promote", registered=registered, release=False)
     approve = ApprovalOperator(task_id="approve_release", subject=subject, body=BODY)
-    release = ReleaseOperator(task_id="release", retries=0, decision=gated.output, approval_task_id=APPROVE)
+    release = ReleaseOperator(task_id="release", decision=gated.output, approval_task_id=APPROVE)
     gated >> approve >> release
     return release

@@ -1,8 +1,16 @@
 """The `@dag` header every CTR DAG shares, written once.
 
-A DAG file states what is its own (id, schedule, tags, retries, params, concurrency) and
-`ctr_dag(...)` adds the rest: the start date, no catchup, the owner, the `ctr` tag, the retry delay
-and the file's docstring as the DAG's doc. The form fields that several DAGs ask for (a day, the
+A DAG file states what is its own (id, schedule, tags, params, concurrency) and `ctr_dag(...)` adds
+the rest: the start date, no catchup, the owner, the `ctr` tag, the retries and the file's docstring
+as the DAG's doc.
+
+Retries, one rule for every task: a task retries (RETRIES times, with exponential backoff from
+RETRY_DELAY up to MAX_RETRY_DELAY) unless its error is deterministic. Every CTR task touches S3 or
+MLflow, where a timeout, a 503 or a restarting server is transient; a `pipelines` refusal (a
+PipelineError: bad data, a gate rejection, a refused move, a bad config) gives the same answer on
+every try, so `ctr_task` (the `@task` of every CTR DAG) turns it into `TaskRefused`, Airflow's
+fail-without-retry exception, and the operators do the same (`ctr_airflow.operators`). Retrying is
+safe: stages are idempotent (registration keys, op ids of alias moves, committed lake partitions). The form fields that several DAGs ask for (a day, the
 lake) are built by `day_param` / `lake_uri_param`. `REGISTRY_POOL` is the one-slot pool of every
 registry write (registration, alias moves), named here and nowhere else in the code: `pipelines`
 does not need it (its registry lock serialises alias moves across processes, Airflow or not);
@@ -12,26 +20,59 @@ Import-light (DAG files import it at parse time): Airflow's SDK and pendulum onl
 """
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import Param, dag
+from airflow.sdk import Param, dag, task
+from airflow.sdk.exceptions import AirflowFailException
 
 OWNER = "ctr-ml"
 TAG = "ctr"
 # Early: backtests run on historical days (MovieLens is 1997-98).
 START_DATE = pendulum.datetime(1997, 1, 1, tz="UTC")
-RETRY_DELAY = timedelta(minutes=5)
+RETRIES = 3
+# 1, 2, 4 minutes (plus Airflow's jitter): long enough for a tracking server or an S3 endpoint to come back.
+RETRY_DELAY = timedelta(minutes=1)
+MAX_RETRY_DELAY = timedelta(minutes=30)
 REGISTRY_POOL = "ctr_registry"
-LAKE_URI_PATTERN = "^(s3://|/).+"
 # The library's limit on a move's reason (pipelines.promotion.aliases.REASON_MAX_CHARS, which imports
 # MLflow and cannot be read at parse time; tests/plugins/ctr_airflow/test_dag_defaults.py keeps them equal).
 REASON_MIN_CHARS, REASON_MAX_CHARS = 5, 1000
 
 
-def default_args(retries: int, retry_delay: timedelta = RETRY_DELAY) -> dict:
-    """The tasks' defaults: `retries` is each DAG's own choice (a task may still set its own)."""
-    return {"retries": retries, "retry_delay": retry_delay, "owner": OWNER}
+class TaskRefused(AirflowFailException):
+    """A deterministic refusal from `pipelines` (a PipelineError): the task fails without retrying."""
+
+
+def default_args(retries: int = RETRIES, retry_delay: timedelta = RETRY_DELAY) -> dict:
+    """The tasks' defaults: retries with exponential backoff (see the module doc)."""
+    return {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": 2.0,
+            "max_retry_delay": MAX_RETRY_DELAY, "owner": OWNER}
+
+
+def fail_fast(fn):
+    """`fn`, with a PipelineError (deterministic) raised as TaskRefused: no retry; anything else (a
+    network error, a 5xx after the library's own retries) propagates and Airflow retries the task.
+    Marked with `ctr_fail_fast` so tests/dags/test_dag_integrity.py can check every task has it."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        from pipelines.errors import PipelineError
+
+        try:
+            return fn(*args, **kwargs)
+        except PipelineError as exc:
+            raise TaskRefused(f"{type(exc).__name__}: {exc}") from exc
+
+    run.ctr_fail_fast = True
+    return run
+
+
+def ctr_task(fn=None, **kwargs):
+    """Airflow's `@task` (or `@task(**kwargs)`) over `fail_fast(fn)`: the task of every CTR DAG."""
+    if fn is not None:
+        return task(fail_fast(fn))
+    return lambda f: task(fail_fast(f), **kwargs)
 
 
 def day_param(description: str) -> Param:
@@ -40,9 +81,15 @@ def day_param(description: str) -> Param:
 
 
 def lake_uri_param() -> Param:
-    """A form field that points one run at another click-log lake (read by `runtime.pipeline_config`)."""
-    return Param(None, type=["null", "string"], pattern=LAKE_URI_PATTERN,
-                 description="Override the click-log lake (default: configs/pipeline.yaml)")
+    """A form field that points one run at another click-log lake (read by `runtime.pipeline_config`):
+    one of the pipeline config's lakes (`data.lake_uri`, `data.allowed_lakes`, read when the DAG file
+    is parsed), so any other lake is refused when the run is triggered, before a task runs. An
+    unreadable config is an import error of the DAG, like an unreadable gate policy."""
+    from pipelines.config import load_pipeline_config
+
+    lakes = list(load_pipeline_config().data.lakes())
+    return Param(None, type=["null", "string"], enum=[None, *lakes],
+                 description=f"Read another click-log lake, one of {lakes} (default: data.lake_uri of the pipeline config)")
 
 
 def reason_param(description: str) -> Param:
@@ -51,7 +98,7 @@ def reason_param(description: str) -> Param:
     return Param(type="string", minLength=REASON_MIN_CHARS, maxLength=REASON_MAX_CHARS, description=description)
 
 
-def ctr_dag(dag_id: str, doc_md: str, *, schedule, tags: list[str], retries: int, params: dict,
+def ctr_dag(dag_id: str, doc_md: str, *, schedule, tags: list[str], params: dict, retries: int = RETRIES,
             retry_delay: timedelta = RETRY_DELAY, **kwargs):
     """Airflow's `@dag(...)` decorator with the shared header; `kwargs` go to `@dag` as they are
     (e.g. `max_active_runs`, `render_template_as_native_obj`).

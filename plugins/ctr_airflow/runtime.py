@@ -109,12 +109,15 @@ def apply_aws_connection() -> None:
 
 
 def pipeline_config(context):
-    """The pipeline config for this run: the YAML file, with the lake of `lake_override` when there is one."""
+    """The pipeline config for this run: the YAML file, with the lake of `lake_override` when there is one.
+    A lake that is neither `data.lake_uri` nor in `data.allowed_lakes` raises ConfigError (the form
+    field refuses it when the run is triggered, `lake_uri_param`; this also covers a triggering event)."""
     from pipelines.config import load_pipeline_config
 
     apply_aws_connection()
+    cfg = load_pipeline_config()
     lake = lake_override(context)
-    return load_pipeline_config(overrides={"data": {"lake_uri": lake}} if lake else None)
+    return load_pipeline_config(overrides={"data": {"lake_uri": cfg.data.checked_lake(lake)}}) if lake else cfg
 
 
 def approval_required() -> bool:

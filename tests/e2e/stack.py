@@ -156,6 +156,7 @@ def synthetic_stack(tmp: Path, bucket: str, policy):
 
     from pipelines.config import to_dict
     from pipelines.flows.base import register_base
+    from tests.conftest import any_base_policy
     from pipelines.training import base_model
     from pipelines.validation.stage import validate_window
     from tests.pipelines.promotion.test_monitor import make_config, write_lake
@@ -174,5 +175,5 @@ def synthetic_stack(tmp: Path, bucket: str, policy):
         with this_process_on(mlflow_uri, CTR_MLFLOW_ARTIFACT_ROOT=artifact_root, CTR_CHECKPOINT_ROOT=str(tmp / "ckpt")):
             # the base's window is validated first (training reads validated days only), as the DAGs do
             assert validate_window(cfg, lake, "2024-01-03", 2)["success"]
-            register_base(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e")
+            register_base(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="e2e", policy=any_base_policy())
             yield st, cfg, lake

@@ -39,6 +39,7 @@ def stack(tmp_path_factory, s3_endpoint):
     from pipelines.promotion import aliases
     from pipelines.registry.register import register
     from pipelines.flows.base import register_base
+    from tests.conftest import any_base_policy
     from pipelines.training import adapter, base_model
     from pipelines.validation.stage import validate_window
 
@@ -52,7 +53,7 @@ def stack(tmp_path_factory, s3_endpoint):
             cfg = load_pipeline_config()
             # every day the set-up and the run read is validated first, as the DAGs' validate tasks do
             assert validate_window(cfg, lake_uri, DAY, lake_days(lake_uri))["success"]
-            register_base(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e")
+            register_base(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e", policy=any_base_policy())
             cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
             reg = register(cfg, cand, evaluate(cfg, lake_uri, cand))
             aliases.move_alias(reg["model"], "champion", reg["version"], kind="promote", actor="e2e",

@@ -30,6 +30,8 @@ CONSUMERS = {"ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor"}
 def lakes(tmp_path_factory, s3_endpoint):
     """The configured lake holds 2024-01-02..03; the lake the arrivals are run on (`lake_uri` param)
     holds 2024-01-02..04. A consumer that ignored the event's lake would not find 2024-01-04."""
+    from dataclasses import replace
+
     import boto3
     import yaml
 
@@ -44,7 +46,8 @@ def lakes(tmp_path_factory, s3_endpoint):
     write_days(Lake(configured), SPEC, "2024-01-02", 2, ROWS)
     write_days(Lake(arrivals), SPEC, "2024-01-02", 3, ROWS)
     config_path = tmp / "pipeline.yaml"
-    config_path.write_text(yaml.safe_dump(to_dict(make_config(configured))))
+    cfg = make_config(configured)   # the arrivals' lake is allowed; any other is refused (test below)
+    config_path.write_text(yaml.safe_dump(to_dict(replace(cfg, data=replace(cfg.data, allowed_lakes=(arrivals,))))))
     return tmp, config_path, configured, arrivals
 
 
@@ -99,6 +102,16 @@ def test_an_arrived_day_is_validated_and_announced(stack, lakes):
     assert states == {"wait_for_partition": "success", "validate": "success"}
     assert validated_events(stack) == [{"day": NEWEST, "lake_uri": arrivals, "source": "ctr_lake_arrival.validate"}]
     assert queued(stack) == set()   # the daily DAGs are paused: Airflow queues nothing for them
+
+
+def test_a_lake_outside_the_allowed_list_is_refused_before_any_task_runs(stack, lakes):
+    before = sql(stack, "SELECT count(*) FROM task_instance WHERE dag_id = 'ctr_lake_arrival'")
+    # a day of its own: `dags test` replaces an earlier run of the same logical date
+    proc = stack.airflow("dags", "test", "ctr_lake_arrival", "2024-01-09", "-c",
+                         json.dumps({"lake_uri": f"s3://{BUCKET}/not-listed"}), check=False)
+    assert proc.returncode != 0
+    assert "lake_uri" in proc.stdout + proc.stderr and "is not one of" in proc.stdout + proc.stderr
+    assert sql(stack, "SELECT count(*) FROM task_instance WHERE dag_id = 'ctr_lake_arrival'") == before
 
 
 def test_a_day_that_never_arrives_is_skipped_not_failed(stack, lakes):

@@ -78,6 +78,10 @@ def test_base_model_dag_registers_the_serving_base(stack):
     assert champion("ctr_base") == "1"
     assert len(v1.tags["fingerprint"]) == 64
     assert v1.tags["data.first"] == "1997-11-01" and v1.tags["data.last"] == "1997-12-31"
+    # a release: gated (the first base: the policy's floor and ceiling, calibration) and recorded
+    assert v1.tags["gate.passed"] == "true" and v1.tags["gate.first_run"] == "true", v1.tags.get("gate.checks")
+    assert history("ctr_base")[-1]["reason"] == ("base passed gate (first base); adapters this base makes "
+                                                "incompatible (retrain them): none")
 
 
 def test_retrain_two_days_gates_against_the_previous_champion(stack):

@@ -128,9 +128,18 @@ def test_base_model_through_the_rest_api(live):
     rest.trigger("ctr_base_model", "base", CUTOFF)
     for dag_id in ("ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY):
         rest.unpause(dag_id)
-    assert rest.wait("ctr_base_model", "base")["state"] == "success"
+    answered: list = []
+    # A base is a release: gated against the (absent) serving base, then approved like any release.
+    run = rest.wait("ctr_base_model", "base", on_poll=approve_all(rest, "ctr_base_model", "base", answered))
+    assert run["state"] == "success" and answered == [(-1, "Approve")]
     assert alias_of("ctr_base") == "1"
-    assert len(versions("ctr_base")[0].tags["fingerprint"]) == 64
+    tags = versions("ctr_base")[0].tags
+    assert len(tags["fingerprint"]) == 64 and tags["gate.passed"] == "true"
+    from pipelines.promotion import aliases
+
+    move = aliases.history("ctr_base")[-1]
+    assert move["reason"].startswith("base passed gate (first base) (approved by ")
+    assert move["reason"].endswith("adapters this base makes incompatible (retrain them): none")
 
 
 def test_unpausing_waits_for_data_instead_of_failing(live):

@@ -140,7 +140,7 @@ def test_literal_choice_is_rejected(tmp_path):
     (C.DataConfig, {"slots": ("a", "a")}, "distinct"),
     (C.DataConfig, {"lake_uri": "gs://bucket/x"}, "lake_uri"),
     (GatePolicy, {"auc_tolerance": 0.5}, "auc_tolerance"),
-    (GatePolicy, {"min_auc_first_run": 0.4}, "min_auc_first_run"),
+    (GatePolicy, {"min_auc_first_run": 1.5}, "min_auc_first_run"),
 ])
 def test_post_init_range_checks(cls, kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):

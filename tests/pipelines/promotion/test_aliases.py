@@ -8,18 +8,23 @@ from mlflow import MlflowClient
 from pipelines.errors import PromotionError, RegistryError
 from pipelines.promotion import aliases
 from pipelines.registry import history, mlflow_io
+from tests.conftest import adapter_tags
 
 MODEL = "ctr_lora_feed"
 
 
-def add_version(name: str, gate_passed: str | None = "true", **tags) -> str:
-    """A registered version with tags (the source is never downloaded in these tests)."""
+def add_version(name: str, gate_passed: str | None = "true", lineage: bool = True, **tags) -> str:
+    """A registered version with tags (the source is never downloaded in these tests). An adapter (no
+    `fingerprint` of its own, no `base__fingerprint` given) records the serving base it was trained on,
+    made when the store has none (tests.conftest.adapter_tags), unless `lineage=False`."""
     c = MlflowClient()
+    all_tags = {k.replace("__", "."): v for k, v in tags.items()}
+    if lineage and not ({"fingerprint", "base.fingerprint"} & set(all_tags)):
+        all_tags = adapter_tags(**all_tags)
     try:
         c.get_registered_model(name)
     except Exception:
         c.create_registered_model(name)
-    all_tags = {k.replace("__", "."): v for k, v in tags.items()}
     if gate_passed is not None:
         all_tags["gate.passed"] = gate_passed
     return str(c.create_model_version(name, source="file:///tmp/x", tags=all_tags).version)
@@ -178,6 +183,22 @@ def test_version_trained_on_another_base_is_refused(tracking):
     with pytest.raises(PromotionError, match="incompatible"):
         aliases.revert(MODEL, reason="r", to_version=stale, actor="a")
     assert champion() == good
+
+
+def test_a_version_without_a_base_fingerprint_is_refused_by_every_move(tracking):
+    """Issue 13: nobody can say what an adapter computes on the serving base if it does not record the
+    base it was trained on (its tag removed, or a version registered by hand)."""
+    first, second = add_version(MODEL), add_version(MODEL)
+    aliases.promote(MODEL, first, reason="recorded base", actor="a")
+    aliases.promote(MODEL, second, reason="recorded base", actor="a")
+    bare = add_version(MODEL, lineage=False)
+    MlflowClient().delete_model_version_tag(MODEL, first, "base.fingerprint")   # the tag removed afterwards
+    for move in (lambda: aliases.promote(MODEL, bare, reason="r", actor="a"),
+                 lambda: aliases.start_canary(MODEL, bare, 0.1, reason="r", actor="a"),
+                 lambda: aliases.revert(MODEL, reason="back to the first", actor="a")):
+        with pytest.raises(PromotionError, match="records no base fingerprint"):
+            move()
+    assert champion() == second and aliases.current(MODEL, "canary") is None
 
 
 def test_version_with_a_base_fingerprint_but_no_serving_base_is_refused(tracking):

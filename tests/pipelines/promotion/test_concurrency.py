@@ -26,7 +26,7 @@ from mlflow import MlflowClient
 
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases, lock
-from tests.conftest import REDIS_URL, free_port, redis_available, use_mlflow_server
+from tests.conftest import REDIS_URL, adapter_tags, free_port, redis_available, use_mlflow_server
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = "ctr_lora_feed"
@@ -91,7 +91,7 @@ def test_twenty_concurrent_moves_leave_one_consistent_history(registry, tmp_path
     c = MlflowClient()
     c.create_registered_model(model)
     for _ in range(5):   # a tracking server only takes remote sources without a run; never read here
-        c.create_model_version(model, source="s3://ctr-test/never-read", tags={"gate.passed": "true"})
+        c.create_model_version(model, source="s3://ctr-test/never-read", tags=adapter_tags(**{"gate.passed": "true"}))
     aliases.promote(model, "1", reason="initial champion", actor="test", op_id="init")
 
     rng = random.Random(5)
@@ -127,7 +127,7 @@ def test_over_http_without_a_lock_url_every_move_is_refused_and_nothing_moves(on
     c = MlflowClient()
     c.create_registered_model(model)
     for _ in range(2):
-        c.create_model_version(model, source="s3://ctr-test/never-read", tags={"gate.passed": "true"})
+        c.create_model_version(model, source="s3://ctr-test/never-read", tags=adapter_tags(**{"gate.passed": "true"}))
     aliases.promote(model, "1", reason="with the lock", actor="test")   # the server's lock URL: allowed
     monkeypatch.delenv(lock.LOCK_URL_ENV)
     for move in (lambda: aliases.promote(model, "2", reason="no lock", actor="test"),
@@ -150,7 +150,7 @@ def test_over_http_without_a_lock_url_every_move_is_refused_and_nothing_moves(on
 def test_an_unknown_or_unreachable_lock_url_refuses_the_move(tracking, monkeypatch, url, message):
     c = MlflowClient()
     c.create_registered_model(MODEL)
-    c.create_model_version(MODEL, source="file:///tmp/x", tags={"gate.passed": "true"})
+    c.create_model_version(MODEL, source="file:///tmp/x", tags=adapter_tags(**{"gate.passed": "true"}))
     monkeypatch.setenv(lock.LOCK_URL_ENV, url)   # set, it wins over the SQLite store's own file lock
     with pytest.raises(PromotionError, match=message) as err:
         aliases.promote(MODEL, "1", reason="r", actor="test")

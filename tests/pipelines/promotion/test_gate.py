@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipelines.config import GatePolicy, to_dict
-from pipelines.promotion.gate import decide, format_table
+from pipelines.promotion.gate import decide, decide_base, format_table
 
 POLICY = GatePolicy(auc_tolerance=0.0015, logloss_tolerance=0.005, min_auc_first_run=0.6, max_logloss_first_run=0.75,
                     max_demographic_parity_gap=0.05, max_equalized_odds_gap=0.25, calibration_min=0.7,
@@ -227,3 +227,30 @@ def test_format_table_rows_and_verdicts():
     over = copy.deepcopy(d)
     over["override"] = {"actor": "alice", "reason": "latency measured on a loaded worker"}
     assert "OVERRIDDEN by alice: latency measured" in format_table(over).splitlines()[0]
+
+
+# ----------------------------------------------------------------------------- a new base model
+def base_evaluation(cand_auc=0.70, champ_auc=0.70, cand_ll=0.40, champ_ll=0.40, calibration=1.0, champion=True):
+    """Shaped like training.base_model's `evaluation`: both bases on the same holdout rows."""
+    return {"candidate": {"auc": cand_auc, "logloss": cand_ll, "calibration_ratio": calibration, "rows": 900},
+            "champion": {"auc": champ_auc, "logloss": champ_ll, "rows": 900} if champion else None,
+            "champion_version": "4" if champion else None, "holdout_rows": 900}
+
+
+@pytest.mark.parametrize("kwargs, failed", [
+    ({}, []),
+    ({"cand_auc": 0.698}, ["auc_non_inferiority"]),                  # more than 0.0015 below the serving base
+    ({"cand_ll": 0.406}, ["logloss_non_inferiority"]),
+    ({"calibration": 1.4}, ["calibration"]),
+    ({"calibration": None}, ["calibration"]),                         # unmeasured: fails
+    ({"champion": False, "cand_auc": 0.59}, ["auc_floor"]),          # the first base: absolute floor
+    ({"champion": False, "cand_ll": 0.8}, ["logloss_ceiling"]),
+])
+def test_a_new_base_is_judged_against_the_serving_base(kwargs, failed):
+    d = decide_base(POLICY, base_evaluation(**kwargs))
+    assert sorted(c["name"] for c in d["checks"] if not c["passed"]) == failed and d["passed"] is (not failed)
+    assert d["kind"] == "base" and d["first_run"] is (kwargs.get("champion") is False)
+    assert d["champion_version"] == (None if kwargs.get("champion") is False else "4")
+    # an adapter's checks (base compatibility, fairness, latency, slots) are not a base's
+    assert {c["name"] for c in d["checks"]} <= {"auc_non_inferiority", "logloss_non_inferiority", "calibration",
+                                                "auc_floor", "logloss_ceiling"}

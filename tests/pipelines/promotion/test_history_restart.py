@@ -15,7 +15,8 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.promotion import aliases
-from tests.conftest import cross_machine_lock_url, free_port, start_mlflow_server, stop_mlflow_server
+from tests.conftest import (adapter_tags, cross_machine_lock_url, free_port, start_mlflow_server,
+                            stop_mlflow_server)
 from tests.pipelines.promotion.test_concurrency import MODEL
 
 REPO = Path(__file__).resolve().parents[3]
@@ -42,7 +43,7 @@ def test_history_survives_a_restart_of_the_tracking_server(store_uri, tmp_path, 
         c = MlflowClient()
         c.create_registered_model(MODEL)
         for _ in range(3):   # a server only takes remote sources without a run; it never downloads them here
-            c.create_model_version(MODEL, source="s3://ctr-test/never-read", tags={"gate.passed": "true"})
+            c.create_model_version(MODEL, source="s3://ctr-test/never-read", tags=adapter_tags(**{"gate.passed": "true"}))
         aliases.promote(MODEL, "1", reason="first", actor="alice")
         aliases.promote(MODEL, "2", reason="better", actor="bob")
         aliases.start_canary(MODEL, "3", 0.1, reason="try v3", actor="bob")

@@ -73,6 +73,7 @@ def register_adapter(cfg: PipelineConfig, lake: str, end_day: str, slot: str = "
 def build_world(root: Path, template_db: Path) -> dict:
     """Base + adapters in a store under `root`; returns what tests need (paths, config)."""
     from pipelines.flows.base import register_base
+    from tests.conftest import any_base_policy
     from pipelines.training import base_model
 
     lake = write_lake(str(root / "lake"))
@@ -83,7 +84,7 @@ def build_world(root: Path, template_db: Path) -> dict:
         cfg = make_config(lake)
         for uri in (lake, flipped):   # the training days, validated as the DAGs' validate task does
             validate(make_config(uri), uri, day(5), days=4)
-        register_base(cfg, base_model.train(cfg, lake, day(3)), actor="test")
+        register_base(cfg, base_model.train(cfg, lake, day(3)), actor="test", policy=any_base_policy())
         versions = {"v1": register_adapter(cfg, lake, day(4)), "v2": register_adapter(cfg, lake, day(5)),
                     "bad": register_adapter(cfg, flipped, day(5))}
         mlflow.set_tracking_uri(None)

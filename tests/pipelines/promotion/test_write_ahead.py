@@ -7,10 +7,7 @@ PostgreSQL stores (PostgreSQL when reachable)."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
@@ -20,6 +17,7 @@ from mlflow import MlflowClient
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases
 from pipelines.registry import history
+from tests.conftest import kill_at_marker
 from tests.pipelines.promotion.test_aliases import MODEL, add_version
 
 REPO = Path(__file__).resolve().parents[3]
@@ -28,19 +26,9 @@ REPO = Path(__file__).resolve().parents[3]
 def kill_during_promote(uri: str, version: str, op_id: str, point: str, tmp: Path) -> None:
     """Run aliases.promote in a child process, SIGKILL it at `point` (see crash_move)."""
     marker = tmp / f"at-{point}-{op_id}"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.pipelines.promotion.crash_move", uri, MODEL, version, op_id,
-                             point, str(marker)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MLFLOW_TRACKING_URI": uri})
-    deadline = time.monotonic() + 180
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out, err = proc.communicate()
-            pytest.fail(f"the move never reached {point} (exit {proc.returncode}):\n{err[-3000:]}")
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL
-    proc.communicate()
+    kill_at_marker([sys.executable, "-m", "tests.pipelines.promotion.crash_move", uri, MODEL, version, op_id, point,
+                    str(marker)], marker, what="the move", cwd=REPO, env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+                   timeout_s=180)
 
 
 def chain(alias: str = "champion") -> list[tuple[str, str, str]]:

@@ -27,17 +27,15 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.config import (BaseTrainConfig, DataConfig, GatePolicy, LoraTrainConfig, PipelineConfig,
-                              RegistryConfig)
+from pipelines.config import GatePolicy, RegistryConfig
 from pipelines.data.lake import Lake, concat
-from pipelines.data.synthetic import SLOTS
 from pipelines.evaluation.compare import evaluate
 from pipelines.promotion import aliases, gate
 from pipelines.registry import history, mlflow_io, register as reg
-from pipelines.flows.base import register_base
-from pipelines.training import adapter, base_model, checkpoint
+from pipelines.training import adapter, checkpoint
+from tests.conftest import any_base_policy
 from tests.pipelines.registry.test_trust import END_DAY, _fresh_process_predict
-from tests.pipelines.training.helpers import CFG
+from tests.pipelines.training.helpers import registered_base_config
 
 REPO = Path(__file__).resolve().parents[3]
 # The gate's record is what matters here, not its bar (a tiny lake, one epoch).
@@ -86,34 +84,44 @@ def test_the_issue_reproduction_registers_ctr_base_champion_over_http(on_mlflow_
     lake = tmp_path / "LAKE"
     cli(["generate", "--source", "synthetic", "--out", str(lake), "--days", "4", "--rows-per-day", "3000",
          "--seed", "1"], env, tmp_path)
-    train_base = ["train-base", "--cutoff", "2026-01-02", "--data", str(lake), "--register"]
-    env = {**env, "CTR_PIPELINE_CONFIG": str(REPO / "configs" / "synthetic.yaml"),
-           "CTR_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
+    import yaml
+
+    from pipelines.config import to_dict
+
+    policy = tmp_path / "any_base.yaml"   # the synthetic base is no better than chance: this test is about HTTP
+    policy.write_text(yaml.safe_dump(to_dict(any_base_policy())))
+    # A base name of this test's own: the session's server is shared, and another test's base (its
+    # artifacts in S3, which this client has no credentials for) would be the serving base to beat.
+    name = f"ctr_base_{uuid.uuid4().hex[:8]}"
+    config = yaml.safe_load((REPO / "configs" / "synthetic.yaml").read_text())
+    config.setdefault("registry", {})["base_model_name"] = name
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    train_base = ["train-base", "--cutoff", "2026-01-02", "--data", str(lake), "--register", "--policy", str(policy)]
+    env = {**env, "CTR_PIPELINE_CONFIG": str(tmp_path / "pipeline.yaml"), "CTR_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
     c = MlflowClient()
-    before = len(c.search_model_versions("name = 'ctr_base'"))
     refused = cli(train_base, {**env, "CTR_REGISTRY_LOCK_URL": ""}, tmp_path, ok=False)   # no lock over HTTP
     assert "set CTR_REGISTRY_LOCK_URL" in refused.stderr
-    assert len(c.search_model_versions("name = 'ctr_base'")) == before                 # nothing registered
+    assert c.search_model_versions(f"name = '{name}'") == []                            # nothing registered
     out = printed(cli(train_base, env, tmp_path))
 
-    mv = c.get_model_version_by_alias("ctr_base", "champion")
-    assert (str(mv.version), out["model"], out["moved"]) == (out["version"], "ctr_base", True)
+    mv = c.get_model_version_by_alias(name, "champion")
+    assert (str(mv.version), out["model"], out["moved"]) == (out["version"], name, True)
     assert mv.tags["fingerprint"] == out["fingerprint"] and mv.tags["gate.passed"] == "true"
     assert mv.source.startswith("models:/m-")                            # the logged model, not a copy
     logged = c.get_logged_model(mv.source.removeprefix("models:/"))
     assert logged.source_run_id == mv.run_id
     assert mv.run_id and c.get_run(mv.run_id).data.tags["data.cutoff"] == "2026-01-02"
-    last = aliases.history("ctr_base")[-1]
-    assert (last["kind"], last["to_version"], last["reason"]) == ("promote", out["version"],
-                                                                   "base model trained up to 2026-01-02")
+    last = aliases.history(name)[-1]
+    assert (last["kind"], last["to_version"]) == ("promote", out["version"])
+    assert last["reason"] == "base passed gate (first base); adapters this base makes incompatible (retrain them): none"
     stored = bucket_keys(server, logged.artifact_location)               # the weights went through to S3
     assert {"MLmodel", "artifacts/meta.json", "artifacts/base/weights.safetensors"} <= set(stored)
     exp = mlflow.get_experiment_by_name(history.HISTORY_EXPERIMENT)
     assert exp.artifact_location.startswith("mlflow-artifacts:/")
 
     rows = concat(Lake(str(lake)).read_window("2026-01-04", 1)).head(200).reset_index(drop=True)
-    here = mlflow.pyfunc.load_model(f"models:/ctr_base/{mv.version}").predict(rows)
-    fresh = _fresh_process_predict("models:/ctr_base@champion", rows, tmp_path)
+    here = mlflow.pyfunc.load_model(f"models:/{name}/{mv.version}").predict(rows)
+    fresh = _fresh_process_predict(f"models:/{name}@champion", rows, tmp_path)
     np.testing.assert_allclose(fresh, here, rtol=0, atol=1e-6)
 
 
@@ -123,14 +131,8 @@ def own_names(on_mlflow_server, lake, tmp_path, monkeypatch):
     under model names of this test's own, its base registered as <base>@champion on the shared server."""
     monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
     tag = uuid.uuid4().hex[:8]
-    cfg = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
-                         base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
-                         lora=LoraTrainConfig(r=4, alpha=8, epochs=1, batch_size=64, lr=0.02, window_days=2,
-                                              min_rows=100, warmup_steps=2),
-                         registry=RegistryConfig(base_model_name=f"ctr_base_{tag}",
-                                                 adapter_model_prefix=f"ctr_lora_{tag}_"))
-    register_base(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="test")
-    return cfg
+    return registered_base_config(lake, RegistryConfig(base_model_name=f"ctr_base_{tag}",
+                                                       adapter_model_prefix=f"ctr_lora_{tag}_"))
 
 
 def _candidate(cfg, lake: str, seed: int) -> dict:

@@ -35,12 +35,13 @@ def tiny_config(lake: str, **cold) -> PipelineConfig:
 def serving_base_config(template_db, tmp_path, monkeypatch, lake):
     """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
     from pipelines.flows.base import register_base
+    from tests.conftest import any_base_policy
     from pipelines.training import base_model
 
     use_store_copy(template_db, tmp_path, monkeypatch)
     monkeypatch.setenv("CTR_CODE_VERSION", "test")
     c = tiny_config(lake)
-    register_base(c, base_model.train(c, lake, BASE_DAY), actor="test")
+    register_base(c, base_model.train(c, lake, BASE_DAY), actor="test", policy=any_base_policy())
     try:
         yield c
     finally:

@@ -21,7 +21,7 @@ from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
 from pipelines.promotion import aliases
 from pipelines.validation.stage import read_marker, validate_window
-from tests.conftest import use_store_copy
+from tests.conftest import adapter_tags, use_store_copy
 from tests.pipelines.validation.healthy_window import (DAY, FIRST, HEALTHY, MODEL, REF_DAYS, ROWS, SPEC, config,
                                                       registry_state, synthetic)
 
@@ -64,7 +64,7 @@ def champion_db(tmp_path_factory) -> Path:
     try:
         c = MlflowClient()
         c.create_registered_model(MODEL)
-        v = c.create_model_version(MODEL, source="file:///tmp/x", tags={"gate.passed": "true"}).version
+        v = c.create_model_version(MODEL, source="file:///tmp/x", tags=adapter_tags(**{"gate.passed": "true"})).version
         assert str(v) == "1"
         aliases.promote(MODEL, "1", reason="initial champion", actor="test")
     finally:

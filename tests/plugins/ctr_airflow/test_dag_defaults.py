@@ -8,8 +8,10 @@ import pytest
 from airflow.sdk import task
 from airflow.sdk.definitions.param import ParamValidationError
 
-from ctr_airflow.dag_defaults import (OWNER, REGISTRY_POOL, RETRY_DELAY, START_DATE, TAG, ctr_dag, day_param,
-                                      default_args, lake_uri_param)
+from ctr_airflow.dag_defaults import (MAX_RETRY_DELAY, OWNER, REGISTRY_POOL, RETRIES, RETRY_DELAY, START_DATE, TAG,
+                                      TaskRefused, ctr_dag, ctr_task, day_param, default_args, fail_fast,
+                                      lake_uri_param)
+from pipelines.errors import DataValidationError, PromotionError
 
 
 def build(**kwargs):
@@ -32,7 +34,8 @@ def test_the_shared_header():
     assert dag.start_date == START_DATE and START_DATE.year == 1997   # backtests run on MovieLens days
     assert dag.catchup is False and type(dag.timetable).__name__ == "NullTimetable"
     assert set(dag.tags) == {TAG, "example"}
-    assert dag.default_args == {"retries": 2, "retry_delay": RETRY_DELAY, "owner": OWNER}
+    assert dag.default_args == {"retries": 2, "retry_delay": RETRY_DELAY, "owner": OWNER,
+                                "retry_exponential_backoff": 2.0, "max_retry_delay": MAX_RETRY_DELAY}
     assert dag.get_task("noop").retries == 2 and dag.get_task("noop").owner == OWNER
     assert list(dag.params) == ["day", "lake_uri"]
     assert dag.fileloc == __file__   # the caller's file, not the helper's: the DAG processor keys on it
@@ -44,7 +47,8 @@ def test_what_stays_each_dags_own():
     assert type(dag.timetable).__name__ == "CronTriggerTimetable"
     assert dag.default_args["retries"] == 0 and dag.default_args["retry_delay"] == dt.timedelta(minutes=1)
     assert dag.max_active_runs == 3 and dag.render_template_as_native_obj is True
-    assert default_args(1) == {"retries": 1, "retry_delay": dt.timedelta(minutes=5), "owner": "ctr-ml"}
+    assert default_args(1)["retries"] == 1 and default_args()["retries"] == RETRIES >= 2
+    assert default_args()["retry_exponential_backoff"] > 1   # 1, 2, 4 minutes: a server restart fits
 
 
 @pytest.mark.parametrize("value, ok", [(None, True), ("2024-01-05", True), ("yesterday", False), (20240105, False)])
@@ -58,15 +62,84 @@ def test_day_param(value, ok):
             param.resolve(value)
 
 
-@pytest.mark.parametrize("value, ok", [(None, True), ("s3://bucket/clicks", True), ("/data/lake", True),
+@pytest.fixture
+def two_lakes(tmp_path, monkeypatch):
+    """A pipeline config whose lake is s3://ctr-lake/clicks and which allows one other lake."""
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("data:\n  lake_uri: s3://ctr-lake/clicks\n  allowed_lakes: [/data/lake]\n")
+    monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(config))
+
+
+@pytest.mark.parametrize("value, ok", [(None, True), ("s3://ctr-lake/clicks", True), ("/data/lake", True),
+                                       ("s3://someone-elses-bucket/clicks", False), ("/etc", False),
                                        ("http://bucket/clicks", False), ("lake", False)])
-def test_lake_uri_param(value, ok):
+def test_lake_uri_param_takes_only_the_configs_lakes(two_lakes, value, ok):
+    """Checked when the run is triggered, before any task: the form's enum is the config's lakes."""
     param = lake_uri_param()
     if ok:
         assert param.resolve(value) == value
     else:
         with pytest.raises(ParamValidationError):
             param.resolve(value)
+
+
+def test_a_lake_outside_the_list_is_refused_by_the_library_too(two_lakes):
+    """A run triggered by an event naming another lake never gets past pipeline_config."""
+    from pipelines.config import load_pipeline_config
+    from pipelines.errors import ConfigError
+
+    data = load_pipeline_config().data
+    assert data.checked_lake(None) == "s3://ctr-lake/clicks" and data.checked_lake("/data/lake/") == "/data/lake"
+    with pytest.raises(ConfigError, match="lake 's3://other/clicks' is not allowed.*data.allowed_lakes"):
+        data.checked_lake("s3://other/clicks")
+
+
+def test_an_unreadable_pipeline_config_fails_the_dag_import(tmp_path, monkeypatch):
+    from pipelines.errors import ConfigError
+
+    (tmp_path / "pipeline.yaml").write_text("data:\n  allowed_lakes: [http://x]\n")
+    monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
+    with pytest.raises(ConfigError, match="allowed_lakes"):
+        lake_uri_param()
+
+
+@pytest.mark.parametrize("error", [DataValidationError("day 2024-01-02", [{"check": "rows", "observed": 0}]),
+                                   PromotionError("v3 never passed its gate")])
+def test_a_pipeline_refusal_fails_without_retry(error):
+    def stage():
+        raise error
+
+    with pytest.raises(TaskRefused, match=type(error).__name__) as refused:
+        fail_fast(stage)()
+    assert refused.value.__cause__ is error
+
+
+def test_a_transient_error_is_left_for_airflow_to_retry():
+    def stage(x, **context):
+        raise ConnectionResetError(f"S3 went away at {x}")
+
+    with pytest.raises(ConnectionResetError):
+        fail_fast(stage)(1)
+    assert fail_fast(stage).__wrapped__ is stage   # Airflow reads the signature (context kwargs) through it
+
+
+def test_ctr_task_is_airflows_task_over_fail_fast():
+    @ctr_dag("ctr_example2", "### Example", schedule=None, tags=[], params={})
+    def example():
+        @ctr_task
+        def plain() -> int:
+            return 1
+
+        @ctr_task(pool="p", retries=5)
+        def with_args() -> int:
+            return 2
+
+        plain() >> with_args()
+
+    dag = example()
+    plain, with_args = dag.get_task("plain"), dag.get_task("with_args")
+    assert plain.python_callable.ctr_fail_fast and with_args.python_callable.ctr_fail_fast
+    assert plain.retries == RETRIES and with_args.retries == 5 and with_args.pool == "p"
 
 
 def test_each_dag_gets_its_own_param_objects():

@@ -78,7 +78,8 @@ def test_without_events_the_logical_date_as_before():
 
 def test_the_run_reads_the_lake_of_its_event_unless_a_lake_is_given(tmp_path, monkeypatch):
     config = tmp_path / "pipeline.yaml"
-    config.write_text(json.dumps({"data": {"lake_uri": "s3://configured/clicks"}}))
+    config.write_text(json.dumps({"data": {"lake_uri": "s3://configured/clicks",
+                                           "allowed_lakes": ["s3://validated/clicks", "/data/by-hand"]}}))
     monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(config))
     monkeypatch.delenv("CTR_LAKE_AWS_CONN_ID", raising=False)
     ctx = triggered(event(VALIDATED, {"day": "2024-01-08", "lake_uri": "s3://validated/clicks"}))
@@ -86,6 +87,13 @@ def test_the_run_reads_the_lake_of_its_event_unless_a_lake_is_given(tmp_path, mo
     ctx["params"] = {"lake_uri": "/data/by-hand"}
     assert pipeline_config(ctx).data.lake_uri == "/data/by-hand"
     assert pipeline_config({"params": {}, "ds": "2024-01-08"}).data.lake_uri == "s3://configured/clicks"
+    # A lake outside the list, from a param or an event: refused before the task reads anything.
+    from pipelines.errors import ConfigError
+
+    for ctx in ({"params": {"lake_uri": "/etc"}}, triggered(event(VALIDATED, {"day": "2024-01-08",
+                                                                              "lake_uri": "s3://elsewhere/x"}))):
+        with pytest.raises(ConfigError, match="is not allowed"):
+            pipeline_config(ctx)
 
 
 def test_every_consumed_day_of_the_newest_lake_oldest_first():

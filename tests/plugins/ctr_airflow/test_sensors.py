@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from ctr_airflow.sensors import LakePartitionSensor, LakeUnreachable
 from pipelines.data.lake import Lake
+from pipelines.errors import ConfigError
 from pipelines.data.synthetic import SyntheticSpec, write_days
 
 DAY, MISSING = "2024-01-03", "2024-01-04"
@@ -31,13 +32,22 @@ def lake_with_day(uri: str) -> Lake:
     return lake
 
 
+def allow(lake_uri: str, tmp_path, monkeypatch) -> None:
+    """A pipeline config that lets a run be pointed at `lake_uri` (data.allowed_lakes)."""
+    config = tmp_path / "allowing.yaml"
+    config.write_text(json.dumps({"data": {"lake_uri": "s3://configured/clicks", "allowed_lakes": [lake_uri]}}))
+    monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(config))
+
+
 @pytest.fixture
-def s3_lake(s3_bucket) -> Lake:
+def s3_lake(s3_bucket, tmp_path, monkeypatch) -> Lake:
+    allow(f"s3://{s3_bucket}/clicks", tmp_path, monkeypatch)
     return lake_with_day(f"s3://{s3_bucket}/clicks")
 
 
 @pytest.fixture
-def local_lake(tmp_path) -> Lake:
+def local_lake(tmp_path, monkeypatch) -> Lake:
+    allow(str(tmp_path / "lake"), tmp_path, monkeypatch)
     return lake_with_day(str(tmp_path / "lake"))
 
 
@@ -138,7 +148,14 @@ def test_missing_day_past_the_timeout_is_skipped_not_failed(local_lake):
             context(first, day=MISSING, lake_uri=local_lake.uri))
 
 
-def test_an_unlistable_lake_fails_even_with_soft_fail(s3_endpoint):
+def test_a_lake_outside_the_configs_list_is_refused_before_any_read(s3_lake):
+    """A lake_uri the form field refused can still come from a template or a stale event: refused here too."""
+    with pytest.raises(ConfigError, match="is not allowed"):
+        LakePartitionSensor(task_id="w").execute(context(day=DAY, lake_uri="/etc"))
+
+
+def test_an_unlistable_lake_fails_even_with_soft_fail(s3_endpoint, tmp_path, monkeypatch):
+    allow("s3://no-such-bucket-ctr/clicks", tmp_path, monkeypatch)
     s = LakePartitionSensor(task_id="w")
     with pytest.raises(LakeUnreachable):
         s.execute(context(day=DAY, lake_uri="s3://no-such-bucket-ctr/clicks"))
