@@ -171,6 +171,8 @@ def test_bad_partition_stops_the_run_at_validation(stack):
     assert proc.returncode != 0
     assert f"FAILED expect_column_to_exist(slot) @ dt={BAD_DAY}" in out
     assert "DataValidationError" in out
+    # deterministic: failed at once, never retried (ctr_task: TaskRefused is Airflow's fail-without-retry)
+    assert "TaskRefused: DataValidationError" in out and "up_for_retry" not in out.lower()
     after = {s: (len(versions(f"ctr_lora_{s}")), champion(f"ctr_lora_{s}")) for s in SLOTS}
     assert after == before, "a failed validation must register nothing and leave @champion untouched"
     import mlflow
