@@ -39,20 +39,29 @@ def model_status(name: str) -> dict:
 def adapters_on_other_bases(base_name: str, fingerprint: str) -> list[dict]:
     """The serving adapter versions (`@champion`, `@canary` of every registered model) trained on a
     version of `base_name` whose fingerprint is not `fingerprint`: what a move of `base_name@champion`
-    to that fingerprint makes incompatible (they must be retrained on it). Sorted by model and alias."""
+    to that fingerprint makes incompatible (they must be retrained on it). Sorted by model and alias.
+    Other base models (a version with its own `fingerprint`) are not adapters and are left out."""
     from pipelines.registry import mlflow_io
+    from pipelines.registry.integrity import FINGERPRINT_TAG
 
     c = mlflow_io.client()
-    out = []
-    for rm in c.search_registered_models():
-        for alias, version in sorted((rm.aliases or {}).items()):
-            if alias not in ("champion", "canary") or rm.name == base_name:
-                continue
-            tags = c.get_model_version(rm.name, version).tags
-            if tags.get("base.name", base_name) == base_name and tags.get("base.fingerprint") != fingerprint:
-                out.append({"model": rm.name, "alias": alias, "version": str(version),
-                            "base_version": tags.get("base.version"), "base_fingerprint": tags.get("base.fingerprint")})
-    return sorted(out, key=lambda a: (a["model"], a["alias"]))
+    out, token = [], None
+    while True:   # every page: a registry with more models than one page holds must not hide any
+        page = c.search_registered_models(max_results=200, page_token=token)
+        for rm in page:
+            for alias, version in sorted((rm.aliases or {}).items()):
+                if alias not in ("champion", "canary"):
+                    continue
+                tags = c.get_model_version(rm.name, version).tags
+                if FINGERPRINT_TAG in tags or tags.get("base.name", base_name) != base_name:
+                    continue
+                if tags.get("base.fingerprint") != fingerprint:
+                    out.append({"model": rm.name, "alias": alias, "version": str(version),
+                                "base_version": tags.get("base.version"),
+                                "base_fingerprint": tags.get("base.fingerprint")})
+        token = page.token
+        if not token:
+            return sorted(out, key=lambda a: (a["model"], a["alias"]))
 
 
 def _approval(tags: dict) -> str | None:

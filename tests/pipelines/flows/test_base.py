@@ -58,6 +58,10 @@ def test_a_new_base_is_gated_against_the_serving_one_and_its_move_lists_the_adap
     assert aliases.history(NAME)[-1]["reason"] == ("base passed gate (first base); adapters this base makes "
                                                   "incompatible (retrain them): none")
     adapter = _adapter_champion("ctr_lora_morning", first["fingerprint"], first["version"])
+    c = MlflowClient()   # another base model serving: not an adapter, not stranded
+    c.create_registered_model("ctr_base_other")
+    c.create_model_version("ctr_base_other", source="s3://ctr-test/never-read", tags={"fingerprint": "e" * 64})
+    c.set_registered_model_alias("ctr_base_other", "champion", "1")
 
     trained = base_model.train(cfg, lake, "2024-01-04")   # one more day: other weights
     ev = trained["evaluation"]
