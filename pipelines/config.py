@@ -176,6 +176,11 @@ class LoraTrainConfig(LoraShape):
     # it: docs/benchmarks.md, "LoRA learning-rate stability rule".
     stability_max: float = 0.01
     stability_action: Literal["rescale", "reject"] = "rescale"
+    # Id tables whose rows train with the adapter, for the ids the caller names (PEFT
+    # trainable_token_indices; with the base's wide term, `wide.<table>` too): what lets an adapter
+    # learn users and items the frozen base never saw (issue 14). Empty: off.
+    trainable_tokens: tuple[str, ...] = ()
+    TOKEN_TABLES: ClassVar[tuple[str, ...]] = ("user_id", "item_id")
 
     @property
     def stability(self) -> float:
@@ -197,6 +202,9 @@ class LoraTrainConfig(LoraShape):
         _check(self.window_days >= 1, "lora.window_days must be >= 1")
         _check(0.0 < self.holdout_fraction < 0.5, "lora.holdout_fraction must be in (0, 0.5)")
         _check(0.0 <= self.val_fraction < 0.5, f"lora.val_fraction must be in [0, 0.5), got {self.val_fraction}")
+        _check(set(self.trainable_tokens) <= set(self.TOKEN_TABLES) and "embeddings" not in self.target_modules
+               or not self.trainable_tokens, f"lora.trainable_tokens must name tables of {list(self.TOKEN_TABLES)} "
+               f"and cannot be combined with LoRA on the embeddings, got {list(self.trainable_tokens)}")
         _check(self.early_stopping_patience >= 0,
                f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
         _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")

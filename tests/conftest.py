@@ -303,9 +303,11 @@ def serving_base_fingerprint(base: str = "ctr_base") -> str:
     return TEST_BASE_FINGERPRINT
 
 
-def adapter_tags(**tags) -> dict:
-    """`tags` plus the lineage of an adapter trained on the serving base (see serving_base_fingerprint)."""
-    return {"base.name": "ctr_base", "base.fingerprint": serving_base_fingerprint(), **tags}
+def adapter_tags(base: str = "ctr_base", **tags) -> dict:
+    """`tags` plus the lineage of an adapter trained on the serving `base` (see serving_base_fingerprint).
+    On the session's shared tracking server name a base of the test's own: a synthetic `ctr_base@champion`
+    there would be the serving base of every later test on that server, and it cannot be loaded."""
+    return {"base.name": base, "base.fingerprint": serving_base_fingerprint(base), **tags}
 
 
 def any_base_policy():

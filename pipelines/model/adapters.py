@@ -5,6 +5,10 @@ Besides PEFT's LoRA matrices an adapter may carry the LayerNorm biases of the ba
 every Linear bias too, `modules_to_save` copies whole modules), so `attach` un-freezes them in
 place and `save`/`load` keep them in `layernorm_bias.safetensors` next to PEFT's files.
 Consequence: `disable_adapter()` switches the LoRA matrices off but not those biases.
+
+With `lora.trainable_tokens` an adapter also trains the rows of chosen ids in the id tables (PEFT's
+`trainable_token_indices`: the rows are stored in the adapter, the tables stay frozen): LoRA on
+q/v cannot give a user the base never saw a representation of its own, and these rows can.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from torch import nn
 
 from pipelines.config import LoraTrainConfig
 from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +42,34 @@ def target_names(cfg: LoraTrainConfig) -> list[str]:
     return out
 
 
-def peft_config(cfg: LoraTrainConfig):
+def token_targets(base: nn.Module, cfg: LoraTrainConfig, rows: dict[str, list[int]] | None) -> dict[str, list[int]]:
+    """PEFT `trainable_token_indices`: for each table of `cfg.trainable_tokens`, the rows in `rows` (table
+    -> bucket indices, `features.id_buckets`), on `embeddings.<table>` and, when the base has a wide
+    term, on `wide.<table>` too (an id's first-order bias is what a daily refit mostly learns). A table
+    without rows is left out; rows for a table the config does not name are refused."""
+    if cfg.trainable_tokens and rows is None:   # never a silent LoRA-only adapter when rows were asked for
+        raise ConfigError(f"lora.trainable_tokens is {list(cfg.trainable_tokens)} but no token rows were given: "
+                         "the caller picks the ids whose rows train (features.id_buckets)")
+    rows = rows or {}
+    extra = sorted(set(rows) - set(cfg.trainable_tokens))
+    if extra:
+        raise ConfigError(f"token rows for {extra}, but lora.trainable_tokens is {list(cfg.trainable_tokens)}")
+    wide = getattr(base, "wide", None) is not None
+    out = {}
+    for table in cfg.trainable_tokens:
+        picked = sorted({int(i) for i in rows.get(table, ())})
+        if picked:
+            out[f"embeddings.{table}"] = picked
+            if wide:
+                out[f"wide.{table}"] = picked
+    return out
+
+
+def peft_config(cfg: LoraTrainConfig, token_indices: dict[str, list[int]] | None = None):
     from peft import LoraConfig
 
     return LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=target_names(cfg), bias="none")
+                      target_modules=target_names(cfg), bias="none", trainable_token_indices=token_indices or None)
 
 
 # Why lora.stability_max defaults to 0.01 (measurements): docs/benchmarks.md, "LoRA learning-rate stability rule".
@@ -60,16 +88,19 @@ def _layernorm_biases(base: nn.Module) -> dict[str, nn.Parameter]:
             if isinstance(m, nn.LayerNorm) and m.bias is not None}
 
 
-def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default"):
+def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default",
+           token_rows: dict[str, list[int]] | None = None):
     """Wrap `base` with a fresh LoRA adapter; only the adapter's A/B matrices train (and the
-    LayerNorm biases when cfg.train_layernorm_bias).
+    LayerNorm biases when cfg.train_layernorm_bias, and the id rows `token_rows` of the tables of
+    cfg.trainable_tokens, see `token_targets`).
 
     PEFT injects the LoRA layers into `base` in place, so pass a model you own (load a fresh base).
     """
     from peft import get_peft_model
 
     base.requires_grad_(False)
-    model = get_peft_model(base, peft_config(cfg), adapter_name=adapter_name)
+    tokens = token_targets(base, cfg, token_rows)
+    model = get_peft_model(base, peft_config(cfg, tokens), adapter_name=adapter_name)
     if cfg.train_layernorm_bias:
         for p in _layernorm_biases(model.get_base_model()).values():
             p.requires_grad_(True)

@@ -107,12 +107,12 @@ class CTRModel(nn.Module):
 def fingerprint(model: nn.Module) -> str:
     """sha256 over the base weights (names, shapes, dtypes and bytes, in name order).
 
-    LoRA-injected parameters are excluded so a PEFT-wrapped base has the same fingerprint as the
-    plain one; this is what ties an adapter to the exact base it was trained on.
+    LoRA-injected parameters and trainable token rows are excluded so a PEFT-wrapped base has the same
+    fingerprint as the plain one; this is what ties an adapter to the exact base it was trained on.
     """
     h = hashlib.sha256()
-    clean = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
-             for k, v in model.state_dict().items() if "lora_" not in k}
+    clean = {k.replace("base_model.model.", "").replace(".token_adapter", "").replace(".base_layer", ""): v
+             for k, v in model.state_dict().items() if "lora_" not in k and "trainable_tokens_" not in k}
     for name in sorted(clean):
         t = clean[name].detach().cpu().contiguous()
         h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())

@@ -25,6 +25,14 @@ def _hash_bucket(values: pd.Series, buckets: int) -> np.ndarray:
     return (pd.util.hash_array(arr) % np.uint64(buckets)).astype(np.int64)
 
 
+def id_buckets(values: pd.Series, field: str, cfg: ModelConfig) -> list[int]:
+    """The sorted distinct rows of table `field` (an id field) that `values` hash to: what an adapter
+    with trainable token rows trains for these ids (model.adapters.attach)."""
+    if field not in ID_FIELDS:
+        raise ValueError(f"{field} is not an id field ({ID_FIELDS})")
+    return sorted(int(b) for b in np.unique(_hash_bucket(values, field_sizes(cfg)[field])))
+
+
 def encode(frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
     """Return an int64 array [rows, len(FEATURE_FIELDS)] of per-field token ids."""
     sizes = field_sizes(cfg)

@@ -298,14 +298,10 @@ class AdapterServer:
 
     def _inject(self, ref: VersionRef, adapter_dir: Path, name: str) -> None:
         """Add the adapter to the store PeftModel (caller holds the store lock)."""
-        from peft import PeftModel
-
         try:
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(self._store_base, str(adapter_dir), adapter_name=name,
-                                                       is_trainable=False)
-            else:
-                self._peft.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
+            # batched.load_adapter, not PEFT's: once a token adapter is in the store, PEFT 0.21.2 cannot load
+            # an adapter without tokens on the same tables (see there)
+            self._peft = batched.load_adapter(self._peft, self._store_base, str(adapter_dir), name)
             problems = batched.unsupported(self._store_base, name, self._hooked)
         except Exception as exc:
             self._drop(name)

@@ -43,8 +43,9 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     lc = cfg.lora
     base_ref = serving_base(cfg)
     stab = adapters.stable_lr(lc)
-    model = _fresh_adapter(lc, base_ref)
-    streams = holdout_streams(cfg, lake_uri, end_day, slot, model.get_base_model().cfg)
+    base = _serving_base_model(base_ref)
+    streams = holdout_streams(cfg, lake_uri, end_day, slot, base.cfg)
+    model = _fresh_adapter(lc, base, token_rows(lc, streams, base.cfg))
     data_lineage = streams["index"].lineage()
     sizes = adapters.trainable_fraction(model)
     settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
@@ -73,14 +74,37 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
             "resumed_from_epoch": result["resumed_from_epoch"]}
 
 
-def _fresh_adapter(lc: LoraTrainConfig, base_ref: dict):
-    """The serving base (checked against its fingerprint) with a new adapter attached."""
-    from pipelines.model import adapters
+def _serving_base_model(base_ref: dict):
+    """The serving base as a torch module, checked against its registry fingerprint."""
     from pipelines.registry.pyfunc import load_base_from_registry
+
+    return load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"])
+
+
+def token_rows(lc: LoraTrainConfig, streams: dict, model_cfg) -> dict[str, list[int]] | None:
+    """The id rows an adapter with `lora.trainable_tokens` trains: those of every id in its train and val
+    rows. The holdout's own new ids are left out, so the gate scores them as tomorrow's unseen ids
+    (they keep the base's rows). None when the option is off."""
+    if not lc.trainable_tokens:
+        return None
+    from pipelines.model import features
+
+    tables = list(lc.trainable_tokens)
+    found: dict[str, set[int]] = {t: set() for t in tables}
+    end = max(streams["train"].hi, streams["val"].hi)   # the holdout starts where both end
+    for frame in streams["index"].frames(0, end, 262_144, columns=tables):
+        for t in tables:
+            found[t].update(features.id_buckets(frame[t], t, model_cfg))
+    return {t: sorted(v) for t, v in found.items()}
+
+
+def _fresh_adapter(lc: LoraTrainConfig, base, rows: dict[str, list[int]] | None):
+    """`base` with a new adapter attached (and the id rows `rows` training, see `token_rows`)."""
+    from pipelines.model import adapters
     from pipelines.training.loop import seed_everything
 
     seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
-    return adapters.attach(load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"]), lc)
+    return adapters.attach(base, lc, token_rows=rows)
 
 
 def _log_inputs(lc: LoraTrainConfig, slot: str, end_day: str, base_ref: dict, stab: dict, streams: dict, store,

@@ -41,6 +41,20 @@ class AirflowREST:
             raise RestError(f"{method} {path} -> {r.status_code}: {r.text[:2000]}")
         return r
 
+    def wait_for_dags(self, dag_ids, timeout_s: float = 300) -> None:
+        """Until the DAG processor has parsed every one of `dag_ids` (a DAG whose config appeared after the
+        stack started is an import error until its file is parsed again); fails with the import errors."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = {d["dag_id"] for d in self.request("GET", "/dags", params={"limit": 100}).json()["dags"]}
+            if set(dag_ids) <= found:
+                return
+            if time.monotonic() > deadline:
+                errors = self.request("GET", "/importErrors").json().get("import_errors", [])
+                raise RestError(f"DAGs {sorted(set(dag_ids) - found)} not parsed within {timeout_s:.0f} s; "
+                                f"import errors: {[(e.get('filename'), e.get('stack_trace', '')[-300:]) for e in errors]}")
+            time.sleep(3)
+
     def unpause(self, dag_id: str) -> None:
         self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 

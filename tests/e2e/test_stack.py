@@ -86,6 +86,9 @@ def live(tmp_path_factory):
                              AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
                              MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
             movielens_lake(tmp, bucket, DAY2, cold_start={"window_days": 45, "history_days": 60})
+            # The DAG files read the pipeline config when parsed (the lake_uri form field): it is written
+            # only now, so wait until the DAG processor has parsed every DAG with it.
+            st.rest().wait_for_dags(["ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY])
             yield st
     finally:
         down = st.cli("down", "--purge")

@@ -91,7 +91,8 @@ def test_twenty_concurrent_moves_leave_one_consistent_history(registry, tmp_path
     c = MlflowClient()
     c.create_registered_model(model)
     for _ in range(5):   # a tracking server only takes remote sources without a run; never read here
-        c.create_model_version(model, source="s3://ctr-test/never-read", tags=adapter_tags(**{"gate.passed": "true"}))
+        c.create_model_version(model, source="s3://ctr-test/never-read",
+                               tags=adapter_tags(f"{model}_base", **{"gate.passed": "true"}))
     aliases.promote(model, "1", reason="initial champion", actor="test", op_id="init")
 
     rng = random.Random(5)
@@ -127,7 +128,8 @@ def test_over_http_without_a_lock_url_every_move_is_refused_and_nothing_moves(on
     c = MlflowClient()
     c.create_registered_model(model)
     for _ in range(2):
-        c.create_model_version(model, source="s3://ctr-test/never-read", tags=adapter_tags(**{"gate.passed": "true"}))
+        c.create_model_version(model, source="s3://ctr-test/never-read",
+                               tags=adapter_tags(f"{model}_base", **{"gate.passed": "true"}))
     aliases.promote(model, "1", reason="with the lock", actor="test")   # the server's lock URL: allowed
     monkeypatch.delenv(lock.LOCK_URL_ENV)
     for move in (lambda: aliases.promote(model, "2", reason="no lock", actor="test"),

@@ -2,6 +2,7 @@
 the run's params, the default checkpoint location, resume after a crash past training, cleanup."""
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
@@ -44,3 +45,45 @@ def test_adapter_records_the_effective_lr_and_resumes_after_a_crash(cfg, lake, t
     fresh = adapter.train(cfg, lake, END_DAY, "feed", checkpoint_uri=str(tmp_path / "elsewhere"))
     assert fresh["resumed_from_epoch"] is None
     assert fresh["metrics"] == resumed["metrics"]   # same seed, same data: the resumed run is the same model
+
+
+def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(serving_store, lake):
+    """lora.trainable_tokens (issue 14): the stage picks the rows of every id in its train and val rows;
+    ids first seen in the holdout keep the base's rows, so the gate judges the adapter on them as on
+    tomorrow's new users. The rows are in the logged adapter, which loads like any other."""
+    import json
+
+    import mlflow
+
+    from pipelines.model import features
+    from pipelines.model.stream import holdout_streams
+
+    cfg = registered_base_config(lake, epochs=1, lr=0.05, trainable_tokens=("user_id",))
+    out = adapter.train(cfg, lake, END_DAY, "feed")
+    streams = holdout_streams(cfg, lake, END_DAY, "feed", cfg.model)
+    seen = {u for f in streams["index"].frames(0, streams["holdout"].lo, 65_536, columns=["user_id"])
+            for u in f["user_id"]}
+    later = {u for f in streams["holdout"].frames(columns=["user_id"]) for u in f["user_id"]} - seen
+    local = mlflow.artifacts.download_artifacts(artifact_uri=out["model_uri"]) + "/artifacts/adapter"
+    indices = json.loads(open(f"{local}/adapter_config.json").read())["trainable_token_indices"]
+    assert sorted(indices["embeddings.user_id"]) == features.id_buckets(pd.Series(sorted(seen)), "user_id", cfg.model)
+    only_later = set(features.id_buckets(pd.Series(sorted(later)), "user_id", cfg.model)) - set(
+        indices["embeddings.user_id"])
+    assert later and only_later   # new holdout users exist and their rows were not trained
+    from pipelines.model import adapters
+    from pipelines.model.base import CTRModel
+
+    model = adapters.load(CTRModel(cfg.model), local)   # the logged adapter's files carry the rows
+    assert any("trainable_tokens_delta" in n for n, _ in model.named_parameters())
+    assert out["trainable_fraction"] > lora_only_fraction(cfg)
+
+
+def lora_only_fraction(cfg) -> float:
+    """The trainable fraction of the same adapter without token rows."""
+    from dataclasses import replace
+
+    from pipelines.model import adapters
+    from pipelines.model.base import CTRModel
+
+    return adapters.trainable_fraction(adapters.attach(CTRModel(cfg.model), replace(cfg.lora, trainable_tokens=())))[
+        "trainable_fraction"]
