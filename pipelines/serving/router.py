@@ -1,4 +1,4 @@
-"""Multi-adapter serving: one frozen base in memory, every serving LoRA adapter on one PeftModel.
+"""Multi-adapter serving: one frozen base in memory, every serving adapter (LoRA, id rows) on one PeftModel.
 
 Each adapter version is loaded once, under its own PEFT adapter name (a fresh `a<seq>_<hash>` per
 load, never reused, so a reload cannot pick up a previous load's state); the readable key
@@ -16,9 +16,10 @@ Mixed batches. Options measured (default ModelConfig, batch 32 over 4 adapters, 
 * chosen, `serving.batched`: PEFT loads and keeps the adapters on a *store* module tree that shares
   the base's weight tensors and never runs a forward; each routing table serves with a plain tree of
   the base (tensors shared again) whose targeted layers have a forward hook adding each row's LoRA term
-  from weights stacked for that table (a gather and two batched matmuls per targeted layer, any number
-  of adapters): 1.16x the merged model's forward on the same batch, ~1.1x end to end
-  (`pipelines.bench.serving`). Each thread passes its rows' stack indices through a ContextVar;
+  (or, on an id table, its trainable token rows) from weights stacked for that table (a gather and two
+  batched matmuls per targeted layer, any number of adapters): 1.16x the merged model's forward on the
+  same batch, ~1.1x end to end (`pipelines.bench.serving`). An adapter holding anything the stacks do
+  not compute is refused ("unsupported"), never served without it. Each thread passes its rows' stack indices through a ContextVar;
   requests share no mutable state.
 
 Swap and unload safety. A refresh resolves the aliases, loads (download + verify + inject into the
