@@ -207,6 +207,20 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_backtest(a) -> int:
+    from pipelines.bench import backtest
+    from pipelines.config import load_pipeline_config
+
+    logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
+    out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
+                       names=a.only.split(",") if a.only else backtest.COMPARATORS)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(backtest.table(out))
+    return 0
+
+
 VERBOSE_HELP = "log at INFO, and print the full traceback of an unexpected error"
 
 
@@ -302,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("which", choices=["training", "quality", "headroom", "validation", "serving"])
     bn.add_argument("--quick", action="store_true", help="a short run (training, serving: under a minute)")
     bn.set_defaults(fn=cmd_bench)
+
+    bt = sub.add_parser("backtest", help="score every day by models fitted on the days before it (MovieLens)")
+    bt.add_argument("--from", dest="day_from", help="first scored day (default: where `bench quality` splits)")
+    bt.add_argument("--to", dest="day_to", help="last scored day (default: the last day)")
+    bt.add_argument("--days", type=int, help="at most this many scored days")
+    bt.add_argument("--only", help="comma-separated comparators (default: all)")
+    bt.add_argument("--config")
+    bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    bt.set_defaults(fn=cmd_backtest)
 
     mo = sub.add_parser("monitor", help="score @champion / @canary on one validated day; promote, withdraw, revert")
     mo.add_argument("--day", required=True, help="the partition date (YYYY-MM-DD)")

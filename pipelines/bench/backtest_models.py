@@ -1,0 +1,207 @@
+"""The comparators of the backtest: what scores each day's rows, fitted only on the rows before them.
+
+* ``static``: the base CTRModel trained once on the history of the first scored day (the cutoff);
+* ``full_retrain``: the same base trained from scratch every day on all earlier rows (the cost reference);
+* ``adapter``: the static base + one daily LoRA adapter per slot (the config's `lora`, id rows off);
+* ``adapter_ids``: the same with the rows of the window's user and item ids training too
+  (`lora.trainable_tokens`, default user_id and item_id when the config names none);
+* ``lr_daily``: the one-hot logistic regression of `quality_protocol`, refitted every day on all earlier
+  rows (C chosen once, on the latest 10% of the first day's history).
+
+Bases train as `training.base_model` trains them (`base_training` settings, the config's `model`), on
+every history row: the base stage's holdout only monitors the last epoch, it selects nothing, so the
+backtest keeps no rows back. An adapter trains on its slot's rows of the `lora.window_days` days before
+the day, the newest `lora.val_fraction` of them validating each epoch (early stopping, best epoch kept),
+as the adapter stage trains; the evaluation holdout the gate needs is the stage replay's business, not
+a comparator's. `cpu_s` counts the process CPU seconds of training only (scoring is not a cost of
+retraining), with torch on one thread as the pipeline trains.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipelines.bench.backtest_protocol import Backtest, Day
+from pipelines.config import LoraTrainConfig, PipelineConfig
+
+log = logging.getLogger(__name__)
+
+ID_TABLES = ("user_id", "item_id")
+
+
+class Comparator:
+    """Scores one day at a time, in order; `cpu_s` accumulates training CPU seconds."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+
+    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        return {}
+
+    def _timed(self, fn, *args, **kwargs):
+        t = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.cpu_s += time.process_time() - t
+
+
+# ------------------------------------------------------------------------------------------ LR
+class LrDaily(Comparator):
+    name = "lr_daily"
+
+    def __init__(self, C: float | None = None) -> None:
+        super().__init__()
+        self.C = C
+        self.val_auc: dict | None = None
+
+    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
+        from pipelines.bench import quality_protocol as qp
+
+        history = bt.history(day)
+        if self.C is None:   # chosen once, before the first scored day, as the static benchmark chooses it
+            fit, val = qp.temporal_split(history, 1.0 - qp.VAL_FRACTION)
+            self.C, self.val_auc = qp.tune_lr(fit, val)
+        model = self._timed(qp.fit_lr, history, self.C)
+        return qp.predict_lr(model, bt.scored(day))
+
+    def info(self) -> dict:
+        return {"C": self.C, "val_auc_by_C": self.val_auc}
+
+
+# ----------------------------------------------------------------------------------- base model
+def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base"):
+    """A CTRModel trained on `rows` as the base stage trains one (settings, seed, schedule), in eval mode."""
+    from pipelines.model import features
+    from pipelines.model.base import CTRModel
+    from pipelines.training.loop import LoopSettings, seed_everything, train
+
+    bt = cfg.base_training
+    seed_everything(bt.seed)
+    model = CTRModel(cfg.model)
+    settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
+    train(model, features.encode(rows, cfg.model), features.labels(rows), settings, desc=desc)
+    return model.eval()
+
+
+def score(model, cfg: PipelineConfig, rows: pd.DataFrame) -> np.ndarray:
+    from pipelines.model import features
+    from pipelines.model.inference import predict
+
+    return predict(model, features.encode(rows, cfg.model))
+
+
+class Static(Comparator):
+    """The base frozen at the cutoff; the adapters' base too (`model`)."""
+
+    name = "static"
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = None
+
+    def ensure(self, bt: Backtest):
+        if self.model is None:
+            self.model = self._timed(fit_base, self.cfg, bt.history(bt.days[0]), "backtest-static")
+        return self.model
+
+    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
+        return score(self.ensure(bt), self.cfg, bt.scored(day))
+
+
+class FullRetrain(Comparator):
+    name = "full_retrain"
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
+        model = self._timed(fit_base, self.cfg, bt.history(day), f"backtest-full-{day.date}")
+        return score(model, self.cfg, bt.scored(day))
+
+
+# -------------------------------------------------------------------------------------- adapters
+def lora_only_config(lc: LoraTrainConfig) -> LoraTrainConfig:
+    """`lc` with its id rows off: LoRA on the configured projections only."""
+    return dataclasses.replace(lc, trainable_tokens=())
+
+
+def id_token_config(lc: LoraTrainConfig) -> LoraTrainConfig:
+    """`lc` with id rows training: its own `trainable_tokens`, or user_id and item_id when it names none."""
+    return dataclasses.replace(lc, trainable_tokens=tuple(lc.trainable_tokens) or ID_TABLES)
+
+
+class SlotAdapters(Comparator):
+    """One adapter per slot trained every morning on `static`'s base; a slot with fewer than
+    `lora.min_rows` window rows is scored by the base, as the pipeline leaves it without a candidate."""
+
+    def __init__(self, name: str, cfg: PipelineConfig, lora: LoraTrainConfig, static: Static) -> None:
+        super().__init__()
+        self.name, self.cfg, self.lora, self.static = name, cfg, lora, static
+        self.trained = 0
+        self.bytes: list[int] = []
+        self.token_rows: list[int] = []
+
+    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
+        base = self.static.ensure(bt)
+        rows = bt.scored(day)
+        window = bt.window(day, self.lora.window_days)
+        out = np.empty(len(rows))
+        for slot in sorted(set(rows["slot"])):
+            at = (rows["slot"] == slot).to_numpy()
+            train = window[window["slot"] == slot]
+            model = base if len(train) < self.lora.min_rows else self._timed(self._fit, base, train, f"{day.date}/{slot}")
+            out[at] = score(model, self.cfg, rows[at])
+        return out
+
+    def _fit(self, base, rows: pd.DataFrame, label: str):
+        from pipelines.data.splits import time_split
+        from pipelines.model import adapters, features
+        from pipelines.training.loop import LoopSettings, seed_everything, train
+
+        lc = self.lora
+        token_rows = None
+        if lc.trainable_tokens:   # every id of the adapter's train and val rows, as training.adapter picks them
+            token_rows = {t: features.id_buckets(rows[t], t, self.cfg.model) for t in lc.trainable_tokens}
+            self.token_rows.append(sum(len(v) for v in token_rows.values()))
+        seed_everything(lc.seed)
+        model = adapters.attach(copy.deepcopy(base), lc, token_rows=token_rows)
+        fit, val = time_split(rows, lc.val_fraction)
+        settings = LoopSettings(lc.epochs, lc.batch_size, lc.stable_lr(), lc.weight_decay, lc.warmup_steps, lc.seed,
+                                patience=lc.early_stopping_patience)
+        enc = self.cfg.model
+        train(model, features.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
+              val=(features.encode(val, enc), features.labels(val)) if len(val) else None)
+        self.trained += 1
+        self.bytes.append(_saved_bytes(model))
+        return model.eval()
+
+    def info(self) -> dict:
+        return {"adapters_trained": self.trained,
+                "adapter_bytes": int(np.mean(self.bytes)) if self.bytes else None,
+                "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
+                "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),
+                         "trainable_tokens": list(self.lora.trainable_tokens), "window_days": self.lora.window_days}}
+
+
+def _saved_bytes(model) -> int:
+    """Bytes of the adapter as the pipeline stores it (adapters.save: PEFT's files)."""
+    from pipelines.model import adapters
+
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters.save(model, tmp)
+        return sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())
