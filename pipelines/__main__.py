@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 import traceback
 
 
@@ -214,6 +215,13 @@ def cmd_backtest(a) -> int:
     logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
     out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
                        names=a.only.split(",") if a.only else backtest.COMPARATORS)
+    if a.report or a.mlflow:
+        from pipelines.bench import backtest_report
+
+        files = backtest_report.write(out, a.report or tempfile.mkdtemp(prefix="backtest-"))
+        out["report"] = files["html"]
+        if a.mlflow:
+            out["mlflow_run_id"] = backtest_report.log_to_mlflow(out, files)
     if a.json:
         print(json.dumps(out))
     else:
@@ -324,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
     bt.add_argument("--config")
     bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")
+    bt.add_argument("--mlflow", action="store_true",
+                    help="log the result and the report to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
     bt.set_defaults(fn=cmd_backtest)
 
     mo = sub.add_parser("monitor", help="score @champion / @canary on one validated day; promote, withdraw, revert")

@@ -180,6 +180,9 @@ class LoraTrainConfig(LoraShape):
     # trainable_token_indices; with the base's wide term, `wide.<table>` too): what lets an adapter
     # learn users and items the frozen base never saw (issue 14). Empty: off.
     trainable_tokens: tuple[str, ...] = ()
+    # Only those id rows train; the LoRA matrices keep their zero start (a no-op). In the backtest,
+    # LoRA on q/v trained with the rows cost cold users' AUC (docs/benchmarks.md, "Backtest").
+    tokens_only: bool = False
     TOKEN_TABLES: ClassVar[tuple[str, ...]] = ("user_id", "item_id")
 
     @property
@@ -205,6 +208,8 @@ class LoraTrainConfig(LoraShape):
         _check(set(self.trainable_tokens) <= set(self.TOKEN_TABLES) and "embeddings" not in self.target_modules
                or not self.trainable_tokens, f"lora.trainable_tokens must name tables of {list(self.TOKEN_TABLES)} "
                f"and cannot be combined with LoRA on the embeddings, got {list(self.trainable_tokens)}")
+        _check(not self.tokens_only or bool(self.trainable_tokens),
+               "lora.tokens_only needs lora.trainable_tokens: with no id rows an adapter would train nothing")
         _check(self.early_stopping_patience >= 0,
                f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
         _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")

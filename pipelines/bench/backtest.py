@@ -125,12 +125,16 @@ def _goals(r: dict) -> dict:
 
 
 def _per_day(bt: Backtest, preds: dict[str, np.ndarray]) -> list[dict]:
+    """Per day: its rows, warm rows, each comparator's AUC on the day (`<name>`) and on every row scored
+    so far (`cum_<name>`)."""
     y, warm = bt.labels(), bt.warm[bt.first:bt.last]
     rows = []
     for day in bt.days:
         at = slice(day.start - bt.first, day.stop - bt.first)
+        upto = slice(0, day.stop - bt.first)
         rows.append({"date": day.date, "rows": day.rows, "warm_rows": int(warm[at].sum()),
-                     **{n: summary(y[at], p[at], warm[at])["auc"] for n, p in preds.items()}})
+                     **{n: summary(y[at], p[at], warm[at])["auc"] for n, p in preds.items()},
+                     **{f"cum_{n}": summary(y[upto], p[upto], warm[upto])["auc"] for n, p in preds.items()}})
     return rows
 
 

@@ -3,8 +3,9 @@
 * ``static``: the base CTRModel trained once on the history of the first scored day (the cutoff);
 * ``full_retrain``: the same base trained from scratch every day on all earlier rows (the cost reference);
 * ``adapter``: the static base + one daily LoRA adapter per slot (the config's `lora`, id rows off);
-* ``adapter_ids``: the same with the rows of the window's user and item ids training too
-  (`lora.trainable_tokens`, default user_id and item_id when the config names none);
+* ``adapter_ids``: daily adapters that learn ids: the config's `lora` if it names `trainable_tokens`,
+  otherwise the choice validated on the 46 days before the default range (docs/benchmarks.md): the
+  rows of the window's user ids only (`trainable_tokens: [user_id]`, `tokens_only: true`);
 * ``lr_daily``: the one-hot logistic regression of `quality_protocol`, refitted every day on all earlier
   rows (C chosen once, on the latest 10% of the first day's history).
 
@@ -33,7 +34,8 @@ from pipelines.config import LoraTrainConfig, PipelineConfig
 
 log = logging.getLogger(__name__)
 
-ID_TABLES = ("user_id", "item_id")
+# chosen on the validation days: item rows and LoRA on q/v, trained with the user rows, cost cold rows AUC
+ID_TOKENS = {"trainable_tokens": ("user_id",), "tokens_only": True}
 
 
 class Comparator:
@@ -137,12 +139,12 @@ class FullRetrain(Comparator):
 # -------------------------------------------------------------------------------------- adapters
 def lora_only_config(lc: LoraTrainConfig) -> LoraTrainConfig:
     """`lc` with its id rows off: LoRA on the configured projections only."""
-    return dataclasses.replace(lc, trainable_tokens=())
+    return dataclasses.replace(lc, trainable_tokens=(), tokens_only=False)
 
 
 def id_token_config(lc: LoraTrainConfig) -> LoraTrainConfig:
-    """`lc` with id rows training: its own `trainable_tokens`, or user_id and item_id when it names none."""
-    return dataclasses.replace(lc, trainable_tokens=tuple(lc.trainable_tokens) or ID_TABLES)
+    """`lc` if it names `trainable_tokens`, otherwise `lc` with the validated id-row choice (ID_TOKENS)."""
+    return lc if lc.trainable_tokens else dataclasses.replace(lc, **ID_TOKENS)
 
 
 class SlotAdapters(Comparator):
@@ -195,7 +197,8 @@ class SlotAdapters(Comparator):
                 "adapter_bytes": int(np.mean(self.bytes)) if self.bytes else None,
                 "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
                 "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),
-                         "trainable_tokens": list(self.lora.trainable_tokens), "window_days": self.lora.window_days}}
+                         "trainable_tokens": list(self.lora.trainable_tokens),
+                         "tokens_only": self.lora.tokens_only, "window_days": self.lora.window_days}}
 
 
 def _saved_bytes(model) -> int:

@@ -92,7 +92,7 @@ def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default",
            token_rows: dict[str, list[int]] | None = None):
     """Wrap `base` with a fresh LoRA adapter; only the adapter's A/B matrices train (and the
     LayerNorm biases when cfg.train_layernorm_bias, and the id rows `token_rows` of the tables of
-    cfg.trainable_tokens, see `token_targets`).
+    cfg.trainable_tokens, see `token_targets`; with cfg.tokens_only those rows alone).
 
     PEFT injects the LoRA layers into `base` in place, so pass a model you own (load a fresh base).
     """
@@ -101,6 +101,10 @@ def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default",
     base.requires_grad_(False)
     tokens = token_targets(base, cfg, token_rows)
     model = get_peft_model(base, peft_config(cfg, tokens), adapter_name=adapter_name)
+    if cfg.tokens_only:   # PEFT wants a LoRA target; its B matrices start at zero and stay there
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.requires_grad_(False)
     if cfg.train_layernorm_bias:
         for p in _layernorm_biases(model.get_base_model()).values():
             p.requires_grad_(True)

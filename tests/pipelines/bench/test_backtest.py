@@ -3,10 +3,13 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
+import mlflow
 import numpy as np
 import pytest
 
-from pipelines.bench import backtest, quality_protocol as qp
+from pipelines.bench import backtest, backtest_report, quality_protocol as qp
 from pipelines.config import load_pipeline_config
 from pipelines.data import movielens
 from pipelines.metrics import auc
@@ -19,7 +22,7 @@ def frame():
     return movielens.load()
 
 
-def test_two_days_of_every_comparator(frame):
+def test_two_days_of_every_comparator_and_the_report_on_an_mlflow_server(frame, on_mlflow_server, tmp_path):
     cfg = load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}})
     r = backtest.run(cfg, frame, max_days=2)
 
@@ -34,12 +37,28 @@ def test_two_days_of_every_comparator(frame):
     # adapters: three slots a day, trained and stored; the id adapter carries its rows too
     ids, plain = r["comparators"]["adapter_ids"], r["comparators"]["adapter"]
     assert plain["adapters_trained"] == ids["adapters_trained"] == 6
-    assert ids["token_rows_mean"] > 100 and plain["token_rows_mean"] is None
+    assert ids["token_rows_mean"] > 20 and plain["token_rows_mean"] is None
     assert r["adapter_ids_bytes"] > r["adapter_bytes"] > 0
-    assert ids["lora"]["trainable_tokens"] == ["user_id", "item_id"] and plain["lora"]["trainable_tokens"] == []
+    assert ids["lora"]["trainable_tokens"] == ["user_id"] and ids["lora"]["tokens_only"]
+    assert plain["lora"]["trainable_tokens"] == [] and not plain["lora"]["tokens_only"]
     assert all(r[f"{n}_cpu_s"] > 0 for n in ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily"))
     assert 0 < r["adapter_ids_cost_share"] < 1
     assert set(r["comparators"]["lr_daily"]["val_auc_by_C"]) == {str(c) for c in qp.LR_C_GRID}
+    assert r["per_day"][-1]["cum_lr_daily"] == r["lr_daily_auc"]   # cumulative up to the last day = overall
+
+    files = backtest_report.write(r, tmp_path / "report")
+    page = Path(files["html"]).read_text()
+    assert "1998-03-08" in page and 'src="auc_over_time.png"' in page and "| adapter_ids |" in page
+    assert Path(files["image"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(Path(files["json"]).read_text())["rows"] == r["rows"]
+    run_id = backtest_report.log_to_mlflow(r, files)
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    assert run.data.metrics["adapter_ids_auc"] == r["adapter_ids_auc"] and run.data.tags["stage"] == "backtest"
+    curve = client.get_metric_history(run_id, "cum_full_retrain_auc")
+    assert [(m.step, m.value) for m in curve] == [(i + 1, d["cum_full_retrain"]) for i, d in enumerate(r["per_day"])]
+    assert {a.path for a in client.list_artifacts(run_id, "backtest")} == {
+        "backtest/backtest.html", "backtest/auc_over_time.png", "backtest/backtest.json"}
 
 
 def test_the_cli_scores_the_static_benchmarks_test_rows_by_the_lr_refitted_on_what_came_before(frame):

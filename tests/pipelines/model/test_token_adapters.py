@@ -57,6 +57,23 @@ def test_only_the_chosen_rows_and_the_projections_train(data, wide):
     assert fingerprint(model) == fingerprint(fresh(wide))   # the frozen base is what adapters are tied to
 
 
+def test_tokens_only_trains_the_rows_alone_and_leaves_other_ids_scored_as_the_base_scores_them(data):
+    x, y = data
+    rows = window_rows(x)
+    only = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"), trainable_tokens=("user_id",),
+                           tokens_only=True)
+    model = adapters.attach(fresh(wide=True), only, token_rows={"user_id": rows["user_id"]})
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all("trainable_tokens_delta" in n for n in names), names
+    train(model, x, y, settings(epochs=2, lr=5e-2))
+    assert all(torch.count_nonzero(p) == 0 for n, p in model.named_parameters() if "lora_B" in n)
+    others = ~np.isin(x[:, USER], rows["user_id"])
+    assert others.any() and (~others).any()
+    base = fresh(wide=True)
+    torch.testing.assert_close(out(model, x[others]), out(base, x[others]), rtol=0, atol=1e-6)
+    assert not torch.allclose(out(model, x[~others]), out(base, x[~others]), atol=1e-4)
+
+
 def test_saved_rows_reload_with_identical_outputs_and_cost_what_they_hold(data, tmp_path):
     x, y = data
     rows = window_rows(x)
@@ -85,6 +102,7 @@ def test_rows_are_refused_for_a_table_the_config_does_not_name_and_none_means_of
 @pytest.mark.parametrize("kwargs, match", [
     ({"trainable_tokens": ("gender",)}, "trainable_tokens must name tables"),
     ({"trainable_tokens": ("user_id",), "target_modules": ("q_proj", "embeddings")}, "cannot be combined"),
+    ({"tokens_only": True}, "tokens_only needs lora.trainable_tokens"),
 ])
 def test_the_config_refuses_what_it_cannot_train(kwargs, match):
     with pytest.raises(ConfigError, match=match):
