@@ -214,7 +214,7 @@ def cmd_backtest(a) -> int:
 
     logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
     out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
-                       names=a.only.split(",") if a.only else backtest.COMPARATORS)
+                       names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots)
     if a.report or a.mlflow:
         from pipelines.bench import backtest_report
 
@@ -330,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--to", dest="day_to", help="last scored day (default: the last day)")
     bt.add_argument("--days", type=int, help="at most this many scored days")
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
+    bt.add_argument("--ids-all-slots", action="store_true",
+                    help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)")
     bt.add_argument("--config")
     bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")

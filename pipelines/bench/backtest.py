@@ -27,30 +27,33 @@ log = logging.getLogger(__name__)
 COMPARATORS = ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily")
 
 
-def comparators(cfg: PipelineConfig, names=COMPARATORS) -> dict[str, bm.Comparator]:
+def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = True) -> dict[str, bm.Comparator]:
     """The comparators `names` (a subset of COMPARATORS), in the order they run; the adapters share
-    the static base, which is trained once whether or not `static` itself is reported."""
+    the static base, which is trained once whether or not `static` itself is reported. `ids_per_slot`
+    False: one `adapter_ids` adapter a day for every slot, on all the window's rows (a diagnostic: the
+    pipeline trains adapters per slot)."""
     unknown = sorted(set(names) - set(COMPARATORS))
     if unknown:
         raise ConfigError(f"backtest: unknown comparators {unknown}; choose from {list(COMPARATORS)}")
     static = bm.Static(cfg)
     made = {"static": static,
             "adapter": bm.SlotAdapters("adapter", cfg, bm.lora_only_config(cfg.lora), static),
-            "adapter_ids": bm.SlotAdapters("adapter_ids", cfg, bm.id_token_config(cfg.lora), static),
+            "adapter_ids": bm.SlotAdapters("adapter_ids", cfg, bm.id_token_config(cfg.lora), static,
+                                           per_slot=ids_per_slot),
             "full_retrain": bm.FullRetrain(cfg),
             "lr_daily": bm.LrDaily()}
     return {n: made[n] for n in COMPARATORS if n in names}
 
 
 def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to: str | None = None,
-        max_days: int | None = None, names=COMPARATORS, parallel: bool = True) -> dict:
+        max_days: int | None = None, names=COMPARATORS, parallel: bool = True, ids_per_slot: bool = True) -> dict:
     """Replay the scored days of `frame` (default: MovieLens-100K) for the comparators `names`."""
     if frame is None:
         from pipelines.data import movielens
 
         frame = movielens.load()
     bt = build(frame, day_from, day_to, max_days)
-    models = comparators(cfg, names)
+    models = comparators(cfg, names, ids_per_slot=ids_per_slot)
     log.info("backtest: %d days %s..%s, %d scored rows (%d warm), comparators %s", len(bt.days), bt.days[0].date,
              bt.days[-1].date, bt.last - bt.first, int(bt.warm[bt.first:bt.last].sum()), list(models))
     t0 = time.perf_counter()

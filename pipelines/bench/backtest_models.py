@@ -148,27 +148,32 @@ def id_token_config(lc: LoraTrainConfig) -> LoraTrainConfig:
 
 
 class SlotAdapters(Comparator):
-    """One adapter per slot trained every morning on `static`'s base; a slot with fewer than
-    `lora.min_rows` window rows is scored by the base, as the pipeline leaves it without a candidate."""
+    """Adapters trained every morning on `static`'s base. `per_slot` (the pipeline's adapters): one per
+    slot on its slot's window rows; otherwise one for every slot on all of the window's rows. Fewer than
+    `lora.min_rows` rows: the base scores, as the pipeline leaves such a slot without a candidate."""
 
-    def __init__(self, name: str, cfg: PipelineConfig, lora: LoraTrainConfig, static: Static) -> None:
+    def __init__(self, name: str, cfg: PipelineConfig, lora: LoraTrainConfig, static: Static, *,
+                 per_slot: bool = True) -> None:
         super().__init__()
-        self.name, self.cfg, self.lora, self.static = name, cfg, lora, static
+        self.name, self.cfg, self.lora, self.static, self.per_slot = name, cfg, lora, static, per_slot
         self.trained = 0
         self.bytes: list[int] = []
         self.token_rows: list[int] = []
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
-        base = self.static.ensure(bt)
         rows = bt.scored(day)
         window = bt.window(day, self.lora.window_days)
+        if not self.per_slot:
+            return score(self._model(bt, window, day.date), self.cfg, rows)
         out = np.empty(len(rows))
         for slot in sorted(set(rows["slot"])):
             at = (rows["slot"] == slot).to_numpy()
-            train = window[window["slot"] == slot]
-            model = base if len(train) < self.lora.min_rows else self._timed(self._fit, base, train, f"{day.date}/{slot}")
-            out[at] = score(model, self.cfg, rows[at])
+            out[at] = score(self._model(bt, window[window["slot"] == slot], f"{day.date}/{slot}"), self.cfg, rows[at])
         return out
+
+    def _model(self, bt: Backtest, train: pd.DataFrame, label: str):
+        base = self.static.ensure(bt)
+        return base if len(train) < self.lora.min_rows else self._timed(self._fit, base, train, label)
 
     def _fit(self, base, rows: pd.DataFrame, label: str):
         from pipelines.data.splits import time_split
@@ -193,7 +198,7 @@ class SlotAdapters(Comparator):
         return model.eval()
 
     def info(self) -> dict:
-        return {"adapters_trained": self.trained,
+        return {"adapters_trained": self.trained, "per_slot": self.per_slot,
                 "adapter_bytes": int(np.mean(self.bytes)) if self.bytes else None,
                 "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
                 "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),

@@ -87,3 +87,11 @@ def test_an_unknown_comparator_or_day_is_a_usage_error():
     unknown = subprocess.run([sys.executable, "-m", "pipelines", "backtest", "--only", "static,xgboost"],
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2 and "unknown comparators ['xgboost']" in unknown.stderr
+
+
+def test_ids_on_every_slot_train_one_adapter_a_day(frame):
+    cfg = load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}})
+    r = backtest.run(cfg, frame, max_days=2, names=("adapter_ids",), ids_per_slot=False)
+    ids = r["comparators"]["adapter_ids"]
+    assert ids["adapters_trained"] == 2 and ids["per_slot"] is False
+    assert set(r) >= {"adapter_ids_auc", "adapter_ids_auc_warm", "adapter_ids_auc_cold"} and "static_auc" not in r
