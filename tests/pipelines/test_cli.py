@@ -218,9 +218,11 @@ def test_an_interrupted_stage_exits_130_with_one_line():
                        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
         proc = subprocess.Popen([PYTHON, "-m", "pipelines", "status"], cwd=REPO_ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        conn, _ = server.accept()  # the stage now waits on a server that never answers: Ctrl-C it there
+        conn, _ = server.accept()
         with conn:
-            proc.send_signal(signal.SIGINT)
+            conn.settimeout(60)
+            assert conn.recv(65536).startswith(b"GET ")   # the request is sent: the stage now waits on a server
+            proc.send_signal(signal.SIGINT)                 # that never answers; Ctrl-C it there
             out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.splitlines() == ["interrupted in status"] and out == ""
