@@ -209,6 +209,14 @@ def test_verbose_adds_the_full_traceback_before_the_one_line(argv):
     assert p.stderr.splitlines()[-1].startswith("error in status: MlflowException: "), p.stderr
 
 
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT as a shell gives it (default action, not blocked). A child inherits
+    an ignored or blocked SIGINT from its parent, and Python then never raises KeyboardInterrupt: in CI
+    the test hung twice that way, under an xdist worker, with the request already sent."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_stage_exits_130_with_one_line():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -217,7 +225,7 @@ def test_an_interrupted_stage_exits_130_with_one_line():
         env = cli_env({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.getsockname()[1]}",
                        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
         proc = subprocess.Popen([PYTHON, "-m", "pipelines", "status"], cwd=REPO_ROOT, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_terminal_sigint)
         conn, _ = server.accept()
         with conn:
             conn.settimeout(60)
