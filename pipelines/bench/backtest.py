@@ -11,6 +11,7 @@ this one runs the others, each process on one torch thread.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import multiprocessing
 import time
@@ -58,7 +59,8 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
              bt.days[-1].date, bt.last - bt.first, int(bt.warm[bt.first:bt.last].sum()), list(models))
     t0 = time.perf_counter()
     child = models.pop("full_retrain", None) if parallel else None
-    with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) if child else _Nothing() as pool:
+    second = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) if child else None
+    with second or contextlib.nullcontext() as pool:
         remote = pool.submit(_replay_alone, child, bt) if child else None
         preds = _replay(models, bt)
         if remote is not None:
@@ -85,14 +87,6 @@ def _replay_alone(model: bm.Comparator, bt: Backtest) -> tuple[np.ndarray, bm.Co
     """`_replay` of one comparator (the body of the second process)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     return _replay({model.name: model}, bt)[model.name], model
-
-
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.ndarray], wall_s: float) -> dict:
