@@ -337,6 +337,9 @@ class GatePolicy:
     slot_tolerances: dict = field(default_factory=dict)   # {slot: tolerance} overrides slot_auc_tolerance
     # absolute checks, every run (first runs: only these)
     min_auc_first_run: float = 0.6
+    # every run: below this AUC on its holdout a candidate is never released, whatever the champion scores
+    # there (a day of flipped labels makes both score below 0.5 and the relative checks pass; the backtest's fault)
+    min_auc: float = 0.5
     max_logloss_first_run: float = 0.75
     max_demographic_parity_gap: float = 0.2    # max gap in mean pCTR between gender / age groups
     max_equalized_odds_gap: float = 0.4        # max TPR / FPR gap at the serving threshold
@@ -349,6 +352,11 @@ class GatePolicy:
     # release
     promotion: Literal["canary", "direct"] = "canary"
     canary_share: float = 0.1                  # share of users (hash of user_id) served by @canary
+    # A candidate that passes while an earlier canary is still being watched: `hold` (it stays gated, not
+    # released; a later retrain releases once the canary is promoted or withdrawn) or `replace` it. With
+    # daily retrains `replace` restarts the watch every day, so no canary ever reached canary_healthy_windows
+    # in the backtest's replay (docs/benchmarks.md).
+    canary_in_flight: Literal["hold", "replace"] = "hold"
     approval: bool = False                     # a human approves (Airflow HITL) before the release
     # after release: ctr_champion_monitor, one window = one newly validated daily partition
     canary_healthy_windows: int = 3            # canary no worse than the champion this many windows => champion
@@ -378,7 +386,8 @@ class GatePolicy:
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 0.5
             for k, v in self.slot_tolerances.items()),
             f"gate.slot_tolerances must map slot names to tolerances in [0, 0.5), got {self.slot_tolerances!r}")
-        _check(0.0 <= self.min_auc_first_run <= 1.0, "gate.min_auc_first_run must be in [0, 1]")
+        _check(0.0 <= self.min_auc_first_run <= 1.0 and 0.0 <= self.min_auc <= 1.0,
+               "gate.min_auc_first_run and gate.min_auc must be in [0, 1]")
         _check(self.max_logloss_first_run > 0, "gate.max_logloss_first_run must be > 0")
         _check(0 < self.max_demographic_parity_gap <= 1 and 0 < self.max_equalized_odds_gap <= 1,
                "gate.max_demographic_parity_gap and max_equalized_odds_gap must be in (0, 1]")

@@ -316,7 +316,7 @@ def any_base_policy():
     chance). The base gate itself is tested with the shipped policy (tests/pipelines/flows/test_base.py)."""
     from pipelines.config import GatePolicy
 
-    return GatePolicy(min_auc_first_run=0.0, max_logloss_first_run=1e9, auc_tolerance=0.49, logloss_tolerance=1e9,
+    return GatePolicy(min_auc_first_run=0.0, min_auc=0.0, max_logloss_first_run=1e9, auc_tolerance=0.49, logloss_tolerance=1e9,
                       calibration_min=1e-9, calibration_max=1e9)
 
 

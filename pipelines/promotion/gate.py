@@ -96,6 +96,13 @@ def _first_run(policy: GatePolicy, cand: dict) -> list[dict]:
                    "first run: no champion, absolute logloss ceiling applies")]
 
 
+def _auc_floor(policy: GatePolicy, cand: dict) -> dict:
+    c_auc = cand.get("auc")
+    return _check("auc_floor_every_run", c_auc, policy.min_auc, c_auc is not None and c_auc >= policy.min_auc,
+                  "candidate AUC on its holdout must reach the floor whatever the champion scores: below it the "
+                  "holdout or the model is broken (e.g. a day of flipped labels)")
+
+
 def _non_inferiority(policy: GatePolicy, evaluation: dict) -> list[dict]:
     cand, champ, v = evaluation["candidate"], evaluation["champion"], evaluation.get("champion_version")
     out = []
@@ -142,7 +149,7 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
     """`base` = {"candidate": fingerprint the adapter was trained on, "serving": ctr_base@champion's}."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
     checks = [base_check(base)] if base is not None else []
-    checks += _first_run(policy, cand) if champ is None else _relative(policy, evaluation)
+    checks += _first_run(policy, cand) if champ is None else [_auc_floor(policy, cand), *_relative(policy, evaluation)]
     checks += _absolute(policy, evaluation)
     return _decision(policy, evaluation, checks)
 
@@ -153,7 +160,8 @@ def decide_base(policy: GatePolicy, evaluation: dict) -> dict:
     Fairness, latency, per-slot AUC and DeLong superiority are judged on what serves users, the
     adapters: each one retrained on this base passes the full gate before it serves."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
-    checks = _first_run(policy, cand) if champ is None else _non_inferiority(policy, evaluation)
+    checks = (_first_run(policy, cand) if champ is None else
+              [_auc_floor(policy, cand), *_non_inferiority(policy, evaluation)])
     return {**_decision(policy, evaluation, [*checks, _calibration(policy, cand)]), "kind": "base"}
 
 

@@ -1,7 +1,8 @@
 """Release a version that passed its gate (or was overridden): to @canary or to @champion.
 
 With `promotion: canary` a passing candidate takes `canary_share` of the users next to the serving
-champion, and `ctr_champion_monitor` promotes or withdraws it from live windows. There is nothing to
+champion, and `ctr_champion_monitor` promotes or withdraws it from live windows. While a canary is
+being watched, another passing candidate is held (`canary_in_flight: hold`, nothing moves) or replaces it. There is nothing to
 compare a canary against before the first champion, so a first run is released straight to
 @champion (the decision's `first_run` says so). `promotion: direct` always moves @champion. A base
 model always goes to @champion (one base serves every adapter), in a move whose reason lists the
@@ -55,6 +56,12 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
         if mv.tags.get(FINGERPRINT_TAG):   # a base: no canary, one base serves every adapter
             return _release_base(policy, model, version, mv, champion, why, actor=actor, op_id=op_id)
         if policy.promotion == "canary" and champion is not None and champion != version:
+            watched = aliases.current(model, "canary")
+            if policy.canary_in_flight == "hold" and watched not in (None, version):
+                return {"moved": False, "model": model, "alias": "canary", "from_version": watched,
+                        "to_version": watched, "held": True,
+                        "reason": f"v{version} passed its gate but canary v{watched} is still being watched "
+                                  "(canary_in_flight: hold); a later retrain releases once it is promoted or withdrawn"}
             move = aliases.start_canary(model, version, policy.canary_share, actor=actor, op_id=op_id, mv=mv,
                                         require_approval=policy.approval,
                                         reason=f"passed gate against v{champion}: canary at "
@@ -115,6 +122,8 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
         if on_move is not None:
             on_move(move)
         decision["release"] = {k: move.get(k) for k in RELEASE_KEYS}
+        if move.get("held"):   # passed, not released: a canary is still being watched
+            decision["release"].update(held=True, reason=move["reason"])
         if "incompatible" in move:   # a base: the serving adapters it strands
             decision["release"]["incompatible"] = move["incompatible"]
         decision["promoted"] = bool(move.get("moved")) and move.get("alias") == "champion"

@@ -48,7 +48,7 @@ def test_a_good_candidate_passes_every_check_and_the_record_is_complete():
     d = decide(POLICY, evaluation(), base=SAME)
     assert d["passed"] and not failed(d) and d["first_run"] is False and d["champion_version"] == "3"
     names = [c["name"] for c in d["checks"]]
-    assert names == ["base_compatible", "auc_non_inferiority", "logloss_non_inferiority", "slot_auc[morning]",
+    assert names == ["base_compatible", "auc_floor_every_run", "auc_non_inferiority", "logloss_non_inferiority", "slot_auc[morning]",
                      "slot_auc[night]", "fairness_dp[age_bucket]", "fairness_eo[age_bucket]", "fairness_dp[gender]",
                      "fairness_eo[gender]", "calibration", "latency_p99_batch32_ms"]
     for c in d["checks"]:
@@ -58,6 +58,20 @@ def test_a_good_candidate_passes_every_check_and_the_record_is_complete():
 
 
 # ----------------------------------------------------------------------------- each check fails alone
+def test_a_corrupted_holdout_cannot_pass_on_relative_checks_alone():
+    # a day of flipped labels: champion and candidate both score below chance on the holdout, the candidate
+    # less so (the backtest's injected fault: 0.356 against 0.336); every relative check passes
+    flipped = evaluation(cand_auc=0.356, champ_auc=0.336, slots={"morning": 0.356, "night": 0.356},
+                         champ_slots={"morning": 0.336, "night": 0.336}, cand_ll=0.74, champ_ll=0.89)
+    d = decide(POLICY, flipped, base=SAME)
+    assert failed(d) == ["auc_floor_every_run"] and not d["passed"]
+    assert check(d, "auc_floor_every_run")["threshold"] == 0.5
+    assert decide(replace(POLICY, min_auc=0.3), flipped, base=SAME)["passed"]
+    base = decide_base(POLICY, flipped)
+    assert "auc_floor_every_run" in failed(base)
+
+
+
 @pytest.mark.parametrize("change, name", [
     ({"cand_auc": 0.7084}, "auc_non_inferiority"),                           # 0.71 - 0.0015 = 0.7085
     ({"cand_ll": 0.3051}, "logloss_non_inferiority"),
@@ -253,4 +267,4 @@ def test_a_new_base_is_judged_against_the_serving_base(kwargs, failed):
     assert d["champion_version"] == (None if kwargs.get("champion") is False else "4")
     # an adapter's checks (base compatibility, fairness, latency, slots) are not a base's
     assert {c["name"] for c in d["checks"]} <= {"auc_non_inferiority", "logloss_non_inferiority", "calibration",
-                                                "auc_floor", "logloss_ceiling"}
+                                                "auc_floor", "logloss_ceiling", "auc_floor_every_run"}

@@ -54,6 +54,21 @@ def test_first_release_goes_to_champion_then_candidates_go_to_canary(registry):
         aliases.promote_canary(MODEL, reason="nothing there", actor="monitor")
 
 
+def test_a_pass_while_a_canary_is_watched_is_held_unless_the_policy_says_replace(registry):
+    release.release(CANARY, MODEL, "1", actor="dag")
+    release.release(CANARY, MODEL, "2", actor="dag")
+    v4 = add_version(MODEL, base__fingerprint=FP, gate__champion_version="1")
+    assert CANARY.canary_in_flight == "hold"   # the default: daily retrains would otherwise restart every watch
+    held = release.release(CANARY, MODEL, v4, actor="dag")
+    assert held["moved"] is False and held["held"] and "canary v2 is still being watched" in held["reason"]
+    assert aliases.current(MODEL, "canary") == "2" and len(aliases.history(MODEL, "canary")) == 1
+    replaced = release.release(replace(CANARY, canary_in_flight="replace"), MODEL, v4, actor="dag")
+    assert replaced["moved"] and aliases.current(MODEL, "canary") == v4
+    aliases.withdraw_canary(MODEL, reason="canary AUC below the champion's", actor="monitor")
+    assert release.release(CANARY, MODEL, v4, actor="dag")["moved"]   # nothing watched: released
+    assert aliases.current(MODEL, "canary") == v4
+
+
 def test_direct_policy_moves_the_champion(registry):
     release.release(DIRECT, MODEL, "1", actor="dag")
     moved = release.release(DIRECT, MODEL, "2", actor="dag")
