@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 import traceback
 
 
@@ -208,27 +207,6 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def cmd_backtest(a) -> int:
-    from pipelines.bench import backtest
-    from pipelines.config import load_pipeline_config
-
-    logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
-    out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
-                       names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots)
-    if a.report or a.mlflow:
-        from pipelines.bench import backtest_report
-
-        files = backtest_report.write(out, a.report or tempfile.mkdtemp(prefix="backtest-"))
-        out["report"] = files["html"]
-        if a.mlflow:
-            out["mlflow_run_id"] = backtest_report.log_to_mlflow(out, files)
-    if a.json:
-        print(json.dumps(out))
-    else:
-        print(backtest.table(out))
-    return 0
-
-
 VERBOSE_HELP = "log at INFO, and print the full traceback of an unexpected error"
 
 
@@ -325,19 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--quick", action="store_true", help="a short run (training, serving: under a minute)")
     bn.set_defaults(fn=cmd_bench)
 
-    bt = sub.add_parser("backtest", help="score every day by models fitted on the days before it (MovieLens)")
-    bt.add_argument("--from", dest="day_from", help="first scored day (default: where `bench quality` splits)")
-    bt.add_argument("--to", dest="day_to", help="last scored day (default: the last day)")
-    bt.add_argument("--days", type=int, help="at most this many scored days")
-    bt.add_argument("--only", help="comma-separated comparators (default: all)")
-    bt.add_argument("--ids-all-slots", action="store_true",
-                    help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)")
-    bt.add_argument("--config")
-    bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")
-    bt.add_argument("--mlflow", action="store_true",
-                    help="log the result and the report to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
-    bt.set_defaults(fn=cmd_backtest)
+    from pipelines.bench import backtest_cli
+
+    backtest_cli.add_parser(sub)
 
     mo = sub.add_parser("monitor", help="score @champion / @canary on one validated day; promote, withdraw, revert")
     mo.add_argument("--day", required=True, help="the partition date (YYYY-MM-DD)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import time
@@ -20,19 +21,26 @@ import numpy as np
 
 from pipelines.bench import backtest_models as bm
 from pipelines.bench.backtest_protocol import Backtest, build, summary
-from pipelines.config import PipelineConfig
+from pipelines.bench.backtest_served import Served
+from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
 from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-COMPARATORS = ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily")
+COMPARATORS = ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily", "served")
+# Each in a process of its own when `parallel`: the slow ones (full_retrain: a base a day; served: the
+# pipeline's stages, MLflow included); the others run in this process meanwhile.
+SEPARATE = ("full_retrain", "served")
+QUICK_DAYS = 7
 
 
-def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = True) -> dict[str, bm.Comparator]:
+def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = True, policy: GatePolicy | None = None,
+                served_dir: str | None = None, flip_labels: str | None = None) -> dict[str, bm.Comparator]:
     """The comparators `names` (a subset of COMPARATORS), in the order they run; the adapters share
     the static base, which is trained once whether or not `static` itself is reported. `ids_per_slot`
     False: one `adapter_ids` adapter a day for every slot, on all the window's rows (a diagnostic: the
-    pipeline trains adapters per slot)."""
+    pipeline trains adapters per slot). `served` replays the pipeline under `policy` (default: the gate
+    policy file) in `served_dir` (default: a new temporary directory), `flip_labels` its injected fault."""
     unknown = sorted(set(names) - set(COMPARATORS))
     if unknown:
         raise ConfigError(f"backtest: unknown comparators {unknown}; choose from {list(COMPARATORS)}")
@@ -43,28 +51,38 @@ def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = 
                                            per_slot=ids_per_slot),
             "full_retrain": bm.FullRetrain(cfg),
             "lr_daily": bm.LrDaily()}
+    if "served" in names:
+        made["served"] = Served(cfg, policy or load_gate_policy(), served_dir, flip_labels=flip_labels)
     return {n: made[n] for n in COMPARATORS if n in names}
 
 
 def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to: str | None = None,
-        max_days: int | None = None, names=COMPARATORS, parallel: bool = True, ids_per_slot: bool = True) -> dict:
-    """Replay the scored days of `frame` (default: MovieLens-100K) for the comparators `names`."""
+        max_days: int | None = None, names=COMPARATORS, parallel: bool = True, ids_per_slot: bool = True,
+        quick: bool = False, **served) -> dict:
+    """Replay the scored days of `frame` (default: MovieLens-100K) for the comparators `names`;
+    `served`: `comparators`' policy, served_dir and flip_labels. `quick`: at most 7 days, and only the
+    rows of the config's first slot (that slot alone in the config)."""
     if frame is None:
         from pipelines.data import movielens
 
         frame = movielens.load()
+    if quick:
+        slot = cfg.data.slots[0]
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, slots=(slot,)))
+        frame = frame[frame["slot"] == slot]
+        max_days = min(max_days or QUICK_DAYS, QUICK_DAYS)
     bt = build(frame, day_from, day_to, max_days)
-    models = comparators(cfg, names, ids_per_slot=ids_per_slot)
+    models = comparators(cfg, names, ids_per_slot=ids_per_slot, **served)
     log.info("backtest: %d days %s..%s, %d scored rows (%d warm), comparators %s", len(bt.days), bt.days[0].date,
              bt.days[-1].date, bt.last - bt.first, int(bt.warm[bt.first:bt.last].sum()), list(models))
     t0 = time.perf_counter()
-    child = models.pop("full_retrain", None) if parallel else None
-    second = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) if child else None
-    with second or contextlib.nullcontext() as pool:
-        remote = pool.submit(_replay_alone, child, bt) if child else None
-        preds = _replay(models, bt)
-        if remote is not None:
-            preds["full_retrain"], models["full_retrain"] = remote.result()
+    alone = {n: models.pop(n) for n in SEPARATE if n in models} if parallel else {}
+    others = cf.ProcessPoolExecutor(len(alone), mp_context=multiprocessing.get_context("spawn")) if alone else None
+    with others or contextlib.nullcontext() as pool:
+        remote = {n: pool.submit(_replay_alone, m, bt) for n, m in alone.items()}
+        preds = _replay(models, bt) if models else {}
+        for n, future in remote.items():
+            preds[n], models[n] = future.result()
     return _result(bt, models, preds, time.perf_counter() - t0)
 
 
@@ -102,6 +120,11 @@ def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.
     for name in ("adapter", "adapter_ids"):
         if name in models:
             out[f"{name}_bytes"] = models[name].info()["adapter_bytes"]
+    if "served" in models:
+        served = models["served"].info()
+        out.update({k: served[k] for k in ("gate_releases", "gate_rejections", "gate_held", "canary_promotions",
+                                           "canary_withdrawals", "reverts", "days_not_validated")})
+        out.update(gate_trust=served["trust"], fault=served["fault"])
     out.update(_goals(out))
     out["per_day"] = _per_day(bt, preds)
     out["comparators"] = {n: m.info() for n, m in models.items() if m.info()}
@@ -118,6 +141,11 @@ def _goals(r: dict) -> dict:
         out["adapter_ids_gain_share"] = round((r["adapter_ids_auc"] - r["static_auc"]) / gain, 3) if gain else None
     if r.get("adapter_ids_cpu_s") is not None and r.get("full_retrain_cpu_s"):
         out["adapter_ids_cost_share"] = round(r["adapter_ids_cpu_s"] / r["full_retrain_cpu_s"], 3)
+    daily = {n: r[f"{n}_auc"] for n in ("adapter", "adapter_ids", "full_retrain", "lr_daily")
+             if r.get(f"{n}_auc") is not None}
+    if r.get("served_auc") is not None and daily:
+        best = max(daily, key=daily.get)
+        out.update(served_best_daily=best, served_minus_best_daily=round(r["served_auc"] - daily[best], 4))
     return out
 
 
@@ -144,4 +172,12 @@ def table(r: dict) -> str:
         if f"{name}_auc" in r:
             lines.append(f"| {name} | {r[f'{name}_auc']} | {r[f'{name}_auc_warm']} | {r[f'{name}_auc_cold']} | "
                          f"{r[f'{name}_cpu_s']} |")
+    if "gate_releases" in r:
+        t = r["gate_trust"]
+        lines += ["", f"served: {r['gate_releases']} releases, {r['gate_rejections']} rejections, {r['gate_held']} held; "
+                      f"canaries {r['canary_promotions']} promoted, {r['canary_withdrawals']} withdrawn; "
+                      f"{r['reverts']} reverts; released then worse next day {t['released_worse']}/{t['released_judged']}, "
+                      f"rejected then better {t['rejected_better']}/{t['rejected_judged']}"]
+        if r.get("fault"):
+            lines.append(f"fault (flipped labels on {r['fault']['day']}): caught by {r['fault']['caught_by']}")
     return "\n".join(lines)

@@ -27,10 +27,11 @@ def _plot(result: dict, path: Path) -> str:
     days = pd.DataFrame(result["per_day"])
     x = pd.to_datetime(days["date"])
     names = [n for n in COMPARATORS if n in days]
-    fig, (cum, daily) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    fig, (cum, daily) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
     for n in names:
         cum.plot(x, days[f"cum_{n}"], label=f"{n} ({result[f'{n}_auc']})")
         daily.plot(x, days[n].rolling(7, min_periods=1).mean(), label=n)
+    _mark_decisions(daily, result, x)
     cum.set(title=f"Backtest {result['from']}..{result['to']}: AUC of every row scored so far", ylabel="AUC")
     cum.legend(fontsize="small")
     daily.set(title="Each day's AUC, 7-day rolling mean", ylabel="AUC", xlabel="scored day")
@@ -39,6 +40,49 @@ def _plot(result: dict, path: Path) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return str(path)
+
+
+# served's decisions on the daily panel: what happened on the evening of the day (it serves from the next)
+_MARKS = {"release": ("^", "tab:green", "gate: released"), "reject": ("v", "tab:gray", "gate: rejected"),
+          "held": ("o", "tab:olive", "gate: passed, held (a canary is watched)"),
+          "promote": ("*", "tab:blue", "canary promoted"), "withdraw": ("x", "tab:orange", "canary withdrawn"),
+          "revert": ("X", "tab:red", "reverted"), "invalid": ("s", "black", "day failed validation")}
+
+
+def decisions(result: dict) -> list[tuple[str, str, str]]:
+    """(date, kind, what) for every decision of the `served` replay, kinds as in _MARKS."""
+    out = []
+    for d in ((result.get("comparators") or {}).get("served") or {}).get("days", []):
+        if not d.get("validated", True):
+            out.append((d["date"], "invalid", "validation failed"))
+        for slot, g in sorted(d.get("gate", {}).items()):
+            if "passed" in g:
+                kind = "release" if g["released"] else "held" if g.get("held") else "reject"
+                out.append((d["date"], kind, f"{slot} v{g['version']}" + (f" -> @{g['alias']}" if g["released"] else "")))
+        for m in d.get("monitor", {}).get("moves", []):
+            if m["kind"] in ("promote", "withdraw"):
+                out.append((d["date"], m["kind"], f"{m['model']} v{m['to_version'] or ''}".rstrip()))
+        out += [(d["date"], "revert", f"{r['model']} -> v{r['to_version']}") for r in d.get("monitor", {}).get("reverts", [])]
+    return out
+
+
+def _mark_decisions(ax, result: dict, x) -> None:
+    import pandas as pd
+
+    marks = decisions(result)
+    if not marks:
+        return
+    low, high = ax.get_ylim()
+    step = (high - low) * 0.03   # a row per kind at the bottom, so a day's decisions do not hide each other
+    kinds = [k for k in _MARKS if any(m[1] == k for m in marks)]
+    ax.set_ylim(low - step * (len(kinds) + 1), high)
+    for row, kind in enumerate(kinds, start=1):
+        marker, color, label = _MARKS[kind]
+        dates = sorted({d for d, k, _ in marks if k == kind})
+        n = [sum(1 for d2, k, _ in marks if k == kind and d2 == d) for d in dates]   # bigger: several slots
+        ax.scatter(pd.to_datetime(dates), [low - step * row] * len(dates), marker=marker, color=color,
+                   s=[30 + 15 * c for c in n], label=label, zorder=3)
+    ax.legend(fontsize="small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))   # below: clear of the marks
 
 
 def _page(result: dict, image: str) -> str:
@@ -53,7 +97,18 @@ def _page(result: dict, image: str) -> str:
             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>\n"
             f"<h1>Backtest {html.escape(result['from'])}..{html.escape(result['to'])}</h1>\n<pre>{summary}</pre>\n"
             f"<img src=\"{html.escape(Path(image).name)}\" alt=\"AUC over time\">\n"
-            f"<h2>Each day's AUC</h2>\n<table><tr>{head}</tr>{body}</table>\n</body></html>\n")
+            f"<h2>Each day's AUC</h2>\n<table><tr>{head}</tr>{body}</table>\n{_decision_table(result)}</body></html>\n")
+
+
+def _decision_table(result: dict) -> str:
+    marks = decisions(result)
+    if not marks:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(d)}</td><td>{html.escape(_MARKS[k][2])}</td><td>{html.escape(w)}</td></tr>"
+                   for d, k, w in marks)
+    return ("<h2>What the pipeline decided (served)</h2>\n<p>Each evening, after the day's rows landed; the "
+            "change serves from the next morning.</p>\n"
+            f"<table><tr><th>day</th><th>decision</th><th>what</th></tr>{rows}</table>\n")
 
 
 def write(result: dict, out_dir) -> dict:

@@ -1,0 +1,57 @@
+"""The `backtest` subcommand of `python -m pipelines` (issue 14): its arguments and what it runs."""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+
+
+def add_parser(sub) -> None:
+    """Add `backtest` to the subparsers `sub` of `python -m pipelines`."""
+    bt = sub.add_parser("backtest", help="score every day by models fitted on the days before it (MovieLens)")
+    bt.add_argument("--from", dest="day_from", help="first scored day (default: where `bench quality` splits)")
+    bt.add_argument("--to", dest="day_to", help="last scored day (default: the last day)")
+    bt.add_argument("--days", type=int, help="at most this many scored days")
+    bt.add_argument("--only", help="comma-separated comparators (default: all)")
+    bt.add_argument("--few-shot", type=int, metavar="K",
+                    help="instead: new users scored after their first K labelled rows (the few-shot mode)")
+    bt.add_argument("--quick", action="store_true", help="7 days of one slot's rows (a smoke run, minutes)")
+    bt.add_argument("--served-dir", help="served: the replay's lake and MLflow store (default: a new temp folder)")
+    bt.add_argument("--flip-labels", metavar="DAY", help="served: that day lands with its labels flipped (a fault)")
+    bt.add_argument("--ids-all-slots", action="store_true",
+                    help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)")
+    bt.add_argument("--config")
+    bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")
+    bt.add_argument("--mlflow", action="store_true",
+                    help="log the result and the report to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
+    bt.set_defaults(fn=cmd)
+
+
+def cmd(a) -> int:
+    """`python -m pipelines backtest`: the replay, the few-shot mode, the report, MLflow."""
+    from pipelines.bench import backtest
+    from pipelines.config import load_pipeline_config
+
+    logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
+    if a.few_shot is not None:
+        from pipelines.bench import backtest_fewshot
+
+        out = backtest_fewshot.run(load_pipeline_config(a.config), shots=a.few_shot)
+        print(json.dumps(out) if a.json else backtest_fewshot.table(out))
+        return 0
+    out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
+                       names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots,
+                       quick=a.quick, served_dir=a.served_dir, flip_labels=a.flip_labels)
+    if a.report or a.mlflow:
+        from pipelines.bench import backtest_report
+
+        files = backtest_report.write(out, a.report or tempfile.mkdtemp(prefix="backtest-"))
+        out["report"] = files["html"]
+        if a.mlflow:
+            out["mlflow_run_id"] = backtest_report.log_to_mlflow(out, files)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(backtest.table(out))
+    return 0

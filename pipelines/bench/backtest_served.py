@@ -1,0 +1,289 @@
+"""The backtest's `served` comparator: the pipeline itself, replayed day by day (issue 14).
+
+A fresh lake (a directory) and a fresh MLflow registry (SQLite, in the replay's work directory: never
+the registry the environment points at) hold the replay. Before the first scored day, the history
+days land in the lake and are validated, and the base stage trains, registers and gates the base at
+the cutoff (`flows.base.run`). Then every scored day, in order:
+
+* morning: `AdapterServer` (the serving code) refreshes its routes from the registry and scores the
+  day's rows: a slot's `@champion`, its `@canary` for the policy's `canary_share` of users, the base
+  where a slot has no adapter. Those scores are `served`.
+* evening: the day lands in the lake and is validated (`flows.windows.validate_first`); the champion
+  monitor scores `@champion`/`@canary` on it, promotes or withdraws canaries and makes the reverts
+  due (`monitor.monitor_day(apply_reverts=True)`); then each slot's retrain trains, evaluates,
+  registers, gates and releases a candidate (`flows.retrain.run`).
+
+A day that fails validation stays out of the lake's validated days: nothing trains or is monitored
+on it (the stages refuse it), which is what the DAGs do. Every decision is recorded per day.
+
+Gate trust: a candidate gated on day D is scored on the next scored day's rows of its slot next to the
+champion it was gated against; `trust` reports the share of released candidates that were worse than
+it by more than the gate's `auc_tolerance`, and of rejected ones that were better by more than it.
+
+Fault injection (`flip_labels`): that day lands with every label flipped (the served AUC is still
+measured on the true labels); the result says what stopped it: validation, the gate or a revert.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipelines.bench.backtest_models import Comparator
+from pipelines.bench.backtest_protocol import Backtest, Day
+from pipelines.config import GatePolicy, PipelineConfig
+from pipelines.errors import DataValidationError, PipelineError
+
+log = logging.getLogger(__name__)
+
+_ENV_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_REGISTRY_LOCK_URL",
+             "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+
+
+@contextlib.contextmanager
+def replay_registry(workdir: Path):
+    """MLflow (tracking, registry, artifacts, the alias lock) on `workdir`'s own SQLite store for the
+    duration; the environment and MLflow's tracking URI are put back afterwards."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
+    saved_uri = tracking_utils._tracking_uri   # None: MLflow reads MLFLOW_TRACKING_URI
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    for k in _ENV_KEYS:
+        os.environ.pop(k, None)
+    os.environ.update({"MLFLOW_TRACKING_URI": uri, "CTR_MLFLOW_ARTIFACT_ROOT": str(workdir / "artifacts")})
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tracking_utils._tracking_uri = saved_uri
+
+
+class Served(Comparator):
+    """What the pipeline served each morning after its gates, canaries and reverts; `cpu_s` is the
+    process CPU seconds of the evening stages (validate, monitor, train, evaluate, register, gate)."""
+
+    name = "served"
+
+    def __init__(self, cfg: PipelineConfig, policy: GatePolicy, workdir: str | os.PathLike | None = None, *,
+                 flip_labels: str | None = None) -> None:
+        super().__init__()
+        self.cfg, self.policy, self.flip_labels = cfg, policy, flip_labels
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ctr-backtest-served-")).resolve()
+        self.lake_uri = str(self.workdir / "lake")
+        self.server = None
+        self.days: list[dict] = []
+        self.pending: list[dict] = []     # yesterday's gate decisions, judged on today's rows
+        self.judged: list[dict] = []
+        self.base: dict | None = None
+
+    # ------------------------------------------------------------------ the comparator
+    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
+        with replay_registry(self.workdir):
+            if self.base is None:
+                self._start(bt, day)
+            rows = bt.scored(day)
+            routes = self.server.refresh()["routes"]
+            scores, keys = self.server.score(rows, return_versions=True)
+            record = {"date": day.date, "routes": routes, "scored_by": _counts(keys),
+                      "slots": per_slot(rows, scores, routes, self.cfg)}
+            self.judged += [self._judge(p, rows) for p in self.pending]
+            record.update(self._timed(self._evening, bt, day))
+            self.days.append(record)
+        return np.asarray(scores, dtype=np.float64)
+
+    def __getstate__(self) -> dict:
+        # Sent back from the backtest's second process: the server (threads, locks, the loaded models)
+        # stays there; its decisions are in `days`.
+        return {**self.__dict__, "server": None}
+
+    def info(self) -> dict:
+        return {"workdir": str(self.workdir), "base": self.base, **counts(self.days), "trust": trust(self.judged, self.policy.auc_tolerance),
+                "fault": fault_outcome(self.days, self.flip_labels, self.policy.revert_windows),
+                "days": self.days}
+
+    # ------------------------------------------------------------------ the stages
+    def _start(self, bt: Backtest, first: Day) -> None:
+        """Land and validate the history days, then the base stage at the cutoff (the day before)."""
+        from pipelines.flows import base as base_flow
+        from pipelines.flows import windows
+        from pipelines.serving.router import AdapterServer
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        history = bt.frame.iloc[:first.start]
+        cutoff = (pd.Timestamp(first.date) - pd.Timedelta(days=1)).strftime("%Y-%m-%d")
+        history = history[bt.dates[:first.start] <= cutoff]
+        t = time.perf_counter()
+        for date, part in history.groupby(bt.dates[:len(history)], sort=True):
+            self._land(date, part)
+        windows.validate_first(self.cfg, self.lake_uri, cutoff, windows.base_days(self.cfg, cutoff))
+        released = self._timed(base_flow.run, self.cfg, self.lake_uri, cutoff, actor="backtest", policy=self.policy)
+        self.base = {"cutoff": cutoff, "version": released["version"], "passed": released["passed"],
+                     "moved": released["moved"], "seconds": round(time.perf_counter() - t, 1)}
+        if not released["moved"]:
+            raise PipelineError(f"backtest served: the base trained on data up to {cutoff} did not pass its gate "
+                                f"({released['model']} v{released['version']}); nothing would serve")
+        self.server = AdapterServer.from_config(self.cfg, canary_share=self.policy.canary_share, new_users=None)
+        log.info("backtest served: base v%s released in %.0f s (lake %s)", released["version"],
+                 self.base["seconds"], self.lake_uri)
+
+    def _land(self, date: str, frame: pd.DataFrame) -> None:
+        from pipelines.data import commit
+        from pipelines.data.lake import Lake
+
+        commit.write_frames(Lake(self.lake_uri), date, [frame.reset_index(drop=True)], overwrite=True)
+
+    def _evening(self, bt: Backtest, day: Day) -> dict:
+        """The day's partition lands; validate, monitor, retrain every slot. Returns what was decided."""
+        from pipelines.flows import retrain, windows
+        from pipelines.promotion import monitor
+        from pipelines.registry import mlflow_io
+
+        part = bt.frame.iloc[(bt.dates == day.date).nonzero()[0]]
+        if day.date == self.flip_labels:
+            part = part.assign(label=(1 - part["label"]).astype(part["label"].dtype))
+        self._land(day.date, part)
+        out: dict = {"validated": True, "monitor": {}, "gate": {}}
+        try:
+            windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
+        except DataValidationError as exc:
+            log.warning("backtest served dt=%s: validation failed, nothing trains on it: %s", day.date, exc)
+            return {**out, "validated": False, "validation_error": str(exc)[:500]}
+        watched = monitor.monitor_day(self.cfg, self.policy, self.lake_uri, day.date, actor="backtest",
+                                      apply_reverts=True)
+        out["monitor"] = _monitor_summary(watched)
+        self.pending = []
+        for slot in self.cfg.data.slots:
+            model = self.cfg.adapter_model_name(slot)
+            champion = mlflow_io.version_by_alias(model, "champion")
+            try:
+                decision = retrain.run(self.cfg, self.policy, self.lake_uri, day.date, slot, actor="backtest")
+            except PipelineError as exc:   # e.g. too few rows in the window: the slot keeps what it serves
+                out["gate"][slot] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                continue
+            gate = _gate_summary(decision)
+            out["gate"][slot] = gate
+            self.pending.append({"day": day.date, "slot": slot, "model": model, "version": gate["version"],
+                                 "against": str(champion.version) if champion else None,
+                                 "passed": gate["passed"], "released": gate["released"]})
+        return out
+
+    def _judge(self, pending: dict, rows: pd.DataFrame) -> dict:
+        """A candidate gated yesterday and the champion it was gated against, scored on today's rows of
+        its slot (None where there was no champion or the slot has no rows with both classes)."""
+        from pipelines.metrics import auc
+        from pipelines.registry import pyfunc
+        from pipelines.registry.model_input import predict_pctr
+
+        out = {**pending, "candidate_auc": None, "against_auc": None}
+        part = rows[rows["slot"] == pending["slot"]]
+        y = part["label"].to_numpy(dtype="float64")
+        if pending["against"] is None or len(set(y)) < 2:
+            return out
+        for key, version in (("candidate_auc", pending["version"]), ("against_auc", pending["against"])):
+            model = pyfunc.load(f"models:/{pending['model']}/{version}")
+            out[key] = round(float(auc(y, predict_pctr(model, part))), 4)
+        return out
+
+
+# ---------------------------------------------------------------------------------- pure summaries
+def _counts(keys) -> dict[str, int]:
+    values, n = np.unique(np.asarray(keys, dtype=str), return_counts=True)
+    return {str(v): int(c) for v, c in zip(values, n)}
+
+
+def per_slot(rows: pd.DataFrame, scores, routes: dict, cfg: PipelineConfig) -> dict:
+    """Per slot with rows: its rows, the AUC of what served them, and the champion / canary serving it."""
+    from pipelines.metrics import auc
+
+    out = {}
+    for slot in sorted(set(rows["slot"])):
+        at = (rows["slot"] == slot).to_numpy()
+        y = rows["label"].to_numpy()[at]
+        model = cfg.adapter_model_name(slot)
+        out[slot] = {"rows": int(at.sum()),
+                     "auc": round(float(auc(y, np.asarray(scores)[at])), 4) if len(set(y)) == 2 else None,
+                     **{a: (routes.get(f"{model}@{a}") or "").rpartition(":")[2] or None for a in ("champion", "canary")}}
+    return out
+
+
+def _gate_summary(decision: dict) -> dict:
+    release = decision.get("release") or {}
+    failed = [c.get("name") for c in decision.get("checks", []) if not c.get("passed", True)]
+    return {"version": str(decision.get("version")), "passed": bool(decision["passed"]),
+            "released": bool(release.get("moved")), "held": bool(release.get("held")), "alias": release.get("alias"),
+            "failed_checks": failed}
+
+
+def _monitor_summary(result: dict) -> dict:
+    moves = [{"model": m.get("model"), "kind": m.get("kind"), "to_version": m.get("to_version")}
+             for entry in result["models"] for m in entry["moves"] if m.get("moved")]
+    reverts = [{"model": r.get("model"), "to_version": r.get("to_version"), "reason": r.get("reason")}
+               for r in result["applied_reverts"] if r.get("moved")]
+    return {"moves": moves, "reverts": reverts, "errors": result["errors"]}
+
+
+def counts(days: list[dict]) -> dict:
+    """gate_releases / gate_rejections / gate_held (candidates that passed and moved / failed the gate /
+    passed while a canary was watched and were held),
+    canary_promotions / canary_withdrawals, reverts, days_not_validated over the replayed days."""
+    gates = [g for d in days for g in d.get("gate", {}).values() if "passed" in g]
+    moves = [m for d in days for m in d.get("monitor", {}).get("moves", [])]
+    return {"gate_releases": sum(g["released"] for g in gates),
+            "gate_rejections": sum(not g["passed"] for g in gates),
+            "gate_held": sum(bool(g.get("held")) for g in gates),
+            "canary_promotions": sum(m["kind"] == "promote" for m in moves),
+            "canary_withdrawals": sum(m["kind"] == "withdraw" for m in moves),
+            "reverts": sum(len(d.get("monitor", {}).get("reverts", [])) for d in days),
+            "days_not_validated": [d["date"] for d in days if not d.get("validated", True)]}
+
+
+def trust(judged: list[dict], tolerance: float) -> dict:
+    """Of the released candidates judged on the next day, the share worse than the champion they were
+    gated against by more than `tolerance`; of the rejected ones, the share better by more than it."""
+    tol = tolerance
+    scored = [j for j in judged if j["candidate_auc"] is not None and j["against_auc"] is not None]
+    released = [j for j in scored if j["released"]]
+    rejected = [j for j in scored if not j["passed"]]
+    worse = [j for j in released if j["candidate_auc"] < j["against_auc"] - tol]
+    better = [j for j in rejected if j["candidate_auc"] > j["against_auc"] + tol]
+    return {"tolerance": tol, "released_judged": len(released), "released_worse": len(worse),
+            "released_worse_share": round(len(worse) / len(released), 3) if released else None,
+            "rejected_judged": len(rejected), "rejected_better": len(better),
+            "rejected_better_share": round(len(better) / len(rejected), 3) if rejected else None}
+
+
+def fault_outcome(days: list[dict], fault_day: str | None, revert_windows: int) -> dict | None:
+    """What stopped the flipped-label day: `validation` (it never validated), `gate` (no candidate
+    trained on it was released), `monitor` (each released one was withdrawn as a canary or reverted as a
+    champion within `revert_windows` days), or `not_stopped`."""
+    if fault_day is None:
+        return None
+    at = next((i for i, d in enumerate(days) if d["date"] == fault_day), None)
+    if at is None:
+        return {"day": fault_day, "caught_by": None, "why": "the day is not in the replayed range"}
+    if not days[at].get("validated", True):
+        return {"day": fault_day, "caught_by": "validation", "why": days[at].get("validation_error", "")[:200]}
+    released = {s: g["version"] for s, g in days[at]["gate"].items() if g.get("released")}
+    if not released:
+        failed = sorted({c for g in days[at]["gate"].values() for c in g.get("failed_checks", [])})
+        return {"day": fault_day, "caught_by": "gate", "why": f"no candidate trained on it was released; failed {failed}"}
+    later = days[at + 1:at + 1 + revert_windows]
+    removed = {(m["model"], m.get("to_version")) for d in later for m in d.get("monitor", {}).get("moves", [])
+               if m["kind"] == "withdraw"} | {(r["model"], "revert") for d in later
+                                               for r in d.get("monitor", {}).get("reverts", [])}
+    caught = all(any(model.endswith(slot) for model, _ in removed) for slot in released)
+    return {"day": fault_day, "caught_by": "monitor" if caught else "not_stopped", "released": released,
+            "removed": sorted(f"{m} {v or ''}".strip() for m, v in removed)}
