@@ -11,8 +11,8 @@ rows after the cut are *revealed*: labelled rows the models may learn from. That
 * `static`: the base trained on the rows before the cut (`base_training`, the config's `model`);
 * `adapter_few_shot`: the static base plus one adapter that trains only the new users' id rows
   (`trainable_tokens: [user_id]`, `tokens_only`, the config's other `lora` settings) on all the revealed
-  rows for `lora.epochs` epochs: what an adapter can learn about a new user from K rows. Every other id, and every weight of the
-  base, scores as the base scores it.
+  rows for `lora.epochs` epochs: what an adapter can learn about a new user from K rows. Every other
+  id, and every weight of the base, scores as the base scores it.
 
 This is a one-shot protocol, not a day-by-day one: the revealed rows of a user who arrives late come after
 the scored rows of one who arrived early. That is the definition the reference figure uses.

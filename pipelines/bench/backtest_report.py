@@ -58,11 +58,13 @@ def decisions(result: dict) -> list[tuple[str, str, str]]:
         for slot, g in sorted(d.get("gate", {}).items()):
             if "passed" in g:
                 kind = "release" if g["released"] else "held" if g.get("held") else "reject"
-                out.append((d["date"], kind, f"{slot} v{g['version']}" + (f" -> @{g['alias']}" if g["released"] else "")))
+                to = f" -> @{g['alias']}" if g["released"] else ""
+                out.append((d["date"], kind, f"{slot} v{g['version']}{to}"))
         for m in d.get("monitor", {}).get("moves", []):
             if m["kind"] in ("promote", "withdraw"):
                 out.append((d["date"], m["kind"], f"{m['model']} v{m['to_version'] or ''}".rstrip()))
-        out += [(d["date"], "revert", f"{r['model']} -> v{r['to_version']}") for r in d.get("monitor", {}).get("reverts", [])]
+        out += [(d["date"], "revert", f"{r['model']} -> v{r['to_version']}")
+                for r in d.get("monitor", {}).get("reverts", [])]
     return out
 
 

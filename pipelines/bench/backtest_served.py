@@ -110,9 +110,9 @@ class Served(Comparator):
         return {**self.__dict__, "server": None}
 
     def info(self) -> dict:
-        return {"workdir": str(self.workdir), "base": self.base, **counts(self.days), "trust": trust(self.judged, self.policy.auc_tolerance),
-                "fault": fault_outcome(self.days, self.flip_labels, self.policy.revert_windows),
-                "days": self.days}
+        return {"workdir": str(self.workdir), "base": self.base, **counts(self.days),
+                "trust": trust(self.judged, self.policy.auc_tolerance),
+                "fault": fault_outcome(self.days, self.flip_labels, self.policy.revert_windows), "days": self.days}
 
     # ------------------------------------------------------------------ the stages
     def _start(self, bt: Backtest, first: Day) -> None:
@@ -155,6 +155,7 @@ class Served(Comparator):
         if day.date == self.flip_labels:
             part = part.assign(label=(1 - part["label"]).astype(part["label"].dtype))
         self._land(day.date, part)
+        self.pending = []   # judged this morning; tonight's candidates are judged tomorrow
         out: dict = {"validated": True, "monitor": {}, "gate": {}}
         try:
             windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
@@ -164,7 +165,6 @@ class Served(Comparator):
         watched = monitor.monitor_day(self.cfg, self.policy, self.lake_uri, day.date, actor="backtest",
                                       apply_reverts=True)
         out["monitor"] = _monitor_summary(watched)
-        self.pending = []
         for slot in self.cfg.data.slots:
             model = self.cfg.adapter_model_name(slot)
             champion = mlflow_io.version_by_alias(model, "champion")
@@ -215,7 +215,8 @@ def per_slot(rows: pd.DataFrame, scores, routes: dict, cfg: PipelineConfig) -> d
         model = cfg.adapter_model_name(slot)
         out[slot] = {"rows": int(at.sum()),
                      "auc": round(float(auc(y, np.asarray(scores)[at])), 4) if len(set(y)) == 2 else None,
-                     **{a: (routes.get(f"{model}@{a}") or "").rpartition(":")[2] or None for a in ("champion", "canary")}}
+                     **{a: (routes.get(f"{model}@{a}") or "").rpartition(":")[2] or None
+                        for a in ("champion", "canary")}}
     return out
 
 
@@ -279,7 +280,8 @@ def fault_outcome(days: list[dict], fault_day: str | None, revert_windows: int) 
     released = {s: g["version"] for s, g in days[at]["gate"].items() if g.get("released")}
     if not released:
         failed = sorted({c for g in days[at]["gate"].values() for c in g.get("failed_checks", [])})
-        return {"day": fault_day, "caught_by": "gate", "why": f"no candidate trained on it was released; failed {failed}"}
+        return {"day": fault_day, "caught_by": "gate",
+                "why": f"no candidate trained on it was released; failed {failed}"}
     later = days[at + 1:at + 1 + revert_windows]
     removed = {(m["model"], m.get("to_version")) for d in later for m in d.get("monitor", {}).get("moves", [])
                if m["kind"] == "withdraw"} | {(r["model"], "revert") for d in later

@@ -2,8 +2,8 @@
 
 With `promotion: canary` a passing candidate takes `canary_share` of the users next to the serving
 champion, and `ctr_champion_monitor` promotes or withdraws it from live windows. While a canary is
-being watched, another passing candidate is held (`canary_in_flight: hold`, nothing moves) or replaces it. There is nothing to
-compare a canary against before the first champion, so a first run is released straight to
+being watched, another passing candidate is held (`canary_in_flight: hold`, nothing moves) or
+replaces it. There is nothing to compare a canary against before the first champion, so a first run is released straight to
 @champion (the decision's `first_run` says so). `promotion: direct` always moves @champion. A base
 model always goes to @champion (one base serves every adapter), in a move whose reason lists the
 serving adapters it makes incompatible.

@@ -142,7 +142,8 @@ def test_the_fault_outcome_names_what_stopped_the_flipped_day():
     caught = [_day("d1", released), _day("d2"), _day("d3", reverts=[revert])]
     assert fault_outcome(caught, "d1", 3)["caught_by"] == "monitor"
     assert fault_outcome(caught, "d1", 1)["caught_by"] == "not_stopped"   # the revert came after the window
-    withdrawn = [_day("d1", released), _day("d2", moves=[{"model": "ctr_lora_a", "kind": "withdraw", "to_version": None}])]
+    withdraw_a = {"model": "ctr_lora_a", "kind": "withdraw", "to_version": None}
+    withdrawn = [_day("d1", released), _day("d2", moves=[withdraw_a])]
     assert fault_outcome(withdrawn, "d1", 3)["caught_by"] == "monitor"
     kept = [_day("d1", released), _day("d2", moves=[{"model": "ctr_lora_b", "kind": "withdraw", "to_version": None}])]
     assert fault_outcome(kept, "d1", 3)["caught_by"] == "not_stopped"   # another slot's canary went
