@@ -76,13 +76,14 @@ def test_the_cli_flow_cannot_release_a_student_past_a_required_approval(cfg, lak
     from pipelines.errors import PromotionError
     from pipelines.promotion import aliases
 
-    # This tiny data's AUC is near 0.5, under any first-run floor: serve a first student, then gate a
-    # second one (another config: another version) against it with wide tolerances (per slot too). Its
+    # This tiny data's AUC is near 0.5, under any first-run floor and the every-run floor (min_auc): serve a
+    # first student, then gate a second one (another config: another version) against it with wide
+    # tolerances (per slot too) and no floor. Its
     # held-out rows have no age bucket and not every slot with enough rows to measure: those checks
     # optional here; the latency is measured, under a budget wide enough for a busy test machine.
     first = cold_start_flow.run_all(cfg, lake, END_DAY, policy=load_gate_policy(), actor="cli")
     make_champion(first["model"], first["version"])
-    policy = replace(load_gate_policy(), approval=True, promotion="direct", auc_tolerance=0.49,
+    policy = replace(load_gate_policy(), approval=True, promotion="direct", auc_tolerance=0.49, min_auc=0.0,
                      slot_auc_tolerance=0.49, logloss_tolerance=10.0, calibration_min=0.01, calibration_max=100.0,
                      latency_budget_ms=60_000.0, optional_checks=("fairness_dp", "fairness_eo", "slot_auc"))
     other = replace(cfg, cold_start=replace(cfg.cold_start, epochs=cfg.cold_start.epochs + 1))
