@@ -84,6 +84,7 @@ class Served(Comparator):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ctr-backtest-served-")).resolve()
         self.lake_uri = str(self.workdir / "lake")
         self.server = None
+        self.scorer = None   # the pyfuncs `_judge` loaded
         self.days: list[dict] = []
         self.pending: list[dict] = []     # yesterday's gate decisions, judged on today's rows
         self.judged: list[dict] = []
@@ -105,9 +106,9 @@ class Served(Comparator):
         return np.asarray(scores, dtype=np.float64)
 
     def __getstate__(self) -> dict:
-        # Sent back from the backtest's second process: the server (threads, locks, the loaded models)
-        # stays there; its decisions are in `days`.
-        return {**self.__dict__, "server": None}
+        # Sent back from the backtest's second process: the server and the scorer (threads, locks, the
+        # loaded models) stay there; the decisions are in `days`.
+        return {**self.__dict__, "server": None, "scorer": None}
 
     def info(self) -> dict:
         return {"workdir": str(self.workdir), "base": self.base, **counts(self.days),
@@ -184,17 +185,16 @@ class Served(Comparator):
         """A candidate gated yesterday and the champion it was gated against, scored on today's rows of
         its slot (None where there was no champion or the slot has no rows with both classes)."""
         from pipelines.metrics import auc
-        from pipelines.registry import pyfunc
-        from pipelines.registry.model_input import predict_pctr
+        from pipelines.promotion.monitor import Scorer
 
+        self.scorer = self.scorer or Scorer()   # a slot's champion is judged against for many days: load it once
         out = {**pending, "candidate_auc": None, "against_auc": None}
         part = rows[rows["slot"] == pending["slot"]]
         y = part["label"].to_numpy(dtype="float64")
         if pending["against"] is None or len(set(y)) < 2:
             return out
         for key, version in (("candidate_auc", pending["version"]), ("against_auc", pending["against"])):
-            model = pyfunc.load(f"models:/{pending['model']}/{version}")
-            out[key] = round(float(auc(y, predict_pctr(model, part))), 4)
+            out[key] = round(float(auc(y, self.scorer.predict(pending["model"], version, part))), 4)
         return out
 
 

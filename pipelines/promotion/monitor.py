@@ -80,8 +80,8 @@ def _live(live, model: str, version: str, day: str) -> dict:
     return {(k if k.startswith("live_") else f"live_{k}"): float(v) for k, v in got.items() if v is not None}
 
 
-class _Scorer:
-    """Loaded pyfuncs, once per version per monitor run."""
+class Scorer:
+    """Scores rows with registered versions, each pyfunc loaded once per Scorer (a monitor run, a backtest replay)."""
 
     def __init__(self):
         self._models: dict = {}
@@ -95,7 +95,7 @@ class _Scorer:
         return predict_pctr(self._models[model, version], rows)
 
 
-def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[Window], live, scorer: _Scorer,
+def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[Window], live, scorer: Scorer,
            champion_version: str = "") -> tuple[Window | None, str]:
     """The window of `mv` on `day`: found (a version is scored once per day, in the role it had then),
     or scored and recorded as model@alias; (None, why) when the day is in-sample for it."""
@@ -152,7 +152,7 @@ def usable_partition(lake, day: str):
 
 
 def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePolicy, live, actor: str,
-                  scorer: _Scorer) -> dict:
+                  scorer: Scorer) -> dict:
     from pipelines.promotion import aliases
     from pipelines.promotion.lock import registry_lock
     from pipelines.registry import mlflow_io
@@ -231,7 +231,7 @@ def monitor_day(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str
         log.warning("monitor dt=%s: nothing scored: %s", day, why)
         return result
     result["partition"] = {"sha256": part.sha256, "rows": int(len(part.frame))}
-    scorer = _Scorer()
+    scorer = Scorer()
     for model, slot in monitored_models(cfg):
         try:
             out = monitor_model(model, slot, part, day, policy, live, actor, scorer)
