@@ -2,7 +2,8 @@
 
 Unknown keys are rejected (a typo in a YAML file must not silently fall back to a default): the
 loader is pipelines.config_loader.
-`configs/pipeline.yaml` holds the sections below; `configs/gate_policy.yaml` holds GatePolicy.
+`configs/pipeline.yaml` holds the sections below; `configs/gate_policy.yaml` holds GatePolicy
+(pipelines.config_gate, imported from here).
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from pipelines.config_gate import DEFAULT_GATE_YAML, GatePolicy, load_gate_policy  # noqa: F401 (the one import point)
 from pipelines.config_loader import check as _check, deep_merge, from_dict, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PIPELINE_YAML = REPO_ROOT / "configs" / "pipeline.yaml"
-DEFAULT_GATE_YAML = REPO_ROOT / "configs" / "gate_policy.yaml"
 
 
 @dataclass(frozen=True)
@@ -184,17 +185,28 @@ class LoraTrainConfig(LoraShape):
     # LoRA on q/v trained with the rows cost cold users' AUC (docs/benchmarks.md, "Backtest").
     tokens_only: bool = False
     TOKEN_TABLES: ClassVar[tuple[str, ...]] = ("user_id", "item_id")
+    # Per-layer ranks (PEFT rank_pattern): {module name, e.g. blocks.1.v_proj or v_proj: rank}; modules
+    # not named keep `r`, and each keeps alpha / its rank as its scale. Empty: `r` everywhere.
+    rank_pattern: dict = field(default_factory=dict)
+    # lambda of the orthogonality penalty: the loss gains lambda * sum_j ||dW^T dW_j||_F over the target
+    # modules and the serving champions j of the other slots (training.orthogonality). 0: off.
+    orthogonality_lambda: float = 0.0
+
+    @property
+    def max_rank(self) -> int:
+        """The largest rank of any wrapped module: what the stability rule bounds."""
+        return max([self.r, *self.rank_pattern.values()])
 
     @property
     def stability(self) -> float:
-        """lr * r / sqrt(batch_size): the rule's left-hand side."""
-        return self.lr * self.r / self.batch_size ** 0.5
+        """lr * r / sqrt(batch_size): the rule's left-hand side (r: the largest rank in use)."""
+        return self.lr * self.max_rank / self.batch_size ** 0.5
 
     def stable_lr(self) -> float:
         """The lr that training uses: `lr`, or the largest lr that satisfies the rule ("rescale")."""
         if self.stability <= self.stability_max:
             return self.lr
-        return self.stability_max * self.batch_size ** 0.5 / self.r
+        return self.stability_max * self.batch_size ** 0.5 / self.max_rank
 
     def __post_init__(self):
         super().__post_init__()
@@ -213,14 +225,31 @@ class LoraTrainConfig(LoraShape):
         _check(self.early_stopping_patience >= 0,
                f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
         _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")
+        self._check_rank_pattern()
+        _check(self.orthogonality_lambda >= 0,
+               f"lora.orthogonality_lambda must be >= 0, got {self.orthogonality_lambda}")
         import math  # local: this class is the only user
 
         _check(self.stability_action != "reject" or self.stability <= self.stability_max,
-               f"lora: lr * r / sqrt(batch_size) = {self.lr:g} * {self.r} / sqrt({self.batch_size}) = "
+               f"lora: lr * r / sqrt(batch_size) = {self.lr:g} * {self.max_rank} / sqrt({self.batch_size}) = "
                f"{self.stability:.6g} exceeds stability_max = {self.stability_max:g} (LoRA training was measured "
                f"to collapse above it). Fix: lower lora.lr to <= {self.stable_lr():.6g}, or raise "
-               f"lora.batch_size to >= {math.ceil((self.lr * self.r / self.stability_max) ** 2)} "
+               f"lora.batch_size to >= {math.ceil((self.lr * self.max_rank / self.stability_max) ** 2)} "
                "(or set stability_action: rescale)")
+
+    def _check_rank_pattern(self) -> None:
+        """Keys are dotted module names ending in a target module (PEFT matches them as name suffixes; a
+        key that matches no module is refused when the adapter is attached), values ranks >= 1."""
+        rp = self.rank_pattern
+        _check(isinstance(rp, dict), f"lora.rank_pattern must be a mapping of module name to rank, got {rp!r}")
+        wrapped = set(self.target_modules) - {"embeddings"}
+        for key, rank in rp.items():
+            _check(isinstance(key, str) and (key.rsplit(".", 1)[-1] in wrapped
+                                             or "embeddings" in self.target_modules and key.startswith("embeddings.")),
+                   f"lora.rank_pattern key {key!r} must name a module of lora.target_modules {sorted(wrapped)} "
+                   "(e.g. blocks.1.v_proj)")
+            _check(isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1,
+                   f"lora.rank_pattern[{key!r}] must be an integer rank >= 1, got {rank!r}")
 
 
 @dataclass(frozen=True)
@@ -324,104 +353,10 @@ class PipelineConfig:
         return f"{self.registry.adapter_model_prefix}{slot}"
 
 
-@dataclass(frozen=True)
-class GatePolicy:
-    """configs/gate_policy.yaml: what a candidate must show against the serving @champion, and how a
-    passing one is released (canary, approval) and watched afterwards (pipelines.promotion.monitor)."""
-    # non-inferiority against the serving champion, on the same holdout rows
-    auc_tolerance: float = 0.0015          # candidate AUC >= champion AUC - this
-    logloss_tolerance: float = 0.005       # candidate logloss <= champion logloss + this
-    superiority: bool = False              # also require DeLong: AUC difference > 0 with p < superiority_alpha
-    superiority_alpha: float = 0.05
-    slot_auc_tolerance: float = 0.005      # per slot (slots with enough rows): candidate >= champion - this
-    slot_tolerances: dict = field(default_factory=dict)   # {slot: tolerance} overrides slot_auc_tolerance
-    # absolute checks, every run (first runs: only these)
-    min_auc_first_run: float = 0.6
-    # every run: below this AUC on its holdout a candidate is never released, whatever the champion scores
-    # there (a day of flipped labels makes both score below 0.5 and the relative checks pass; the backtest's fault)
-    min_auc: float = 0.5
-    max_logloss_first_run: float = 0.75
-    max_demographic_parity_gap: float = 0.2    # max gap in mean pCTR between gender / age groups
-    max_equalized_odds_gap: float = 0.4        # max TPR / FPR gap at the serving threshold
-    calibration_min: float = 0.5               # mean pCTR / observed CTR within [min, max]
-    calibration_max: float = 1.5
-    latency_budget_ms: float = 250.0           # p99 of the pyfunc at batch 32
-    # Checks that pass when the evaluation could not measure them; any other unmeasured check FAILS.
-    # An entry is a check's family (`slot_auc`: every slot) or one check (`slot_auc[night]`).
-    optional_checks: tuple[str, ...] = ()
-    # release
-    promotion: Literal["canary", "direct"] = "canary"
-    canary_share: float = 0.1                  # share of users (hash of user_id) served by @canary
-    # A candidate that passes while an earlier canary is still being watched: `hold` (it stays gated, not
-    # released; a later retrain releases once the canary is promoted or withdrawn) or `replace` it. With
-    # daily retrains `replace` restarts the watch every day, so no canary ever reached canary_healthy_windows
-    # in the backtest's replay (docs/benchmarks.md).
-    canary_in_flight: Literal["hold", "replace"] = "hold"
-    approval: bool = False                     # a human approves (Airflow HITL) before the release
-    # after release: ctr_champion_monitor, one window = one newly validated daily partition
-    canary_healthy_windows: int = 3            # canary no worse than the champion this many windows => champion
-    canary_auc_tolerance: float = 0.005        # "worse beyond tolerance": canary AUC < champion AUC - this
-    revert_metric: Literal["auc", "ctr"] = "auc"
-    revert_drop: float = 0.15                  # relative drop of the champion's metric vs its reference ...
-    revert_windows: int = 3                    # ... for this many consecutive windows => auto-revert
-    live_metrics_url: str = ""                 # Prometheus HTTP API base URL ("" = labelled partitions only)
-
-    # The gate checks that can go unmeasured (promotion.gate): only these may be listed as optional.
-    # Base compatibility, the AUC / logloss checks and DeLong superiority fail when unmeasured, always.
-    OPTIONAL_CHECK_FAMILIES: ClassVar[tuple[str, ...]] = (
-        "fairness", "fairness_dp", "fairness_eo", "calibration", "latency_p99_batch32_ms", "slot_auc")
-
-    def __post_init__(self):
-        # A YAML list or a list given in code: stored as a tuple (the policy is frozen and hashable).
-        object.__setattr__(self, "optional_checks", tuple(self.optional_checks))
-        _check(all(isinstance(n, str) and n.split("[", 1)[0] in self.OPTIONAL_CHECK_FAMILIES
-                   and ("[" not in n or (n.endswith("]") and len(n) > n.index("[") + 2)) for n in self.optional_checks),
-               f"gate.optional_checks must name checks of {list(self.OPTIONAL_CHECK_FAMILIES)} (a family, or one "
-               f"check such as slot_auc[night]), got {list(self.optional_checks)}")
-        _check(0.0 <= self.auc_tolerance < 0.5, f"gate.auc_tolerance must be in [0, 0.5), got {self.auc_tolerance}")
-        _check(self.logloss_tolerance >= 0, "gate.logloss_tolerance must be >= 0")
-        _check(0.0 < self.superiority_alpha < 1.0, "gate.superiority_alpha must be in (0, 1)")
-        _check(0.0 <= self.slot_auc_tolerance < 0.5, "gate.slot_auc_tolerance must be in [0, 0.5)")
-        _check(isinstance(self.slot_tolerances, dict) and all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 0.5
-            for k, v in self.slot_tolerances.items()),
-            f"gate.slot_tolerances must map slot names to tolerances in [0, 0.5), got {self.slot_tolerances!r}")
-        _check(0.0 <= self.min_auc_first_run <= 1.0 and 0.0 <= self.min_auc <= 1.0,
-               "gate.min_auc_first_run and gate.min_auc must be in [0, 1]")
-        _check(self.max_logloss_first_run > 0, "gate.max_logloss_first_run must be > 0")
-        _check(0 < self.max_demographic_parity_gap <= 1 and 0 < self.max_equalized_odds_gap <= 1,
-               "gate.max_demographic_parity_gap and max_equalized_odds_gap must be in (0, 1]")
-        _check(0 < self.calibration_min < 1 < self.calibration_max,
-               f"gate.calibration_min/max must satisfy 0 < min < 1 < max, got {self.calibration_min}/{self.calibration_max}")
-        _check(self.latency_budget_ms > 0, "gate.latency_budget_ms must be > 0")
-        _check(0.0 < self.canary_share < 1.0, f"gate.canary_share must be in (0, 1), got {self.canary_share}")
-        _check(self.canary_healthy_windows >= 1 and self.revert_windows >= 1,
-               "gate.canary_healthy_windows and revert_windows must be >= 1")
-        _check(0 <= self.canary_auc_tolerance < 0.5, "gate.canary_auc_tolerance must be in [0, 0.5)")
-        _check(0 < self.revert_drop < 1, f"gate.revert_drop must be in (0, 1), got {self.revert_drop}")
-        _check(self.live_metrics_url == "" or self.live_metrics_url.startswith(("http://", "https://")),
-               f"gate.live_metrics_url must be empty or an http(s) URL, got {self.live_metrics_url!r}")
-
-    def slot_tolerance(self, slot: str) -> float:
-        return float(self.slot_tolerances.get(slot, self.slot_auc_tolerance))
-
-    def is_optional(self, check: str) -> bool:
-        """Whether the check `check` (e.g. `slot_auc[night]`) may pass unmeasured: it or its family is listed."""
-        return check in self.optional_checks or check.split("[", 1)[0] in self.optional_checks
-
-
-# ---------------------------------------------------------------- loading
-
-
 def load_pipeline_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> PipelineConfig:
     """Load the pipeline config: file (default: $CTR_PIPELINE_CONFIG or configs/pipeline.yaml) + overrides."""
     path = path or os.environ.get("CTR_PIPELINE_CONFIG") or DEFAULT_PIPELINE_YAML
     return from_dict(PipelineConfig, deep_merge(read_yaml(path), overrides or {}), where=str(path))
-
-
-def load_gate_policy(path: str | os.PathLike | None = None, overrides: dict | None = None) -> GatePolicy:
-    path = path or os.environ.get("CTR_GATE_POLICY") or DEFAULT_GATE_YAML
-    return from_dict(GatePolicy, deep_merge(read_yaml(path), overrides or {}), where=str(path))
 
 
 def to_dict(cfg) -> dict:

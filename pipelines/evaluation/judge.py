@@ -71,7 +71,7 @@ def _summary(candidate: dict, comparison: dict, champion_mv, holdout_rows: int, 
             "delong": comparison["delong"], "latency": comparison["latency"],
             "adapter_bytes": comparison["adapter_bytes"],
             "interference": {"max_abs_cos": inter.get("max_abs_cos"), "pair": inter.get("pair"),
-                             "module": inter.get("module")},
+                             "module": inter.get("module"), "compared": max(len(inter.get("adapters", ())) - 1, 0)},
             "threshold": comparison["threshold"], "report_files": report_files}
 
 
@@ -84,14 +84,10 @@ def _adapter_dir(model_uri: str, where: str) -> str:
 def interference(cfg: PipelineConfig, candidate: dict, tmp: str) -> dict:
     """|cos| between the candidate's LoRA updates and those of the other slots' serving champions."""
     from pipelines.evaluation.interference import adapter_interference
-    from pipelines.registry import mlflow_io
+    from pipelines.registry.models import sibling_champions
 
-    dirs = {"candidate": _adapter_dir(candidate["model_uri"], f"{tmp}/candidate")}
-    for slot in cfg.data.slots:
-        name = cfg.adapter_model_name(slot)
-        mv = mlflow_io.version_by_alias(name, "champion") if name != candidate["model_name"] else None
-        if mv is not None:
-            dirs[f"{name}:{mv.version}"] = _adapter_dir(f"models:/{name}/{mv.version}", f"{tmp}/{name}")
+    dirs = {"candidate": _adapter_dir(candidate["model_uri"], f"{tmp}/candidate"),
+            **sibling_champions(cfg, candidate["model_name"], tmp)}
     return adapter_interference(dirs)
 
 

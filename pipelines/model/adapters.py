@@ -69,7 +69,23 @@ def peft_config(cfg: LoraTrainConfig, token_indices: dict[str, list[int]] | None
     from peft import LoraConfig
 
     return LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=target_names(cfg), bias="none", trainable_token_indices=token_indices or None)
+                      target_modules=target_names(cfg), bias="none", trainable_token_indices=token_indices or None,
+                      rank_pattern=dict(cfg.rank_pattern))
+
+
+def check_rank_pattern(model, cfg: LoraTrainConfig, adapter_name: str = "default") -> None:
+    """Every `lora.rank_pattern` key must have matched a wrapped module (PEFT ignores a key that matches
+    none, which would silently train that layer at `r`), and the ranks must be the ones asked for."""
+    wrapped = {name.removeprefix("base_model.model."): m for name, m in model.named_modules()
+               if hasattr(m, "lora_A") and (adapter_name in m.lora_A or adapter_name in m.lora_embedding_A)}
+    for key, rank in cfg.rank_pattern.items():
+        hits = [n for n in wrapped if n == key or n.endswith("." + key)]
+        if not hits:
+            raise ConfigError(f"lora.rank_pattern key {key!r} matches no module PEFT wrapped "
+                              f"(wrapped: {sorted(wrapped)})")
+        got = {n: wrapped[n].r[adapter_name] for n in hits}
+        if set(got.values()) != {rank}:
+            raise ConfigError(f"lora.rank_pattern[{key!r}] = {rank}, but PEFT built ranks {got}")
 
 
 # Why lora.stability_max defaults to 0.01 (measurements): docs/benchmarks.md, "LoRA learning-rate stability rule".
@@ -101,6 +117,7 @@ def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default",
     base.requires_grad_(False)
     tokens = token_targets(base, cfg, token_rows)
     model = get_peft_model(base, peft_config(cfg, tokens), adapter_name=adapter_name)
+    check_rank_pattern(model, cfg, adapter_name)
     if cfg.tokens_only:   # PEFT wants a LoRA target; its B matrices start at zero and stay there
         for name, p in model.named_parameters():
             if "lora_" in name:

@@ -10,7 +10,9 @@ Checks (each: name, value, threshold, passed, one-line reason):
   calibration band; the latency budget; with no champion (first run) also an AUC floor and a
   logloss ceiling, and nothing else;
 * against the champion: AUC and logloss non-inferiority, per-slot AUC non-inferiority, and with
-  `superiority: true` a DeLong test (AUC difference > 0 at p < alpha).
+  `superiority: true` a DeLong test (AUC difference > 0 at p < alpha);
+* with `max_interference_cos` set: the largest |cos| between the candidate's LoRA update and those of
+  the other slots' champions stays under it (every run: a first champion may interfere too).
 A new base model (a version that records its own `fingerprint`) is gated by `decide_base`: AUC and
 logloss against the serving base on the same holdout rows (first base: floor and ceiling) and calibration.
 A check the evaluation could not measure (no fairness report, a fairness group too small, no clicks,
@@ -151,7 +153,24 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
     checks = [base_check(base)] if base is not None else []
     checks += _first_run(policy, cand) if champ is None else [_auc_floor(policy, cand), *_relative(policy, evaluation)]
     checks += _absolute(policy, evaluation)
+    if policy.max_interference_cos is not None:
+        checks.append(_interference(policy, evaluation))
     return _decision(policy, evaluation, checks)
+
+
+def _interference(policy: GatePolicy, evaluation: dict) -> dict:
+    """|cos| against the sibling champions (evaluation.judge); with no sibling champion, or a zero update
+    on either side, nothing interferes. An evaluation that did not measure it fails (unless optional)."""
+    inter, bound = evaluation.get("interference") or {}, policy.max_interference_cos
+    value, compared = inter.get("max_abs_cos"), inter.get("compared")
+    if value is None and compared is None:
+        return _unmeasured(policy, "interference", bound, "no interference measurement in this evaluation")
+    if value is None:
+        return _check("interference", None, bound, True,
+                      "no sibling champion to interfere with" if compared == 0 else
+                      "no pair of non-zero LoRA updates (an id-rows-only adapter, or untrained)")
+    return _check("interference", value, bound, value <= bound,
+                  f"largest |cos| with the other slots' champions ({inter.get('module')}) must be <= {bound}")
 
 
 def decide_base(policy: GatePolicy, evaluation: dict) -> dict:

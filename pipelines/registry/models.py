@@ -28,6 +28,23 @@ def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
     return out
 
 
+def sibling_champions(cfg: PipelineConfig, model_name: str, dst: str, *, base_fingerprint: str | None = None
+                      ) -> dict[str, str]:
+    """{"<name>:<version>": local adapter directory} of the other slots' @champion adapters (not
+    `model_name`'s), downloaded under `dst`. With `base_fingerprint`, only champions trained on that base."""
+    from pipelines.registry import mlflow_io
+
+    out = {}
+    for slot in cfg.data.slots:
+        name = cfg.adapter_model_name(slot)
+        mv = mlflow_io.version_by_alias(name, "champion") if name != model_name else None
+        if mv is None or base_fingerprint is not None and mv.tags.get("base.fingerprint") != base_fingerprint:
+            continue
+        where = mlflow_io.download_artifacts(artifact_uri=f"models:/{name}/{mv.version}", dst_path=f"{dst}/{name}")
+        out[f"{name}:{mv.version}"] = f"{where}/artifacts/adapter"
+    return out
+
+
 def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None,
                   base: dict | None = None) -> tuple[dict, dict]:
     """The teacher of each slot: `ctr_lora_<slot>@champion` (base + adapter), else the serving base.

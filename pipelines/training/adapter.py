@@ -46,6 +46,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     base = _serving_base_model(base_ref)
     streams = holdout_streams(cfg, lake_uri, end_day, slot, base.cfg)
     model = _fresh_adapter(lc, base, token_rows(lc, streams, base.cfg))
+    regularizer = sibling_regularizer(cfg, slot, base_ref)
     data_lineage = streams["index"].lineage()
     sizes = adapters.trainable_fraction(model)
     settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
@@ -55,12 +56,14 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     store = checkpoint.CheckpointStore(checkpoint_uri or checkpoint.default_uri(
         checkpoint.default_root(lake_uri), model_name, end_day, chash))
     # A checkpoint only resumes this exact run: same config, base weights and data.
-    run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": data_lineage["sha256"]}
+    run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": data_lineage["sha256"],
+               "siblings": sorted(regularizer.siblings) if regularizer else None}
 
     with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
                           run_name=f"{model_name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
         _log_inputs(lc, slot, end_day, base_ref, stab, streams, store, sizes, model_name)
-        result = _fit_logged(model, streams, settings, store, run_key, model_name, progress)
+        result = _fit_logged(model, streams, settings, store, run_key, model_name, progress, regularizer)
+        ortho = _log_orthogonality(model, regularizer)
         metrics = score_stream(model, streams["holdout"])
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(data_lineage, "lineage/data.json")
@@ -71,7 +74,38 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
             "data": {k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
             "config_hash": chash, "effective_lr": stab["effective_lr"], "stability": stab["stability"],
             "lr_rescaled": stab["lr_rescaled"], "epochs_run": result["epochs_run"], "best_epoch": result["best_epoch"],
-            "resumed_from_epoch": result["resumed_from_epoch"]}
+            "resumed_from_epoch": result["resumed_from_epoch"], "orthogonality": ortho}
+
+
+def sibling_regularizer(cfg: PipelineConfig, slot: str, base_ref: dict):
+    """With `lora.orthogonality_lambda` > 0: the penalty against the other slots' serving champions on
+    this base (training.orthogonality), else None. None too when no sibling has a champion yet."""
+    if cfg.lora.orthogonality_lambda <= 0:
+        return None
+    from pipelines.registry.models import sibling_champions
+    from pipelines.training.orthogonality import Regularizer, saved_factors
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = sibling_champions(cfg, cfg.adapter_model_name(slot), tmp, base_fingerprint=base_ref["fingerprint"])
+        siblings = {who: saved_factors(d) for who, d in dirs.items()}
+    if not siblings:
+        log.info("lora.orthogonality_lambda is set, but no other slot has a champion on this base: no penalty")
+        return None
+    return Regularizer(cfg.lora.orthogonality_lambda, siblings)
+
+
+def _log_orthogonality(model, regularizer) -> dict | None:
+    """The penalty's final value and |cos| against the siblings, logged to the active run."""
+    if regularizer is None:
+        return None
+    import mlflow
+
+    report = regularizer.report(model)
+    mlflow.set_tag("orthogonality.siblings", ",".join(report["siblings"]))
+    mlflow.log_metrics({k: float(report[v]) for k, v in (("orthogonality_penalty", "penalty"),
+                                                         ("orthogonality_max_abs_cos", "max_abs_cos"))
+                        if report[v] is not None})
+    return report
 
 
 def _serving_base_model(base_ref: dict):
@@ -128,7 +162,8 @@ def _log_inputs(lc: LoraTrainConfig, slot: str, end_day: str, base_ref: dict, st
              sizes["total_params"], 100 * sizes["trainable_fraction"], stab["effective_lr"])
 
 
-def _fit_logged(model, streams: dict, settings, store, run_key: dict, model_name: str, progress: bool) -> dict:
+def _fit_logged(model, streams: dict, settings, store, run_key: dict, model_name: str, progress: bool,
+                regularizer=None) -> dict:
     """`fit` on the train stream (validating on the val stream, if it has rows), every epoch's metrics
     logged to the active run; refuses a model whose trainable weights are no longer finite."""
     import mlflow
@@ -138,7 +173,7 @@ def _fit_logged(model, streams: dict, settings, store, run_key: dict, model_name
 
     val_rows = streams["val"]
     result = fit(model, streams["train"], settings, val=val_rows if val_rows.rows else None, desc=model_name,
-                 checkpoint=store, run_key=run_key, progress=progress,
+                 checkpoint=store, run_key=run_key, progress=progress, regularizer=regularizer,
                  on_epoch=lambda m: mlflow.log_metrics(
                      {k: float(v) for k, v in m.items() if k != "epoch" and v is not None}, step=m["epoch"]))
     if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):

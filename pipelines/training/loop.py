@@ -76,8 +76,9 @@ def _fmt(metrics: dict) -> str:
 
 
 def _train_epoch(model: nn.Module, src, opt, gen: torch.Generator, st: dict, settings: LoopSettings, total: int,
-                 bar) -> tuple[float, int]:
-    """One pass over `src` (advances st["step"]; sets st["diverged"] on a non-finite loss)."""
+                 bar, regularizer=None) -> tuple[float, int]:
+    """One pass over `src` (advances st["step"]; sets st["diverged"] on a non-finite loss). The loss
+    returned is the data loss: a `regularizer`'s term is trained on but not reported in it."""
     model.train()
     loss_sum, seen = 0.0, 0
     for x, y in src.batches(settings.batch_size, gen):
@@ -85,7 +86,7 @@ def _train_epoch(model: nn.Module, src, opt, gen: torch.Generator, st: dict, set
             g["lr"] = lr_at(st["step"], total, settings.lr, settings.warmup_steps)
         loss = bce_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss + regularizer(model) if regularizer is not None else loss).backward()
         opt.step()
         value = loss.item()
         loss_sum += value * len(y)
@@ -117,7 +118,7 @@ def _select(st: dict, metrics: dict, named, patience: int, desc: str) -> None:
 
 
 def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "train", on_epoch=None, *,
-        checkpoint=None, run_key: dict | None = None, progress: bool = False) -> dict:
+        checkpoint=None, run_key: dict | None = None, progress: bool = False, regularizer=None) -> dict:
     """Train the parameters of `model` that require grad with AdamW (warm-up + cosine decay).
 
     `data` / `val`: (tokens, labels) arrays or batch sources. With `val`, every epoch is evaluated
@@ -128,7 +129,9 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
 
     `checkpoint` (a CheckpointStore): written after every epoch and resumed from at the start when
     its run key matches (settings, trainable shapes, row counts and the caller's `run_key`); a
-    resumed run ends with the same weights as an uninterrupted one. `on_epoch(metrics)` is called
+    resumed run ends with the same weights as an uninterrupted one (a `regularizer` must be named in
+    `run_key`: the key cannot see it). `regularizer(model)`: a scalar tensor added to every batch's
+    loss (training.orthogonality.Regularizer). `on_epoch(metrics)` is called
     after each epoch, and once per restored epoch on resume (so a fresh MLflow run gets the whole
     curve). Returns a JSON-safe dict: history, epochs_run, best_epoch, best_val_logloss,
     resumed_from_epoch, stopped_early, diverged.
@@ -154,7 +157,7 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
         on_epoch(m)
 
     while st["epoch"] < settings.epochs and not st["stopped"]:
-        metrics = _fit_epoch(model, src, val_src, opt, gen, st, named, settings, total, desc, progress)
+        metrics = _fit_epoch(model, src, val_src, opt, gen, st, named, settings, total, desc, progress, regularizer)
         st["epoch"] = metrics["epoch"]
         st["history"].append(metrics)
         if checkpoint is not None:
@@ -204,14 +207,14 @@ def _progress_bar(progress: bool, steps: int, label: str):
 
 
 def _fit_epoch(model: nn.Module, src, val_src, opt, gen: torch.Generator, st: dict, named, settings: LoopSettings,
-               total: int, desc: str, progress: bool) -> dict:
+               total: int, desc: str, progress: bool, regularizer=None) -> dict:
     """Train the next epoch (advancing st["step"]), validate it (early stopping bookkeeping included)
     and return its metrics."""
     epoch = st["epoch"] + 1
     bar = _progress_bar(progress, math.ceil(src.rows / settings.batch_size), f"{desc} {epoch}/{settings.epochs}")
     t0 = time.perf_counter()
     try:
-        loss_sum, seen = _train_epoch(model, src, opt, gen, st, settings, total, bar)
+        loss_sum, seen = _train_epoch(model, src, opt, gen, st, settings, total, bar, regularizer)
     finally:
         if bar is not None:
             bar.close()

@@ -102,3 +102,26 @@ def test_without_the_flag_no_biases_file_is_written(data, tmp_path):
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
     adapters.save(model, tmp_path / "adapter")
     assert not (tmp_path / "adapter" / adapters.LAYERNORM_BIAS_FILE).exists()
+
+
+def test_rank_pattern_gives_per_layer_ranks_and_survives_save_load(tmp_path):
+    model = adapters.attach(base(), LoraTrainConfig(r=8, alpha=16, rank_pattern={"blocks.0.v_proj": 2}))
+    ranks = {clean(n): m.r["default"] for n, m in model.named_modules() if hasattr(m, "lora_A") and m.lora_A}
+    assert ranks == {"blocks.0.q_proj": 8, "blocks.0.v_proj": 2}
+    assert model.get_submodule("base_model.model.blocks.0.v_proj").scaling["default"] == 16 / 2   # alpha / its rank
+    adapters.save(model, tmp_path)
+    loaded = adapters.load(base(), str(tmp_path))
+    assert loaded.get_submodule("base_model.model.blocks.0.v_proj").lora_A["default"].weight.shape[0] == 2
+
+
+def test_rank_pattern_is_checked_against_the_config_and_the_model():
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="matches no module"):
+        adapters.attach(base(), LoraTrainConfig(rank_pattern={"blocks.5.v_proj": 2}))
+    with pytest.raises(ConfigError, match="must name a module of lora.target_modules"):
+        LoraTrainConfig(rank_pattern={"ffn_in": 2})
+    with pytest.raises(ConfigError, match="integer rank >= 1"):
+        LoraTrainConfig(rank_pattern={"v_proj": 0})
+    lc = LoraTrainConfig(r=4, lr=0.01, batch_size=64, rank_pattern={"v_proj": 16})
+    assert lc.max_rank == 16 and lc.stability == pytest.approx(0.01 * 16 / 8)   # the rule bounds the largest rank

@@ -268,3 +268,42 @@ def test_a_new_base_is_judged_against_the_serving_base(kwargs, failed):
     # an adapter's checks (base compatibility, fairness, latency, slots) are not a base's
     assert {c["name"] for c in d["checks"]} <= {"auc_non_inferiority", "logloss_non_inferiority", "calibration",
                                                 "auc_floor", "logloss_ceiling", "auc_floor_every_run"}
+
+
+# ----------------------------------------------------------------------------- interference bound
+BOUNDED = replace(POLICY, max_interference_cos=0.05)
+
+
+def with_interference(cos, compared=2, **kw) -> dict:
+    return {**evaluation(**kw), "interference": {"max_abs_cos": cos, "pair": ["candidate", "ctr_lora_night:4"],
+                                                 "module": "blocks.0.v_proj", "compared": compared}}
+
+
+def test_the_interference_bound_is_off_unless_the_policy_sets_it():
+    assert GatePolicy().max_interference_cos is None
+    assert "interference" not in [c["name"] for c in decide(POLICY, with_interference(0.97))["checks"]]
+
+
+@pytest.mark.parametrize("champion", [True, False])
+def test_the_interference_bound_fails_an_aligned_adapter_on_every_run(champion):
+    aligned = decide(BOUNDED, with_interference(0.06, champion=champion))
+    assert failed(aligned) == ["interference"] and check(aligned, "interference")["threshold"] == 0.05
+    assert decide(BOUNDED, with_interference(0.05, champion=champion))["passed"]   # inclusive
+
+
+def test_nothing_to_interfere_with_passes_and_an_unmeasured_interference_fails():
+    alone = check(decide(BOUNDED, with_interference(None, compared=0)), "interference")
+    assert alone["passed"] and "no sibling champion" in alone["reason"]
+    zero = check(decide(BOUNDED, with_interference(None, compared=2)), "interference")
+    assert zero["passed"] and "non-zero" in zero["reason"]
+    unmeasured = decide(BOUNDED, evaluation())          # an evaluation without the measurement
+    assert failed(unmeasured) == ["interference"] and "not measured" in check(unmeasured, "interference")["reason"]
+    assert decide(replace(BOUNDED, optional_checks=("interference",)), evaluation())["passed"]
+
+
+@pytest.mark.parametrize("bound", [0.0, 1.0, -0.1, True])
+def test_the_interference_bound_must_be_a_cosine_that_can_fail(bound):
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_interference_cos"):
+        GatePolicy(max_interference_cos=bound)

@@ -16,6 +16,7 @@ CONFIGS = (
     LoraTrainConfig(),                                                        # q/v, r=8
     LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings")),
     LoraTrainConfig(r=2, alpha=2, target_modules=("k_proj", "o_proj")),
+    LoraTrainConfig(rank_pattern={"blocks.0.q_proj": 2, "v_proj": 4}),         # per-layer ranks: q 2, v 4
 )
 
 

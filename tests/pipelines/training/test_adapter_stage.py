@@ -2,6 +2,8 @@
 the run's params, the default checkpoint location, resume after a crash past training, cleanup."""
 from __future__ import annotations
 
+import tempfile
+
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
@@ -87,3 +89,32 @@ def lora_only_fraction(cfg) -> float:
 
     return adapters.trainable_fraction(adapters.attach(CTRModel(cfg.model), replace(cfg.lora, trainable_tokens=())))[
         "trainable_fraction"]
+
+
+def test_the_orthogonality_penalty_trains_against_the_other_slots_champions(serving_store, lake):
+    """lora.orthogonality_lambda (issue 14): the stage downloads the other slots' champions on its base and
+    trains away from them; with none yet it trains as usual. The run records siblings, penalty and |cos|."""
+    from dataclasses import replace
+
+    from pipelines.data.synthetic import SLOTS
+    from pipelines.registry.models import sibling_champions
+    from pipelines.training import orthogonality as ortho
+
+    cfg = registered_base_config(lake, epochs=2, orthogonality_lambda=1.0)
+    first = adapter.train(cfg, lake, END_DAY, SLOTS[0])
+    assert first["orthogonality"] is None                      # no sibling champion yet: nothing to penalise
+    mlflow_io.register(first["model_uri"], first["model_name"], {"base.fingerprint": first["base"]["fingerprint"]},
+                       alias="champion", run_id=first["run_id"])
+    plain = adapter.train(replace(cfg, lora=replace(cfg.lora, orthogonality_lambda=0.0)), lake, END_DAY, SLOTS[1])
+    penalised = adapter.train(cfg, lake, END_DAY, SLOTS[1])
+
+    report = penalised["orthogonality"]
+    assert report["siblings"] == [f"{first['model_name']}:1"] and report["lambda"] == 1.0
+    with tempfile.TemporaryDirectory() as tmp:
+        sibling = {k: ortho.saved_factors(d) for k, d in sibling_champions(cfg, plain["model_name"], tmp).items()}
+        plain_files = mlflow_io.download_artifacts(artifact_uri=plain["model_uri"], dst_path=f"{tmp}/p")
+        plain_cos = ortho.max_abs_cos(ortho.saved_factors(f"{plain_files}/artifacts/adapter"), sibling)
+    assert report["max_abs_cos"] < plain_cos, (report, plain_cos)
+    metrics = MlflowClient().get_run(penalised["run_id"]).data.metrics
+    assert metrics["orthogonality_max_abs_cos"] == pytest.approx(report["max_abs_cos"])
+    assert MlflowClient().get_run(penalised["run_id"]).data.tags["orthogonality.siblings"] == report["siblings"][0]
