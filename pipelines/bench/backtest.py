@@ -80,13 +80,13 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
     others = cf.ProcessPoolExecutor(len(alone), mp_context=multiprocessing.get_context("spawn")) if alone else None
     with others or contextlib.nullcontext() as pool:
         remote = {n: pool.submit(_replay_alone, m, bt) for n, m in alone.items()}
-        preds = _replay(models, bt) if models else {}
+        preds = replay(models, bt) if models else {}
         for n, future in remote.items():
             preds[n], models[n] = future.result()
     return _result(bt, models, preds, time.perf_counter() - t0)
 
 
-def _replay(models: dict[str, bm.Comparator], bt: Backtest) -> dict[str, np.ndarray]:
+def replay(models: dict[str, bm.Comparator], bt: Backtest) -> dict[str, np.ndarray]:
     """Every comparator's scores of every scored row, day by day (test, then the next day's training)."""
     preds = {n: np.full(bt.last - bt.first, np.nan) for n in models}
     y = bt.labels()
@@ -102,9 +102,9 @@ def _replay(models: dict[str, bm.Comparator], bt: Backtest) -> dict[str, np.ndar
 
 
 def _replay_alone(model: bm.Comparator, bt: Backtest) -> tuple[np.ndarray, bm.Comparator]:
-    """`_replay` of one comparator (the body of the second process)."""
+    """`replay` of one comparator (the body of the second process)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    return _replay({model.name: model}, bt)[model.name], model
+    return replay({model.name: model}, bt)[model.name], model
 
 
 def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.ndarray], wall_s: float) -> dict:

@@ -15,6 +15,9 @@ def add_parser(sub) -> None:
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
     bt.add_argument("--few-shot", type=int, metavar="K",
                     help="instead: new users scored after their first K labelled rows (the few-shot mode)")
+    bt.add_argument("--choose", choices=("ranks", "orthogonality"),
+                    help="instead: choose that LoRA option on the validation days, then replay it on the test days "
+                         "(--from/--to; --only: a subset of its candidates)")
     bt.add_argument("--quick", action="store_true", help="7 days of one slot's rows (a smoke run, minutes)")
     bt.add_argument("--served-dir", help="served: the replay's lake and MLflow store (default: a new temp folder)")
     bt.add_argument("--flip-labels", metavar="DAY", help="served: that day lands with its labels flipped (a fault)")
@@ -39,6 +42,13 @@ def cmd(a) -> int:
 
         out = backtest_fewshot.run(load_pipeline_config(a.config), shots=a.few_shot)
         print(json.dumps(out) if a.json else backtest_fewshot.table(out))
+        return 0
+    if a.choose is not None:
+        from pipelines.bench import backtest_choice
+
+        out = backtest_choice.run(load_pipeline_config(a.config), choice=a.choose, test=(a.day_from, a.day_to),
+                                  max_days=a.days, only=a.only.split(",") if a.only else None)
+        print(json.dumps(out) if a.json else backtest_choice.table(out))
         return 0
     out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
                        names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots,

@@ -159,6 +159,9 @@ class SlotAdapters(Comparator):
         self.trained = 0
         self.bytes: list[int] = []
         self.token_rows: list[int] = []
+        self.latest: dict = {}            # slot -> LoRA factors of its newest adapter (the slot's champion here)
+        self.cos: list[float] = []        # each adapter's largest |cos| with the other slots' champions
+        self.norms: list[float] = []      # each adapter's ||dW||_F (all modules)
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
         rows = bt.scored(day)
@@ -166,19 +169,35 @@ class SlotAdapters(Comparator):
         if not self.per_slot:
             return score(self._model(bt, window, day.date), self.cfg, rows)
         out = np.empty(len(rows))
+        champions = dict(self.latest)     # this morning's: a slot trained today is no sibling of today's others
         for slot in sorted(set(rows["slot"])):
             at = (rows["slot"] == slot).to_numpy()
-            out[at] = score(self._model(bt, window[window["slot"] == slot], f"{day.date}/{slot}"), self.cfg, rows[at])
+            siblings = {s: f for s, f in champions.items() if s != slot}
+            model = self._model(bt, window[window["slot"] == slot], f"{day.date}/{slot}", siblings)
+            if model is not self.static.ensure(bt):
+                self._track(slot, model, siblings)
+            out[at] = score(model, self.cfg, rows[at])
         return out
 
-    def _model(self, bt: Backtest, train: pd.DataFrame, label: str):
-        base = self.static.ensure(bt)
-        return base if len(train) < self.lora.min_rows else self._timed(self._fit, base, train, label)
+    def _track(self, slot: str, model, siblings: dict) -> None:
+        from pipelines.training import orthogonality as ortho
 
-    def _fit(self, base, rows: pd.DataFrame, label: str):
+        mine = {m: (p.detach().clone(), q.detach().clone()) for m, (p, q) in ortho.live_factors(model).items()}
+        cos = ortho.max_abs_cos(mine, siblings)
+        if cos is not None:
+            self.cos.append(cos)
+        self.norms.append(ortho.update_norm(mine))
+        self.latest[slot] = mine
+
+    def _model(self, bt: Backtest, train: pd.DataFrame, label: str, siblings: dict | None = None):
+        base = self.static.ensure(bt)
+        return base if len(train) < self.lora.min_rows else self._timed(self._fit, base, train, label, siblings)
+
+    def _fit(self, base, rows: pd.DataFrame, label: str, siblings: dict | None = None):
         from pipelines.data.splits import time_split
         from pipelines.model import adapters, features
         from pipelines.training.loop import LoopSettings, seed_everything, train
+        from pipelines.training.orthogonality import Regularizer
 
         lc = self.lora
         token_rows = None
@@ -191,8 +210,9 @@ class SlotAdapters(Comparator):
         settings = LoopSettings(lc.epochs, lc.batch_size, lc.stable_lr(), lc.weight_decay, lc.warmup_steps, lc.seed,
                                 patience=lc.early_stopping_patience)
         enc = self.cfg.model
+        reg = Regularizer(lc.orthogonality_lambda, siblings) if lc.orthogonality_lambda > 0 and siblings else None
         train(model, features.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
-              val=(features.encode(val, enc), features.labels(val)) if len(val) else None)
+              val=(features.encode(val, enc), features.labels(val)) if len(val) else None, regularizer=reg)
         self.trained += 1
         self.bytes.append(_saved_bytes(model))
         return model.eval()
@@ -203,7 +223,18 @@ class SlotAdapters(Comparator):
                 "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
                 "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),
                          "trainable_tokens": list(self.lora.trainable_tokens),
-                         "tokens_only": self.lora.tokens_only, "window_days": self.lora.window_days}}
+                         "tokens_only": self.lora.tokens_only, "window_days": self.lora.window_days,
+                         "rank_pattern": dict(self.lora.rank_pattern),
+                         "orthogonality_lambda": self.lora.orthogonality_lambda},
+                "max_abs_cos": _spread(self.cos), "update_norm": _spread(self.norms)}
+
+
+def _spread(values: list[float]) -> dict | None:
+    """n, min, median and max of one figure over the adapters (None before there is one)."""
+    if not values:
+        return None
+    return {"n": len(values), "min": float(np.min(values)), "median": float(np.median(values)),
+            "max": float(np.max(values))}
 
 
 def _saved_bytes(model) -> int:

@@ -223,9 +223,10 @@ def per_slot(rows: pd.DataFrame, scores, routes: dict, cfg: PipelineConfig) -> d
 def _gate_summary(decision: dict) -> dict:
     release = decision.get("release") or {}
     failed = [c.get("name") for c in decision.get("checks", []) if not c.get("passed", True)]
+    cos = next((c.get("value") for c in decision.get("checks", []) if c.get("name") == "interference"), None)
     return {"version": str(decision.get("version")), "passed": bool(decision["passed"]),
             "released": bool(release.get("moved")), "held": bool(release.get("held")), "alias": release.get("alias"),
-            "failed_checks": failed}
+            "failed_checks": failed, "interference": cos}
 
 
 def _monitor_summary(result: dict) -> dict:

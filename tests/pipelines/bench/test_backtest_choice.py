@@ -1,0 +1,55 @@
+"""backtest --choose: the rule (pure), the candidates a config gets, and a short real replay through the CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.bench import backtest_choice as bc
+from pipelines.config import load_pipeline_config
+from pipelines.errors import ConfigError
+
+
+def test_the_rule_takes_the_smallest_adapter_within_the_margin_of_the_best():
+    rows = {"r8": {"auc": 0.670, "adapter_bytes": 15_000}, "r2": {"auc": 0.6695, "adapter_bytes": 9_000},
+            "r16": {"auc": 0.672, "adapter_bytes": 23_000}, "r4": {"auc": 0.660, "adapter_bytes": 11_000}}
+    assert bc.choose(rows) == "r2"                       # 0.6695 >= 0.672 - 0.003, and the smallest
+    assert bc.choose(rows, margin=0.001) == "r16"        # only r16 is near enough to itself
+    # equal bytes (the orthogonality lambdas): the default, listed first, unless another wins by the margin
+    same = {"lambda_0": {"auc": 0.670, "adapter_bytes": 15_000}, "lambda_1": {"auc": 0.672, "adapter_bytes": 15_000}}
+    assert bc.choose(same) == "lambda_0"
+    # lambda_10 is best, lambda_1 within the margin of it: the milder option (earlier in the list) is taken
+    assert bc.choose({**same, "lambda_10": {"auc": 0.674, "adapter_bytes": 15_000}}) == "lambda_1"
+    with pytest.raises(ConfigError, match="no candidate"):
+        bc.choose({"r8": {"auc": None, "adapter_bytes": 1}})
+
+
+def test_candidates_follow_the_configs_targets_and_blocks():
+    cfg = load_pipeline_config()
+    ranks = bc.candidates(cfg, "ranks")
+    assert list(ranks)[0] == bc.DEFAULT["ranks"] and {"r2", "r4", "r16"} <= set(ranks)
+    assert ranks["r8_upper_blocks_r2"]["rank_pattern"] == {"blocks.1.q_proj": 2, "blocks.1.v_proj": 2}
+    one_block = load_pipeline_config(overrides={"model": {"n_blocks": 1}, "lora": {"target_modules": ["v_proj"]}})
+    assert set(bc.candidates(one_block, "ranks")) == {"r8", "r2", "r4", "r16"}   # no layer to tell apart
+    assert list(bc.candidates(cfg, "orthogonality"))[0] == "lambda_0"
+    with pytest.raises(ConfigError, match="unknown choice"):
+        bc.candidates(cfg, "dropout")
+
+
+@pytest.mark.slow
+def test_a_short_choice_through_the_cli_replays_validation_then_test_days(tmp_path):
+    config = tmp_path / "fast.yaml"
+    config.write_text("base_training: {epochs: 1}\nlora: {epochs: 1}\n")
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "backtest", "--choose", "orthogonality", "--only",
+                           "lambda_10", "--days", "3", "--config", str(config), "--json"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    val, test = r["validation"], r["test"]
+    assert (val["from"], val["days"], test["from"], test["days"]) == ("1998-01-20", 3, "1998-03-07", 3)
+    assert list(val["candidates"]) == ["static", "lambda_0", "lambda_10"]
+    assert r["chosen"] in ("lambda_0", "lambda_10") and set(test["candidates"]) == {"static", "lambda_0", r["chosen"]}
+    pen, plain = val["candidates"]["lambda_10"], val["candidates"]["lambda_0"]
+    # the first day has no sibling yet; from the second, each adapter is measured against the others
+    assert pen["max_abs_cos"]["n"] > 0 and pen["max_abs_cos"]["median"] < plain["max_abs_cos"]["median"]
+    assert pen["lora"] == {"orthogonality_lambda": 10.0} and pen["adapter_bytes"] == plain["adapter_bytes"]
