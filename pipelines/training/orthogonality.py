@@ -116,6 +116,12 @@ def max_abs_cos(candidate: Factors, siblings: dict[str, Factors]) -> float | Non
     return best
 
 
+def update_norm(factors: Factors) -> float:
+    """||dW||_F over all modules together: how far the adapter moves its base (the penalty shrinks it too)."""
+    with torch.no_grad():
+        return float(torch.sqrt(sum((_inner(f, f) for f in factors.values()), torch.zeros(()))))
+
+
 class Regularizer:
     """What `training.loop.fit` adds to each batch's loss: lambda * `penalty` against fixed siblings."""
 

@@ -52,6 +52,8 @@ def test_penalty_and_cosine_equal_their_dense_definitions(pair):
     cos = max(abs(float((da[m] * db[m]).sum())) / float(da[m].norm() * db[m].norm())
               for m in da if da[m].norm() > 0 and db[m].norm() > 0)
     assert ortho.max_abs_cos(ortho.live_factors(a), {"b": ortho.live_factors(b)}) == pytest.approx(cos, rel=1e-5)
+    norm = float(torch.sqrt(sum((da[m] ** 2).sum() for m in da)))
+    assert ortho.update_norm(ortho.live_factors(a)) == pytest.approx(norm, rel=1e-5)
 
 
 def test_saved_adapters_read_back_with_their_per_layer_scales(pair, tmp_path):
