@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to", dest="last", required=True, help="last day, YYYY-MM-DD")
     p.add_argument("--wait-timeout-s", type=int, default=60, help="ctr_lake_arrival: how long to wait for a day")
     a = p.parse_args(argv)
+    replayed = days(a.first, a.last)
     airflow = airflow_cli()
-    for day in days(a.first, a.last):
+    for day in replayed:
         for dag_id, conf in steps(day, a.wait_timeout_s):
             print(f"replay {day}: {dag_id}", flush=True)
             rc = subprocess.run([airflow, "dags", "test", dag_id, day, "-c", json.dumps(conf)]).returncode

@@ -7,7 +7,9 @@ base. The rule, on the validation days only:
 * `best` = the highest validation AUC; every candidate within `MARGIN` of it is as good (the spread of
   one configuration between seeds is about that, docs/benchmarks.md);
 * of those, the one with the fewest adapter bytes; at equal bytes, the earlier in the list (the
-  default comes first, so an option stays off unless it wins by more than the margin).
+  default comes first). So a smaller candidate within the margin is taken even a little below the
+  default, and among equal-sized ones (the penalty's lambdas) an option stays off unless it beats the
+  default by more than the margin.
 The chosen candidate and the default are then replayed on the test days; the test days choose nothing.
 
 `ranks`: r in {2, 4, 8, 16} for every module, and per-layer patterns (PEFT `rank_pattern`: q against v,
@@ -63,7 +65,7 @@ def choose(rows: dict[str, dict], margin: float = MARGIN) -> str:
     best = max(r["auc"] for r in scored.values())
     order = list(rows)
     near = [n for n, r in scored.items() if r["auc"] >= best - margin]
-    return min(near, key=lambda n: (scored[n].get("adapter_bytes") or 0, order.index(n)))
+    return min(near, key=lambda n: (scored[n].get("adapter_bytes") or float("inf"), order.index(n)))
 
 
 def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: str | None, day_to: str | None,
@@ -73,7 +75,9 @@ def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: s
     static = bm.Static(cfg)
     models: dict[str, bm.Comparator] = {"static": static}
     for name, over in overrides.items():
-        lora = dataclasses.replace(bm.lora_only_config(cfg.lora), **over)
+        # from the config's lora with both options off, so a candidate is exactly what its name says
+        plain = dataclasses.replace(bm.lora_only_config(cfg.lora), rank_pattern={}, orthogonality_lambda=0.0)
+        lora = dataclasses.replace(plain, **over)
         models[name] = bm.SlotAdapters(name, cfg, lora, static)
     t0 = time.perf_counter()
     preds = replay(models, bt)

@@ -44,6 +44,9 @@ def judge(cfg: PipelineConfig, candidate: dict, rows: pd.DataFrame, preds: dict,
                                      fairness_min_rows=FAIRNESS_MIN_ROWS)
     with tempfile.TemporaryDirectory() as tmp:
         inter = interference(cfg, candidate, tmp)
+        # The gate bounds the |cos| of slot adapters; a cold-start student is distilled from the slot
+        # champions, so it is aligned with them by construction and the bound does not apply to it.
+        inter["bounded"] = candidate["model_name"] in {cfg.adapter_model_name(s) for s in cfg.data.slots}
         size = directory_bytes(f"{tmp}/candidate/artifacts/adapter")
         latency = pyfunc_latency(served, sample)
         comparison.update(latency=latency, adapter_bytes=size, interference=inter)
@@ -71,7 +74,8 @@ def _summary(candidate: dict, comparison: dict, champion_mv, holdout_rows: int, 
             "delong": comparison["delong"], "latency": comparison["latency"],
             "adapter_bytes": comparison["adapter_bytes"],
             "interference": {"max_abs_cos": inter.get("max_abs_cos"), "pair": inter.get("pair"),
-                             "module": inter.get("module"), "compared": max(len(inter.get("adapters", ())) - 1, 0)},
+                             "module": inter.get("module"), "compared": max(len(inter.get("adapters", ())) - 1, 0),
+                             "bounded": inter.get("bounded")},
             "threshold": comparison["threshold"], "report_files": report_files}
 
 
@@ -82,12 +86,13 @@ def _adapter_dir(model_uri: str, where: str) -> str:
 
 
 def interference(cfg: PipelineConfig, candidate: dict, tmp: str) -> dict:
-    """|cos| between the candidate's LoRA updates and those of the other slots' serving champions."""
+    """|cos| between the candidate's LoRA updates and those of the other slots' serving champions on the
+    same base (the ones an orthogonality penalty trains against; another base's adapters never serve with it)."""
     from pipelines.evaluation.interference import adapter_interference
     from pipelines.registry.models import sibling_champions
 
     dirs = {"candidate": _adapter_dir(candidate["model_uri"], f"{tmp}/candidate"),
-            **sibling_champions(cfg, candidate["model_name"], tmp)}
+            **sibling_champions(cfg, candidate["model_name"], tmp, base_fingerprint=candidate["base"]["fingerprint"])}
     return adapter_interference(dirs)
 
 

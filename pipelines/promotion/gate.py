@@ -11,8 +11,9 @@ Checks (each: name, value, threshold, passed, one-line reason):
   logloss ceiling, and nothing else;
 * against the champion: AUC and logloss non-inferiority, per-slot AUC non-inferiority, and with
   `superiority: true` a DeLong test (AUC difference > 0 at p < alpha);
-* with `max_interference_cos` set: the largest |cos| between the candidate's LoRA update and those of
-  the other slots' champions stays under it (every run: a first champion may interfere too).
+* with `max_interference_cos` set: the largest |cos| between a slot adapter's LoRA update and those of
+  the other slots' champions on its base stays under it (every run: a first champion may interfere too;
+  the cold-start student, distilled from those champions, is not bounded).
 A new base model (a version that records its own `fingerprint`) is gated by `decide_base`: AUC and
 logloss against the serving base on the same holdout rows (first base: floor and ceiling) and calibration.
 A check the evaluation could not measure (no fairness report, a fairness group too small, no clicks,
@@ -163,6 +164,9 @@ def _interference(policy: GatePolicy, evaluation: dict) -> dict:
     on either side, nothing interferes. An evaluation that did not measure it fails (unless optional)."""
     inter, bound = evaluation.get("interference") or {}, policy.max_interference_cos
     value, compared = inter.get("max_abs_cos"), inter.get("compared")
+    if inter.get("bounded") is False:
+        return _check("interference", value, bound, True, "a cold-start student is distilled from the slot champions: "
+                      "aligned with them by construction, not bounded")
     if value is None and compared is None:
         return _unmeasured(policy, "interference", bound, "no interference measurement in this evaluation")
     if value is None:

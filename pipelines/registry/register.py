@@ -24,6 +24,9 @@ KEY_TAG = "registration.key"
 def registration_key(name: str, candidate: dict, code_version: str) -> str:
     ident = {"model": name, "data": candidate["data"]["sha256"], "config": candidate["config_hash"],
              "code": code_version, "base": candidate["base"]["fingerprint"]}
+    siblings = (candidate.get("orthogonality") or {}).get("siblings")
+    if siblings:   # trained against these champions (lora.orthogonality_lambda): other siblings, another adapter
+        ident["siblings"] = sorted(siblings)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 

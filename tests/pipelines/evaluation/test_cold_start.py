@@ -72,6 +72,7 @@ def test_the_student_is_judged_for_fairness_calibration_and_latency(cfg, lake):
     lat = ev["latency"]
     assert set(lat) == {"batch_1", "batch_32"} and lat["batch_32"]["p99_ms"] >= lat["batch_32"]["p50_ms"] > 0
     assert 0 < ev["adapter_bytes"] < 1_000_000 and ev["champion_report"] is None and ev["delong"] is None
+    assert ev["interference"]["bounded"] is False   # distilled from the slot champions: the |cos| bound skips it
     slots = ev["report"]["slots"]
     assert sum(s["rows"] for s in slots.values()) == ev["holdout_rows"] == len(y)
     assert ev["report"]["cold_warm"]["cold"]["rows"] == len(y) and ev["report"]["cold_warm"]["warm"]["rows"] == 0

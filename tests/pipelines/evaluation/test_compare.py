@@ -62,6 +62,7 @@ def test_first_candidate_is_judged_on_every_slice_and_logged_with_a_report(cfg, 
     assert 0 < ev["adapter_bytes"] < 1_000_000
     inter = ev["interference"]
     assert inter["pair"] == ["candidate", "ctr_lora_search:1"] and 0.0 <= inter["max_abs_cos"] <= 1.0
+    assert inter["compared"] == 1 and inter["bounded"] is True   # one sibling champion; a slot adapter
 
     run = MlflowClient().get_run(cand["run_id"])
     m = run.data.metrics

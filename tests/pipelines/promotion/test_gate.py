@@ -301,6 +301,15 @@ def test_nothing_to_interfere_with_passes_and_an_unmeasured_interference_fails()
     assert decide(replace(BOUNDED, optional_checks=("interference",)), evaluation())["passed"]
 
 
+def test_the_cold_start_student_is_not_bounded_by_its_teachers_alignment():
+    student = with_interference(0.9)
+    student["interference"]["bounded"] = False        # the judge says so for a candidate that is no slot adapter
+    c = check(decide(BOUNDED, student), "interference")
+    assert c["passed"] and c["value"] == 0.9 and "cold-start student" in c["reason"]
+    student["interference"]["bounded"] = True
+    assert failed(decide(BOUNDED, student)) == ["interference"]
+
+
 @pytest.mark.parametrize("bound", [0.0, 1.0, -0.1, True])
 def test_the_interference_bound_must_be_a_cosine_that_can_fail(bound):
     from pipelines.errors import ConfigError
