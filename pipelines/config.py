@@ -349,6 +349,15 @@ class PipelineConfig:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
 
+    def __post_init__(self):
+        # A rank_pattern key naming a block the model does not have would only fail when the adapter is
+        # attached, in the middle of a DAG run: refuse it with the config.
+        for key in self.lora.rank_pattern:
+            parts = key.split(".")
+            if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit():
+                _check(int(parts[1]) < self.model.n_blocks, f"lora.rank_pattern key {key!r} names block {parts[1]}, "
+                       f"but model.n_blocks is {self.model.n_blocks} (blocks 0..{self.model.n_blocks - 1})")
+
     def adapter_model_name(self, slot: str) -> str:
         return f"{self.registry.adapter_model_prefix}{slot}"
 

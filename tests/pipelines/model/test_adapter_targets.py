@@ -123,5 +123,10 @@ def test_rank_pattern_is_checked_against_the_config_and_the_model():
         LoraTrainConfig(rank_pattern={"ffn_in": 2})
     with pytest.raises(ConfigError, match="integer rank >= 1"):
         LoraTrainConfig(rank_pattern={"v_proj": 0})
+    from pipelines.config import load_pipeline_config
+
+    with pytest.raises(ConfigError, match="names block 2, but model.n_blocks is 2"):
+        load_pipeline_config(overrides={"lora": {"rank_pattern": {"blocks.2.v_proj": 4}}})
+    assert load_pipeline_config(overrides={"lora": {"rank_pattern": {"blocks.1.v_proj": 4}}}).lora.max_rank == 8
     lc = LoraTrainConfig(r=4, lr=0.01, batch_size=64, rank_pattern={"v_proj": 16})
     assert lc.max_rank == 16 and lc.stability == pytest.approx(0.01 * 16 / 8)   # the rule bounds the largest rank
