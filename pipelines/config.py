@@ -104,8 +104,16 @@ class ModelConfig:
     # zero-initialised), summed into the logit as in Wide&Deep / DeepFM. False = the original model
     # (same state_dict keys, same weights for a seed).
     wide: bool = False
+    # The network under the adapters (pipelines.model.family): a built-in family or `package.module:Factory`.
+    family: str = "feature_transformer"
+    FAMILIES: ClassVar[tuple[str, ...]] = ("feature_transformer",)   # == pipelines.model.family.BUILTIN
 
     def __post_init__(self):
+        import re  # local: only this check uses it
+
+        _check(isinstance(self.family, str) and (self.family in self.FAMILIES or bool(
+            re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.family))),
+            f"model.family must be one of {list(self.FAMILIES)} or 'package.module:Factory', got {self.family!r}")
         _check(self.n_heads >= 1 and self.embed_dim > 0 and self.embed_dim % self.n_heads == 0,
                f"model.embed_dim ({self.embed_dim}) must be a positive multiple of model.n_heads ({self.n_heads})")
         _check(self.n_blocks >= 1, "model.n_blocks must be >= 1")

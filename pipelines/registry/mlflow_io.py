@@ -216,7 +216,9 @@ def _with_hashes(meta: dict, base_dir: str | None, adapter_dir: str | None) -> d
         from pipelines.model import store
         from pipelines.model.base import fingerprint
 
-        return {**meta, "fingerprint": fingerprint(store.load_base(base_dir))}
+        # the family the caller trained (meta), not whatever the directory's config names
+        family = (meta.get("model") or {}).get("family", "feature_transformer")
+        return {**meta, "fingerprint": fingerprint(store.load_base(base_dir, family=family))}
     raise RegistryError(f"a {meta.get('kind')!r} model is logged with its own directory (base_dir for a base, "
                         "adapter_dir for an adapter)")
 

@@ -18,8 +18,7 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     import mlflow
 
     from pipelines.metrics import summary
-    from pipelines.model import features, store
-    from pipelines.model.base import CTRModel
+    from pipelines.model import family, features, store
     from pipelines.registry import mlflow_io
     from pipelines.data.splits import load_split
     from pipelines.model.inference import predict
@@ -27,10 +26,12 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
 
     bt = cfg.base_training
     split = load_split(lake_uri, cutoff_day, bt.holdout_fraction, start_day=bt.train_start, min_rows=100)
-    x_tr, y_tr = features.encode(split.train, cfg.model), features.labels(split.train)
-    x_ho, y_ho = features.encode(split.holdout, cfg.model), features.labels(split.holdout)
+    fam = family.resolve(cfg.model.family)
+    x_tr, y_tr = fam.encode(split.train, cfg.model), features.labels(split.train)
+    x_ho, y_ho = fam.encode(split.holdout, cfg.model), features.labels(split.holdout)
     seed_everything(bt.seed)
-    model = CTRModel(cfg.model)
+    model = fam.build(cfg.model)
+    fam.load_pretrained(model, cfg.model)
     settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
 
     with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
