@@ -72,13 +72,13 @@ def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict, p_stu
     no-distillation baseline, the student (`p_student`: through its served pyfunc) and the serving base alone."""
     from pipelines.metrics import summary as metric_summary
     from pipelines.registry import mlflow_io
-    from pipelines.model import adapters, features, inference
+    from pipelines.model import adapters, family, inference
     from pipelines.model.inference import predict
     from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
     from pipelines.registry.pyfunc import load_base_from_registry
 
     teachers, _ = load_teachers(cfg, slots_of(cfg, candidate["slot"]), refs=candidate["teachers"], base=prep.base)
-    x = features.encode(rows, teachers[None].cfg)
+    x = family.encode(rows, teachers[None].cfg)
     t_logits, _ = inference.forward_by_group(teachers, x, rows["slot"].astype(str).to_numpy())
     base_only = metric_summary(y, predict(teachers[None], x))  # for reference: the serving base alone
     del teachers

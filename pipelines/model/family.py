@@ -86,6 +86,11 @@ def resolve(name: str) -> Family:
     return family
 
 
+def encode(frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
+    """The inputs of `frame`'s rows for a model of config `cfg` (its family's encoding)."""
+    return resolve(cfg.family).encode(frame, cfg)
+
+
 def build(cfg: ModelConfig) -> nn.Module:
     """A new module of the configured family."""
     return resolve(cfg.family).build(cfg)

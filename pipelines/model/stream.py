@@ -9,7 +9,7 @@ Rows have a canonical order: partition date, part (manifest order), row in part.
 `LakeStream` is a range of that order (train / val / holdout are consecutive ranges, the newest
 last, as in `data.splits.time_split` but by lake order rather than a global sort). Each epoch it
 reads the files of its range in a shuffled order, record batch by record batch
-(`ParquetFile.iter_batches`), keeps the slot's rows, encodes them with `model.features.encode`,
+(`ParquetFile.iter_batches`), keeps the slot's rows, encodes them with the model family's encoding (`model.family.encode`),
 and shuffles them through a bounded buffer with the loop's seeded generator, so an epoch is a pure
 function of that generator's state (what checkpoints save) and resume stays exact.
 
@@ -37,7 +37,7 @@ from pipelines.data.lake import Lake, split_s3
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.data.validated import validated_manifests
 from pipelines.errors import LakeError, PipelineError
-from pipelines.model import features
+from pipelines.model import family, features
 
 _COLUMNS = list(FEATURE_FIELDS) + ["label"]
 
@@ -136,7 +136,7 @@ class LakeIndex:
                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(tokens, labels) of the rows [lo, hi) of the canonical order, file by file in `order`."""
         for frame in self.frames(lo, hi, read_rows, order):
-            yield features.encode(frame, cfg), features.labels(frame)
+            yield family.encode(frame, cfg), features.labels(frame)
 
 
 class LakeStream:

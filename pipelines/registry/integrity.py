@@ -23,7 +23,12 @@ FINGERPRINT_TAG = "fingerprint"
 # An adapter version's record besides TAG: the base it was trained on (its registered name and
 # version, and that base's fingerprint, which the loaded base must match).
 BASE_TAGS = ("base.name", "base.version", "base.fingerprint")
-RECORD_KEYS = (TAG, FINGERPRINT_TAG, *BASE_TAGS)
+# A base version's model family (pipelines.model.family): what its files are built as. A family that is
+# not built in is code, loaded only because this record names it. Absent (bases logged before families
+# existed): the default family.
+FAMILY_TAG = "model.family"
+DEFAULT_FAMILY = "feature_transformer"   # == pipelines.model.family.DEFAULT (a test keeps them equal)
+RECORD_KEYS = (TAG, FINGERPRINT_TAG, *BASE_TAGS, FAMILY_TAG)
 # PEFT writes a model-card README next to the weights; it does not change what the adapter computes,
 # and MLflow may rewrite line endings of text artifacts, so it is not part of the contract.
 IGNORED = frozenset({"README.md"})
@@ -83,7 +88,8 @@ def record(meta: dict) -> dict[str, str]:
     """The integrity record of a model being logged, from its meta.json contents (`adapter_files` of an
     adapter, `fingerprint` of a base): the tags its logged model, and later its version, carry."""
     if meta["kind"] == "base":
-        return {FINGERPRINT_TAG: meta["fingerprint"]}
+        return {FINGERPRINT_TAG: meta["fingerprint"],
+                FAMILY_TAG: str((meta.get("model") or {}).get("family") or DEFAULT_FAMILY)}
     b = meta["base"]
     return {TAG: json.dumps(meta["adapter_files"], sort_keys=True), "base.name": str(b["name"]),
             "base.version": str(b["version"]), "base.fingerprint": str(b["fingerprint"])}
@@ -92,6 +98,11 @@ def record(meta: dict) -> dict[str, str]:
 def of_tags(tags: dict | None) -> dict[str, str]:
     """The integrity record within a set of tags (a version's, a logged model's); empty values dropped."""
     return {k: str(tags[k]) for k in RECORD_KEYS if (tags or {}).get(k)}
+
+
+def family_of(rec: dict | None) -> str:
+    """The model family a base's record (or tags) names; the default for bases recorded before families."""
+    return str((rec or {}).get(FAMILY_TAG) or DEFAULT_FAMILY)
 
 
 def required(rec: dict, key: str, what: str) -> str:

@@ -202,7 +202,21 @@ def log_ctr_model(meta: dict, example: pd.DataFrame, base_dir: str | None = None
             warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
             return mlflow.pyfunc.log_model(
                 name=name, python_model=str(MODEL_FILE), model_config={TRUST_KEY: None}, artifacts=artifacts,
-                input_example=example, pip_requirements=pip_requirements(), tags=record)
+                pip_requirements=pip_requirements(), tags=record, **_example_or_signature(meta, example))
+
+
+def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
+    """How MLflow learns the model's input: from the example, which it scores through the untrusted load
+    path to infer the output too; a base of a family that is not built in does not load that way (its
+    code loads only on the registry's word, pyfunc.load), so it gets the input signature alone."""
+    from pipelines.registry import integrity
+
+    family = (meta.get("model") or {}).get("family") or integrity.DEFAULT_FAMILY
+    if meta.get("kind") != "base" or family == integrity.DEFAULT_FAMILY:
+        return {"input_example": example}
+    from mlflow.models import infer_signature
+
+    return {"signature": infer_signature(example)}
 
 
 def _with_hashes(meta: dict, base_dir: str | None, adapter_dir: str | None) -> dict:

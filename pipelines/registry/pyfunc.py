@@ -51,12 +51,12 @@ def load_base_from_registry(name: str, version: str, expected_fingerprint: str |
     from pipelines.registry import mlflow_io
 
     what = f"base {name} v{version}"
-    recorded = integrity.required(integrity.of_tags(mlflow_io.get_version(name, version).tags),
-                                  integrity.FINGERPRINT_TAG, what)
+    rec = integrity.of_tags(mlflow_io.get_version(name, version).tags)
+    recorded = integrity.required(rec, integrity.FINGERPRINT_TAG, what)
     with tempfile.TemporaryDirectory() as tmp:   # only the weights: never the model's MLmodel or code
         local = mlflow_io.download_artifacts(artifact_uri=f"models:/{name}/{version}/{_ARTIFACTS['base']}",
                                              dst_path=tmp)
-        model = store.load_base(local)
+        model = store.load_base(local, family=integrity.family_of(rec))
     actual = fingerprint(model)
     integrity.check_fingerprint(actual, recorded, what)
     if expected_fingerprint is not None and actual != expected_fingerprint:
@@ -78,7 +78,7 @@ class CTRPyfunc(mlflow.pyfunc.PythonModel):
         self._cfg = self.model.cfg if hasattr(self.model, "cfg") else self.model.get_base_model().cfg
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
-        from pipelines.model.features import encode
+        from pipelines.model.family import encode
         from pipelines.model.inference import predict
 
         missing = [c for c in FEATURE_FIELDS if c not in model_input.columns]
@@ -91,7 +91,8 @@ def _from_registry(meta: dict, rec: dict) -> dict:
     """What the files must match, from the registry's record `load` passed (missing entries refuse)."""
     what = rec.get("what", "model")
     if meta.get("kind") == "base":
-        return {"what": what, "fingerprint": integrity.required(rec, integrity.FINGERPRINT_TAG, what)}
+        return {"what": what, "fingerprint": integrity.required(rec, integrity.FINGERPRINT_TAG, what),
+                "family": integrity.family_of(rec)}
     if meta.get("kind") != "adapter" or not isinstance(meta.get("base"), dict):
         raise RegistryError(f"{what}: meta.json is neither a base's nor an adapter's (kind={meta.get('kind')!r})")
     b = meta["base"]
@@ -123,7 +124,8 @@ def _load_checked(meta: dict, artifacts: dict, expected: dict):
     if not artifacts.get(key):
         raise RegistryError(f"{what}: the model has no {key} artifact")
     if key == "base":
-        model = store.load_base(artifacts["base"])
+        # no registry record (`_from_meta`): only a built-in family loads, never one meta.json names
+        model = store.load_base(artifacts["base"], family=expected.get("family"))
         if expected["fingerprint"]:
             integrity.check_fingerprint(fingerprint(model), expected["fingerprint"], what)
         return model

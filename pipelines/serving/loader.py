@@ -162,7 +162,7 @@ def load_base(registry: Registry, name: str, dst: str | Path):
         local = _download(registry, ref, "artifacts/base", dst)
     except RefusedVersion as exc:
         raise RegistryError(str(exc)) from exc
-    model = store.load_base(local)
+    model = store.load_base(local, family=integrity.family_of(ref.tags))
     fp = fingerprint(model)
     what = f"base {name} v{ref.version}"
     integrity.check_fingerprint(fp, integrity.required(ref.tags, integrity.FINGERPRINT_TAG, what), what)

@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry
 
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import SchemaError
-from pipelines.model.features import encode
+from pipelines.model.family import encode
 from pipelines.serving import batched, loader, routing
 from pipelines.serving.loader import CANARY, CHAMPION, RefusedVersion, VersionRef
 from pipelines.serving.metrics import ServingMetrics

@@ -64,7 +64,7 @@ def _against_serving_base(cfg: PipelineConfig, holdout, y_ho, metrics: dict) -> 
     rows, each encoded with its own model config. No serving base: `champion` is None (a first base).
     A serving base that cannot be loaded raises: it is never read as "there is none"."""
     from pipelines.metrics import summary
-    from pipelines.model import features
+    from pipelines.model import family
     from pipelines.model.inference import predict
     from pipelines.registry import mlflow_io
     from pipelines.registry.pyfunc import load_base_from_registry
@@ -74,6 +74,6 @@ def _against_serving_base(cfg: PipelineConfig, holdout, y_ho, metrics: dict) -> 
     champion = None
     if serving is not None:
         old = load_base_from_registry(name, str(serving.version))
-        champion = summary(y_ho, predict(old, features.encode(holdout, old.cfg)))
+        champion = summary(y_ho, predict(old, family.encode(holdout, old.cfg)))
     return {"candidate": metrics, "champion": champion, "holdout_rows": int(len(y_ho)),
             "champion_version": str(serving.version) if serving is not None else None}

@@ -149,14 +149,14 @@ def _teacher_outputs(cfg: PipelineConfig, prep, slot: str):
     """((labelled tokens, labels), the transfer set with the chosen teacher's logits and pooled
     representations, the teacher choice, the teachers' registry refs). The teachers themselves are
     not returned: training needs only their outputs, and they hold a model per slot in memory."""
-    from pipelines.model import features, inference
+    from pipelines.model import family, features, inference
     from pipelines.training import distill as D
 
     sp = prep.split
     teachers, teacher_refs = load_teachers(cfg, slots_of(cfg, slot), base=prep.base)
     mcfg = teachers[None].cfg
-    x_l, y_l = features.encode(sp.labelled, mcfg), features.labels(sp.labelled)
-    x_t = features.encode(sp.transfer, mcfg)
+    x_l, y_l = family.encode(sp.labelled, mcfg), features.labels(sp.labelled)
+    x_t = family.encode(sp.transfer, mcfg)
     teacher = choose_teacher(teachers, x_l, y_l, sp.labelled["slot"].astype(str).to_numpy(),
                              cfg.cold_start.teacher_fallback)
     if teacher["kind"] == "base":
