@@ -106,7 +106,10 @@ class ModelConfig:
     wide: bool = False
     # The network under the adapters (pipelines.model.family): a built-in family or `package.module:Factory`.
     family: str = "feature_transformer"
-    FAMILIES: ClassVar[tuple[str, ...]] = ("feature_transformer",)   # == pipelines.model.family.BUILTIN
+    FAMILIES: ClassVar[tuple[str, ...]] = ("feature_transformer", "dcn")   # == pipelines.model.family.BUILTIN
+    # The modules LoRA may target in each built-in family (a dotted family's are its own business).
+    FAMILY_TARGETS: ClassVar[dict] = {"feature_transformer": frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}),
+                                      "dcn": frozenset({"cross_proj", "deep_proj"})}
 
     def __post_init__(self):
         import re  # local: only this check uses it
@@ -148,7 +151,8 @@ class LoraShape:
     (`cold_start`): rank, alpha (LoRA scale = alpha / r) and the modules PEFT wraps. Dropout (only
     `lora`) and the A init (only `cold_start`) are training choices of one recipe, so they stay there."""
     SECTION: ClassVar[str] = "adapter"   # the YAML section, for error messages
-    TARGETS: ClassVar[frozenset[str]] = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
+    # every built-in family's LoRA targets; PipelineConfig checks them against model.family
+    TARGETS: ClassVar[frozenset[str]] = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "cross_proj", "deep_proj"})
     r: int = 8
     alpha: int = 16
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
@@ -358,6 +362,7 @@ class PipelineConfig:
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
 
     def __post_init__(self):
+        self._check_family()
         # A rank_pattern key naming a block the model does not have would only fail when the adapter is
         # attached, in the middle of a DAG run: refuse it with the config.
         for key in self.lora.rank_pattern:
@@ -365,6 +370,21 @@ class PipelineConfig:
             if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit():
                 _check(int(parts[1]) < self.model.n_blocks, f"lora.rank_pattern key {key!r} names block {parts[1]}, "
                        f"but model.n_blocks is {self.model.n_blocks} (blocks 0..{self.model.n_blocks - 1})")
+
+    def _check_family(self) -> None:
+        """The adapters target modules the configured family has; only the default family has the user
+        table x embed_dim layout the cold-start covariance init reads (training.distill)."""
+        fam = self.model.family
+        allowed = ModelConfig.FAMILY_TARGETS.get(fam)
+        if allowed is None:
+            return
+        for section, targets in (("lora", self.lora.target_modules), ("cold_start", self.cold_start.target_modules)):
+            wrong = sorted(set(targets) - allowed - {"embeddings"})
+            _check(not wrong, f"{section}.target_modules {wrong} are not modules of model.family {fam!r} "
+                   f"(choose from {sorted(allowed)})")
+        _check(fam == "feature_transformer" or self.cold_start.init != "covariance",
+               f"cold_start.init: covariance needs the feature_transformer family; with model.family {fam!r} "
+               "set cold_start.init: default")
 
     def adapter_model_name(self, slot: str) -> str:
         return f"{self.registry.adapter_model_prefix}{slot}"

@@ -88,7 +88,7 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, shots: int = 
 def _user_rows_adapter(cfg: PipelineConfig, base, revealed: pd.DataFrame):
     """The base with the revealed users' id rows trained on all their revealed rows, `lora.epochs`
     epochs. No rows are kept back to validate: a user whose rows all fell in them would learn nothing."""
-    from pipelines.model import adapters, features
+    from pipelines.model import adapters, family, features
     from pipelines.training.loop import LoopSettings, seed_everything, train
 
     lc = dataclasses.replace(cfg.lora, trainable_tokens=("user_id",), tokens_only=True)
@@ -96,7 +96,7 @@ def _user_rows_adapter(cfg: PipelineConfig, base, revealed: pd.DataFrame):
     model = adapters.attach(copy.deepcopy(base), lc,
                             token_rows={"user_id": features.id_buckets(revealed["user_id"], "user_id", cfg.model)})
     settings = LoopSettings(lc.epochs, lc.batch_size, lc.stable_lr(), lc.weight_decay, lc.warmup_steps, lc.seed)
-    train(model, features.encode(revealed, cfg.model), features.labels(revealed), settings, desc="few-shot-user-rows")
+    train(model, family.encode(revealed, cfg.model), features.labels(revealed), settings, desc="few-shot-user-rows")
     return model.eval()
 
 

@@ -1,6 +1,6 @@
 """The comparators of the backtest: what scores each day's rows, fitted only on the rows before them.
 
-* ``static``: the base CTRModel trained once on the history of the first scored day (the cutoff);
+* ``static``: the base (of the configured model family) trained once on the history of the first scored day (the cutoff);
 * ``full_retrain``: the same base trained from scratch every day on all earlier rows (the cost reference);
 * ``adapter``: the static base + one daily LoRA adapter per slot (the config's `lora`, id rows off);
 * ``adapter_ids``: daily adapters that learn ids: the config's `lora` if it names `trainable_tokens`,
@@ -85,24 +85,24 @@ class LrDaily(Comparator):
 
 # ----------------------------------------------------------------------------------- base model
 def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base"):
-    """A CTRModel trained on `rows` as the base stage trains one (settings, seed, schedule), in eval mode."""
-    from pipelines.model import features
-    from pipelines.model.base import CTRModel
+    """A base of the configured family, trained on `rows` as the base stage trains one (settings, seed,
+    schedule), in eval mode."""
+    from pipelines.model import family, features
     from pipelines.training.loop import LoopSettings, seed_everything, train
 
     bt = cfg.base_training
     seed_everything(bt.seed)
-    model = CTRModel(cfg.model)
+    model = family.build(cfg.model)
     settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
-    train(model, features.encode(rows, cfg.model), features.labels(rows), settings, desc=desc)
+    train(model, family.encode(rows, cfg.model), features.labels(rows), settings, desc=desc)
     return model.eval()
 
 
 def score(model, cfg: PipelineConfig, rows: pd.DataFrame) -> np.ndarray:
-    from pipelines.model import features
+    from pipelines.model import family
     from pipelines.model.inference import predict
 
-    return predict(model, features.encode(rows, cfg.model))
+    return predict(model, family.encode(rows, cfg.model))
 
 
 class Static(Comparator):
@@ -195,7 +195,7 @@ class SlotAdapters(Comparator):
 
     def _fit(self, base, rows: pd.DataFrame, label: str, siblings: dict | None = None):
         from pipelines.data.splits import time_split
-        from pipelines.model import adapters, features
+        from pipelines.model import adapters, family, features
         from pipelines.training.loop import LoopSettings, seed_everything, train
         from pipelines.training.orthogonality import Regularizer
 
@@ -211,8 +211,8 @@ class SlotAdapters(Comparator):
                                 patience=lc.early_stopping_patience)
         enc = self.cfg.model
         reg = Regularizer(lc.orthogonality_lambda, siblings) if lc.orthogonality_lambda > 0 and siblings else None
-        train(model, features.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
-              val=(features.encode(val, enc), features.labels(val)) if len(val) else None, regularizer=reg)
+        train(model, family.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
+              val=(family.encode(val, enc), features.labels(val)) if len(val) else None, regularizer=reg)
         self.trained += 1
         self.bytes.append(_saved_bytes(model))
         return model.eval()

@@ -9,7 +9,7 @@ function that returns a family.
 A dotted family is code: `resolve` imports it. Whoever loads a stored base therefore checks the family
 its files name against the one expected (`model.store.load_base(..., family=)`) before resolving it,
 so a `model_config.json` edited in the artifact store cannot make a loader import a module of its
-choice. docs/model_families_plan.md has the rest of the work (the dcn and minilm_text families).
+choice. docs/model_families_plan.md has the rest of the work (the minilm_text family).
 """
 from __future__ import annotations
 
@@ -63,7 +63,20 @@ class FeatureTransformer:
         return None
 
 
-BUILTIN: dict[str, type] = {DEFAULT: FeatureTransformer}
+class DCN(FeatureTransformer):
+    """DCN-v2 (`model.dcn.DCNModel`): a cross network and a deep tower over the same field tables and the
+    same encoding as the default family; trained from scratch."""
+
+    name = "dcn"
+    default_targets = ("cross_proj", "deep_proj")
+
+    def build(self, cfg: ModelConfig) -> nn.Module:
+        from pipelines.model.dcn import DCNModel
+
+        return DCNModel(cfg)
+
+
+BUILTIN: dict[str, type] = {DEFAULT: FeatureTransformer, "dcn": DCN}
 
 
 def resolve(name: str) -> Family:

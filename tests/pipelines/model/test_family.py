@@ -59,7 +59,7 @@ def test_a_dotted_family_is_imported_and_checked():
         family.resolve(f"{HERE}:NotAFamily")
     with pytest.raises(ConfigError, match="cannot import"):
         family.resolve("no_such_package.module:Factory")
-    for bad in ("dcn", "a b:c", "module_only", 3):
+    for bad in ("deepfm", "a b:c", "module_only", 3):
         with pytest.raises(ConfigError, match="model.family"):
             ModelConfig(family=bad)
 
@@ -94,3 +94,31 @@ def test_a_base_stored_before_families_existed_loads_as_the_default(tmp_path):
     path.write_text(json.dumps(legacy))
     assert fingerprint(store.load_base(tmp_path)) == fingerprint(model)
     assert fingerprint(store.load_base(tmp_path, family="feature_transformer")) == fingerprint(model)
+
+
+@pytest.mark.parametrize("name", list(family.BUILTIN))
+def test_each_built_in_familys_default_targets_are_allowed_and_wrap_its_modules(name):
+    from pipelines.config import LoraTrainConfig
+    from pipelines.model import adapters
+
+    fam = family.resolve(name)
+    assert set(fam.default_targets) <= ModelConfig.FAMILY_TARGETS[name]
+    model = adapters.attach(fam.build(ModelConfig(embed_dim=16, n_heads=2, id_buckets=1024, family=name)),
+                            LoraTrainConfig(target_modules=fam.default_targets))
+    wrapped = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A") and m.lora_A}
+    assert wrapped == set(fam.default_targets)
+    out = model(torch.from_numpy(features.encode(rows(), model.get_base_model().cfg)))
+    assert out.shape == (64,) and torch.isfinite(out).all()
+
+
+def test_the_config_refuses_targets_and_a_cold_start_init_the_family_lacks():
+    with pytest.raises(ConfigError, match=r"lora.target_modules \['q_proj', 'v_proj'\] are not modules of model.family"):
+        load_pipeline_config(overrides={"model": {"family": "dcn"}})
+    dcn_targets = {"target_modules": ["cross_proj", "deep_proj"]}
+    with pytest.raises(ConfigError, match="cold_start.init: covariance needs the feature_transformer family"):
+        load_pipeline_config(overrides={"model": {"family": "dcn"}, "lora": dcn_targets, "cold_start": dcn_targets})
+    with pytest.raises(ConfigError, match="not modules of model.family 'feature_transformer'"):
+        load_pipeline_config(overrides={"lora": dcn_targets})
+    shipped = load_pipeline_config("configs/movielens_dcn.yaml")
+    assert (shipped.model.family, shipped.cold_start.init) == ("dcn", "default")
+    assert tuple(shipped.lora.target_modules) == family.resolve("dcn").default_targets

@@ -20,15 +20,37 @@ CONFIGS = (
 )
 
 
+# the dcn family (model.dcn): LoRA on its cross layers and deep tower, on the tables, with per-layer ranks
+DCN_CONFIGS = (
+    LoraTrainConfig(target_modules=("cross_proj", "deep_proj")),
+    LoraTrainConfig(r=4, alpha=8, target_modules=("cross_proj", "embeddings")),
+    LoraTrainConfig(target_modules=("cross_proj", "deep_proj"), rank_pattern={"deep.0.deep_proj": 2}),
+)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from peft import PeftModel
+    torch.manual_seed(0)
+    return _setup(CTRModel(fixtures.CFG).eval().requires_grad_(False), CONFIGS, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def dcn_setup(tmp_path_factory):
+    from dataclasses import replace
+
+    from pipelines.model import family
 
     torch.manual_seed(0)
-    base = CTRModel(fixtures.CFG).eval().requires_grad_(False)
+    base = family.build(replace(fixtures.CFG, family="dcn")).eval().requires_grad_(False)
+    return _setup(base, DCN_CONFIGS, tmp_path_factory)
+
+
+def _setup(base, configs, tmp_path_factory):
+    from peft import PeftModel
+
     store, singles, names = copy.deepcopy(base), [], []
     peft = None
-    for i, cfg in enumerate(CONFIGS):
+    for i, cfg in enumerate(configs):
         d = tmp_path_factory.mktemp(f"adapter{i}")
         adapters.save(demo.random_adapter(base, seed=i, lora_cfg=cfg), d)
         singles.append(adapters.load(copy.deepcopy(base), str(d)))
@@ -40,10 +62,12 @@ def setup(tmp_path_factory):
     return base, store, names, singles
 
 
-def test_mixed_batch_equals_each_rows_single_adapter_model(setup):
-    base, store, names, singles = setup
+@pytest.mark.parametrize("which", ["setup", "dcn_setup"])
+def test_mixed_batch_equals_each_rows_single_adapter_model(which, request):
+    base, store, names, singles = request.getfixturevalue(which)
     stacks = batched.build_stacks(store, names)
-    assert any(s.embedding for s in stacks.values()) and "blocks.0.k_proj" in stacks
+    assert any(s.embedding for s in stacks.values())
+    assert ("blocks.0.k_proj" if which == "setup" else "deep.0.deep_proj") in stacks
     tree = batched.serving_tree(base, frozenset(stacks))
     gen = torch.Generator().manual_seed(1)
     x = torch.stack([torch.randint(0, n, (64,), generator=gen) for n in (64, 64, 8, 8, 8, 8, 8, 8, 8)], dim=1)
