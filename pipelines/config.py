@@ -151,8 +151,6 @@ class LoraShape:
     (`cold_start`): rank, alpha (LoRA scale = alpha / r) and the modules PEFT wraps. Dropout (only
     `lora`) and the A init (only `cold_start`) are training choices of one recipe, so they stay there."""
     SECTION: ClassVar[str] = "adapter"   # the YAML section, for error messages
-    # every built-in family's LoRA targets; PipelineConfig checks them against model.family
-    TARGETS: ClassVar[frozenset[str]] = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "cross_proj", "deep_proj"})
     r: int = 8
     alpha: int = 16
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
@@ -160,15 +158,15 @@ class LoraShape:
     def __post_init__(self):
         s = self.SECTION
         _check(self.r >= 1 and self.alpha >= 1, f"{s}.r and {s}.alpha must be >= 1, got {self.r}/{self.alpha}")
-        _check(len(self.target_modules) > 0 and set(self.target_modules) <= self.TARGETS,
-               f"{s}.target_modules must be a non-empty subset of {sorted(self.TARGETS)}, "
-               f"got {list(self.target_modules)}")
+        # Which names exist depends on model.family: PipelineConfig checks them (a user's family: PEFT does).
+        _check(len(self.target_modules) > 0 and all(isinstance(t, str) and t.strip(".") and " " not in t
+                                                    for t in self.target_modules),
+               f"{s}.target_modules must be a non-empty list of module names, got {list(self.target_modules)}")
 
 
 @dataclass(frozen=True)
 class LoraTrainConfig(LoraShape):
     SECTION: ClassVar[str] = "lora"
-    TARGETS: ClassVar[frozenset[str]] = LoraShape.TARGETS | {"embeddings"}  # embeddings: every field table
     dropout: float = 0.0
     epochs: int = 3
     batch_size: int = 256
@@ -332,6 +330,8 @@ class ColdStartConfig(LoraShape):
 
     def __post_init__(self):
         super().__post_init__()
+        _check("embeddings" not in self.target_modules, "cold_start.target_modules cannot name embeddings (only the "
+               f"slot adapters may wrap the tables), got {list(self.target_modules)}")
         _check(bool(self.model_name), "cold_start.model_name must be non-empty")
         _check(self.window_days >= 1 and self.history_days >= 0,
                "cold_start.window_days must be >= 1 and cold_start.history_days >= 0")
@@ -378,8 +378,10 @@ class PipelineConfig:
         allowed = ModelConfig.FAMILY_TARGETS.get(fam)
         if allowed is None:
             return
-        for section, targets in (("lora", self.lora.target_modules), ("cold_start", self.cold_start.target_modules)):
-            wrong = sorted(set(targets) - allowed - {"embeddings"})
+        # `embeddings` (every field table) only for the slot adapters: the student wraps the names as given
+        for section, targets, extra in (("lora", self.lora.target_modules, {"embeddings"}),
+                                        ("cold_start", self.cold_start.target_modules, set())):
+            wrong = sorted(set(targets) - allowed - extra)
             _check(not wrong, f"{section}.target_modules {wrong} are not modules of model.family {fam!r} "
                    f"(choose from {sorted(allowed)})")
         _check(fam == "feature_transformer" or self.cold_start.init != "covariance",

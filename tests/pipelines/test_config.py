@@ -125,7 +125,7 @@ def test_literal_choice_is_rejected(tmp_path):
 @pytest.mark.parametrize("cls,kwargs,fragment", [
     (LoraTrainConfig, {"r": 0}, "lora.r"),
     (LoraTrainConfig, {"alpha": 0}, "lora.r and lora.alpha"),
-    (LoraTrainConfig, {"target_modules": ("q_proj", "ffn_in")}, "target_modules"),
+    (LoraTrainConfig, {"target_modules": ("q_proj", "")}, "target_modules"),
     (LoraTrainConfig, {"target_modules": ()}, "target_modules"),
     (LoraTrainConfig, {"dropout": 1.0}, "lora.dropout"),
     (LoraTrainConfig, {"holdout_fraction": 0.5}, "holdout_fraction"),
@@ -149,8 +149,15 @@ def test_post_init_range_checks(cls, kwargs, fragment):
 
 def test_range_checks_also_apply_when_loading(tmp_path):
     p = write_yaml(tmp_path / "p.yaml", {"lora": {"target_modules": ["q_proj", "out_proj"]}})
-    with pytest.raises(ConfigError, match="target_modules"):
+    with pytest.raises(ConfigError, match=r"lora.target_modules \['out_proj'\] are not modules of model.family"):
         load_pipeline_config(p)
+    p = write_yaml(tmp_path / "c.yaml", {"cold_start": {"target_modules": ["q_proj", "embeddings"]}})
+    with pytest.raises(ConfigError, match="cold_start.target_modules cannot name embeddings"):
+        load_pipeline_config(p)
+    # a user's family names its own modules: PEFT, not the config, finds out whether they exist
+    own = {"model": {"family": "tests.pipelines.model.test_family:TinyFamily"},
+           "lora": {"target_modules": ["query", "value"]}}
+    assert load_pipeline_config(overrides=own).lora.target_modules == ("query", "value")
 
 
 def test_valid_edge_values_are_accepted():
