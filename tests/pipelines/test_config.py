@@ -151,6 +151,8 @@ def test_range_checks_also_apply_when_loading(tmp_path):
     p = write_yaml(tmp_path / "p.yaml", {"lora": {"target_modules": ["q_proj", "out_proj"]}})
     with pytest.raises(ConfigError, match=r"lora.target_modules \['out_proj'\] are not modules of model.family"):
         load_pipeline_config(p)
+    with pytest.raises(ConfigError, match=r"lora.target_modules \['embedding'\] are not modules"):   # a typo
+        load_pipeline_config(overrides={"lora": {"target_modules": ["embedding"]}})
     p = write_yaml(tmp_path / "c.yaml", {"cold_start": {"target_modules": ["q_proj", "embeddings"]}})
     with pytest.raises(ConfigError, match="cold_start.target_modules cannot name embeddings"):
         load_pipeline_config(p)
