@@ -146,6 +146,24 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
 
 
 @contextlib.contextmanager
+def movielens_stack(tmp: Path, bucket: str, last_day: str):
+    """The MovieLens e2e modules' set-up: `movielens_lake` up to `last_day` in s3://<bucket>/clicks, fresh
+    metadata stores with Airflow initialised, and this process's MLflow pointed at the stack's store."""
+    import mlflow
+
+    _, config_path = movielens_lake(tmp, bucket, last_day)
+    with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
+        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow"), kind, tmp)
+        st.init_airflow()
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(mlflow_uri)
+        try:
+            yield st
+        finally:
+            mlflow.set_tracking_uri(previous)
+
+
+@contextlib.contextmanager
 def synthetic_stack(tmp: Path, bucket: str, policy):
     """The in-process set-up of the synthetic e2e modules: test_monitor's synthetic lake in
     s3://<bucket>/clicks, its pipeline config and `policy` (a GatePolicy) on disk, fresh metadata

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.stack import Stack, make_env, metadata_stores, movielens_lake
+from tests.e2e.stack import movielens_stack
 
 pytestmark = pytest.mark.slow
 
@@ -22,20 +22,8 @@ LINEAGE_TAGS = ("data.first", "data.last", "data.partitions", "data.sha256", "co
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    import mlflow
-
-    tmp = tmp_path_factory.mktemp("e2e")
-    bucket = "e2e-lake"
-    _, config_path = movielens_lake(tmp, bucket, DAY2)
-    with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
-        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow"), kind, tmp)
-        st.init_airflow()
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(mlflow_uri)
-        try:
-            yield st
-        finally:
-            mlflow.set_tracking_uri(previous)
+    with movielens_stack(tmp_path_factory.mktemp("e2e"), "e2e-lake", DAY2) as st:
+        yield st
 
 
 def versions(name: str) -> list:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.e2e.stack import REPO, Stack, make_env, metadata_stores, movielens_lake
+from tests.e2e.stack import REPO, movielens_stack
 
 pytestmark = pytest.mark.slow
 
@@ -19,20 +19,8 @@ DAGS = ("ctr_lake_arrival", "ctr_champion_monitor", "ctr_lora_retrain")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    import mlflow
-
-    tmp = tmp_path_factory.mktemp("replay")
-    bucket = "e2e-replay-lake"
-    _, config_path = movielens_lake(tmp, bucket, LAST)
-    with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
-        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow"), kind, tmp)
-        st.init_airflow()
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(mlflow_uri)
-        try:
-            yield st
-        finally:
-            mlflow.set_tracking_uri(previous)
+    with movielens_stack(tmp_path_factory.mktemp("replay"), "e2e-replay-lake", LAST) as st:
+        yield st
 
 
 def test_two_days_are_validated_monitored_and_retrained_in_order(stack):
