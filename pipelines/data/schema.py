@@ -36,17 +36,25 @@ COLUMNS: tuple[Column, ...] = (
     Column("weekday", pa.int8(), "context"),
     # Present in ad logs (synthetic source), absent from MovieLens.
     Column("advertiser_id", pa.string(), "item", nullable=True, required=False),
+    # The item as words, for families that read text (model.text): an ad's title / a movie's title, and its
+    # categories separated by spaces (every genre, where `category` keeps the first). Optional: a source
+    # without text leaves them out, and the text family falls back to `category`.
+    Column("item_title", pa.string(), "item", nullable=True, required=False),
+    Column("item_genres", pa.string(), "item", nullable=True, required=False),
 )
 
 BY_NAME = {c.name: c for c in COLUMNS}
 REQUIRED = tuple(c.name for c in COLUMNS if c.required)
 ALL_NAMES = tuple(c.name for c in COLUMNS)
+OPTIONAL = tuple(c.name for c in COLUMNS if not c.required)
 # Fields the model sees, in a fixed order: the token order of the model input.
 FEATURE_FIELDS = ("user_id", "item_id", "slot", "age_bucket", "gender", "occupation", "category", "hour", "weekday")
 
 
-def arrow_schema(include_optional: bool = False) -> pa.Schema:
-    cols = [c for c in COLUMNS if c.required or include_optional]
+def arrow_schema(include_optional: bool | tuple[str, ...] = False) -> pa.Schema:
+    """The required columns, plus every optional one (True) or the optional ones named."""
+    cols = [c for c in COLUMNS if c.required or include_optional is True
+            or (not isinstance(include_optional, bool) and c.name in include_optional)]
     return pa.schema([pa.field(c.name, c.arrow_type, nullable=c.nullable) for c in cols])
 
 
@@ -83,7 +91,7 @@ def conform(df: pd.DataFrame, where: str = "frame") -> pd.DataFrame:
 
 def to_arrow(df: pd.DataFrame) -> pa.Table:
     df = conform(df)
-    schema = arrow_schema(include_optional="advertiser_id" in df.columns)
+    schema = arrow_schema(include_optional=tuple(c for c in OPTIONAL if c in df.columns))
     try:
         return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     except (ValueError, pa.ArrowInvalid) as exc:  # e.g. a null in a non-nullable column

@@ -166,7 +166,19 @@ def _block(spec: SyntheticSpec, world: World, day_ord: int, day_idx: int, b: int
     logit = world.intercept[slot] + SLOT_SCALE[slot] * z + world.hour_effect[hour]
     label = rng.random(n) < sigmoid(logit)
     return {"t": t, "user": uidx, "item": iidx, "adv": adv, "slot": slot, "age": age, "gender": gender,
-            "occ": occ, "cat": cat, "hour": hour, "label": label}
+            "occ": occ, "cat": cat, "hour": hour, "label": label,
+            "tone": np.digitize(quality, _TONE_EDGES)}
+
+
+# The ad's text (item_title) says what the creative says: its tone follows the item's hidden quality,
+# which drives clicks, so a family that reads text can score an ad on its first day.
+_TONE_EDGES = np.array([-0.35, 0.35])
+_TONES = ("basic", "popular", "premium")
+
+
+def _ad_titles(tone: np.ndarray, cat: np.ndarray) -> pa.Array:
+    words = pa.array([f"{t} {c.replace('_', ' ')} offer" for t in _TONES for c in CATEGORIES], pa.string())
+    return pc.take(words, pa.array(tone * len(CATEGORIES) + cat))
 
 
 def _ids(prefix: str, idx: np.ndarray) -> pa.Array:
@@ -181,7 +193,8 @@ def _frame(cols: dict, day_start_us: int, weekday: int) -> pd.DataFrame:
     strings = {"user_id": _ids("u", cols["user"]), "item_id": _ids("i", cols["item"]),
                "slot": _labels(SLOTS, cols["slot"]), "age_bucket": _labels(AGE_BUCKETS, cols["age"]),
                "gender": _labels(GENDERS, cols["gender"]), "occupation": _labels(OCCUPATIONS, cols["occ"]),
-               "category": _labels(CATEGORIES, cols["cat"]), "advertiser_id": _ids("a", cols["adv"])}
+               "category": _labels(CATEGORIES, cols["cat"]), "advertiser_id": _ids("a", cols["adv"]),
+               "item_title": _ad_titles(cols["tone"], cols["cat"]), "item_genres": _labels(CATEGORIES, cols["cat"])}
     s = {k: pd.Series(v.to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get), dtype="string")
          for k, v in strings.items()}
     ts = (cols["t"] + day_start_us).astype("datetime64[us]")
@@ -199,6 +212,8 @@ def _frame(cols: dict, day_start_us: int, weekday: int) -> pd.DataFrame:
         "hour": cols["hour"].astype(np.int8),
         "weekday": np.full(n, weekday, dtype=np.int8),
         "advertiser_id": s["advertiser_id"],
+        "item_title": s["item_title"],
+        "item_genres": s["item_genres"],
     })
     return schema.conform(frame, where="synthetic")
 

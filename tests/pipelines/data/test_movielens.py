@@ -25,10 +25,17 @@ def test_load_returns_all_ratings(ml):
 
 
 def test_contract_dtypes(ml):
-    assert tuple(ml.columns) == schema.REQUIRED
+    assert tuple(ml.columns) == schema.REQUIRED + ("item_title", "item_genres")
     pd.testing.assert_frame_equal(schema.conform(ml), ml)
-    assert schema.to_arrow(ml).schema.equals(schema.arrow_schema())
+    assert schema.to_arrow(ml).schema.equals(schema.arrow_schema(include_optional=("item_title", "item_genres")))
     assert not ml.isna().any().any()
+
+
+def test_item_words_are_the_movie_title_and_every_genre(ml):
+    row = ml[ml["item_id"] == "1"].iloc[0]   # ml-100k item 1
+    assert row["item_title"] == "Toy Story"
+    assert row["item_genres"].split() == ["Animation", "Children's", "Comedy"]
+    assert row["category"] == "Animation"
 
 
 def test_label_rate(ml):

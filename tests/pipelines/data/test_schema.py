@@ -49,7 +49,7 @@ def test_conform_casts_to_contract_dtypes_and_order():
 
 def test_conform_keeps_optional_advertiser_id():
     out = schema.conform(raw_frame(with_advertiser=True))
-    assert tuple(out.columns) == schema.ALL_NAMES
+    assert tuple(out.columns) == schema.REQUIRED + ("advertiser_id",)
     assert out["advertiser_id"].tolist() == ["7", "8", "9", "7"]
     assert isinstance(out["advertiser_id"].dtype, pd.StringDtype)
 
@@ -91,8 +91,15 @@ def test_uncastable_value_is_schema_error_naming_the_column():
 @pytest.mark.parametrize("with_advertiser", [False, True])
 def test_to_arrow_schema_equals_arrow_schema(with_advertiser):
     table = schema.to_arrow(raw_frame(with_advertiser=with_advertiser))
-    assert table.schema.equals(schema.arrow_schema(include_optional=with_advertiser))
+    assert table.schema.equals(schema.arrow_schema(include_optional=("advertiser_id",) if with_advertiser else ()))
     assert table.num_rows == 4
+
+
+def test_to_arrow_keeps_the_optional_columns_present_and_only_those():
+    df = raw_frame(with_advertiser=False).assign(item_title=["a b", None, "c", "d"])
+    table = schema.to_arrow(df)
+    assert table.schema.names == list(schema.REQUIRED) + ["item_title"]
+    assert table.column("item_title").to_pylist() == ["a b", None, "c", "d"]
 
 
 def test_arrow_schema_fields():
