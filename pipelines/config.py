@@ -17,6 +17,7 @@ from typing import ClassVar, Literal
 
 from pipelines.config_gate import DEFAULT_GATE_YAML, GatePolicy, load_gate_policy  # noqa: F401 (the one import point)
 from pipelines.config_loader import check as _check, deep_merge, from_dict, read_yaml
+from pipelines.config_model import ModelConfig, TextConfig  # noqa: F401 (the one import point)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PIPELINE_YAML = REPO_ROOT / "configs" / "pipeline.yaml"
@@ -89,41 +90,6 @@ class ValidationConfig:
         _check(self.label_rate_z >= 0.0, "validation.label_rate_z must be >= 0")
         _check(self.drift_psi_max > 0 and self.drift_numeric_psi_max > 0, "validation.drift_*_max must be > 0")
         _check(self.drift_min_rows >= 0, "validation.drift_min_rows must be >= 0")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    embed_dim: int = 32
-    n_blocks: int = 2
-    n_heads: int = 4
-    ffn_mult: int = 2
-    dropout: float = 0.0
-    id_buckets: int = 1 << 14
-    small_buckets: int = 64
-    # First-order ("wide") term: one learned bias per field value (an Embedding of dim 1 per field,
-    # zero-initialised), summed into the logit as in Wide&Deep / DeepFM. False = the original model
-    # (same state_dict keys, same weights for a seed).
-    wide: bool = False
-    # The network under the adapters (pipelines.model.family): a built-in family or `package.module:Factory`.
-    family: str = "feature_transformer"
-    FAMILIES: ClassVar[tuple[str, ...]] = ("feature_transformer", "dcn")   # == pipelines.model.family.BUILTIN
-    # The modules LoRA may target in each built-in family (a dotted family's are its own business).
-    FAMILY_TARGETS: ClassVar[dict] = {"feature_transformer": frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}),
-                                      "dcn": frozenset({"cross_proj", "deep_proj"})}
-
-    def __post_init__(self):
-        import re  # local: only this check uses it
-
-        _check(isinstance(self.family, str) and (self.family in self.FAMILIES or bool(
-            re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.family))),
-            f"model.family must be one of {list(self.FAMILIES)} or 'package.module:Factory', got {self.family!r}")
-        _check(self.n_heads >= 1 and self.embed_dim > 0 and self.embed_dim % self.n_heads == 0,
-               f"model.embed_dim ({self.embed_dim}) must be a positive multiple of model.n_heads ({self.n_heads})")
-        _check(self.n_blocks >= 1, "model.n_blocks must be >= 1")
-        _check(self.ffn_mult >= 1, "model.ffn_mult must be >= 1")
-        _check(0.0 <= self.dropout < 1.0, "model.dropout must be in [0, 1)")
-        _check(self.id_buckets >= 2 and self.small_buckets >= 2, "model.*_buckets must be >= 2")
-        _check(isinstance(self.wide, bool), f"model.wide must be true or false, got {self.wide!r}")
 
 
 @dataclass(frozen=True)
@@ -379,7 +345,10 @@ class PipelineConfig:
         if allowed is None:
             return
         # `embeddings` (every field table) only for the slot adapters: the student wraps the names as given
-        for section, targets, extra in (("lora", self.lora.target_modules, {"embeddings"}),
+        tables = fam != "minilm_text"   # the text family has no field tables: no `embeddings`, no id rows
+        _check(tables or not self.lora.trainable_tokens,
+               f"lora.trainable_tokens names id tables, which model.family {fam!r} does not have; set it to []")
+        for section, targets, extra in (("lora", self.lora.target_modules, {"embeddings"} if tables else set()),
                                         ("cold_start", self.cold_start.target_modules, set())):
             wrong = sorted(set(targets) - allowed - extra)
             _check(not wrong, f"{section}.target_modules {wrong} are not modules of model.family {fam!r} "
