@@ -9,7 +9,7 @@ function that returns a family.
 A dotted family is code: `resolve` imports it. Whoever loads a stored base therefore checks the family
 its files name against the one expected (`model.store.load_base(..., family=)`) before resolving it,
 so a `model_config.json` edited in the artifact store cannot make a loader import a module of its
-choice. docs/model_families_plan.md has the rest of the work (the minilm_text family).
+choice.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pandas as pd
 from torch import nn
 
 from pipelines.config import ModelConfig
+from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import ConfigError
 
 DEFAULT = "feature_transformer"
@@ -40,6 +41,12 @@ class Family(Protocol):
 
     def load_pretrained(self, module: nn.Module, cfg: ModelConfig) -> None:
         """Put pretrained weights into `module` before the base is trained (no-op without any)."""
+
+    # Optional (a family without them reads FEATURE_FIELDS, nothing else, and is encoded on every read):
+    #   input_columns(cfg) -> tuple[str, ...]     contract columns encode needs (a request without one is refused)
+    #   optional_columns(cfg) -> tuple[str, ...]  contract columns encode reads when present
+    #   encoding_key(cfg) -> str | None           when set, a part's tokens are cached in the lake under it
+    #                                            (model.stream): what the tokens depend on besides the rows
 
 
 class FeatureTransformer:
@@ -62,6 +69,15 @@ class FeatureTransformer:
     def load_pretrained(self, module: nn.Module, cfg: ModelConfig) -> None:
         return None
 
+    def input_columns(self, cfg: ModelConfig) -> tuple[str, ...]:
+        return FEATURE_FIELDS
+
+    def optional_columns(self, cfg: ModelConfig) -> tuple[str, ...]:
+        return ()
+
+    def encoding_key(self, cfg: ModelConfig) -> str | None:
+        return None   # hashing nine fields is cheaper than reading a cache
+
 
 class DCN(FeatureTransformer):
     """DCN-v2 (`model.dcn.DCNModel`): a cross network and a deep tower over the same field tables and the
@@ -76,7 +92,40 @@ class DCN(FeatureTransformer):
         return DCNModel(cfg)
 
 
-BUILTIN: dict[str, type] = {DEFAULT: FeatureTransformer, "dcn": DCN}
+class MiniLMText(FeatureTransformer):
+    """A pretrained sentence transformer (`model.text.TextCTRModel`) reading each impression as words, with a
+    CTR head; LoRA on the attention query/value projections. Tokens are cached per lake part."""
+
+    name = "minilm_text"
+    default_targets = ("query", "value")
+
+    def build(self, cfg: ModelConfig) -> nn.Module:
+        from pipelines.model.text import TextCTRModel
+
+        return TextCTRModel(cfg)
+
+    def encode(self, frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
+        from pipelines.model.text import encode
+
+        return encode(frame, cfg)
+
+    def load_pretrained(self, module: nn.Module, cfg: ModelConfig) -> None:
+        from pipelines.model.text import load_pretrained
+
+        load_pretrained(module, cfg)
+
+    def optional_columns(self, cfg: ModelConfig) -> tuple[str, ...]:
+        from pipelines.model.text import TEXT_COLUMNS
+
+        return TEXT_COLUMNS
+
+    def encoding_key(self, cfg: ModelConfig) -> str | None:
+        from pipelines.model.text import encoding_key
+
+        return encoding_key(cfg)
+
+
+BUILTIN: dict[str, type] = {DEFAULT: FeatureTransformer, "dcn": DCN, "minilm_text": MiniLMText}
 
 
 def resolve(name: str) -> Family:
@@ -97,6 +146,20 @@ def resolve(name: str) -> Family:
         raise ConfigError(f"model.family {name!r} returned {type(family).__name__}, which lacks {missing} "
                           "(see pipelines.model.family.Family)")
     return family
+
+
+def columns(cfg: ModelConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(required, optional) contract columns the family of `cfg` reads."""
+    fam = resolve(cfg.family)
+    required = fam.input_columns(cfg) if hasattr(fam, "input_columns") else FEATURE_FIELDS
+    optional = fam.optional_columns(cfg) if hasattr(fam, "optional_columns") else ()
+    return tuple(required), tuple(optional)
+
+
+def encoding_key(cfg: ModelConfig) -> str | None:
+    """The token-cache key of `cfg`'s encoding, None where the family's tokens are not cached."""
+    fam = resolve(cfg.family)
+    return fam.encoding_key(cfg) if hasattr(fam, "encoding_key") else None
 
 
 def encode(frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:

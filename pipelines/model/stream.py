@@ -13,8 +13,9 @@ reads the files of its range in a shuffled order, record batch by record batch
 and shuffles them through a bounded buffer with the loop's seeded generator, so an epoch is a pure
 function of that generator's state (what checkpoints save) and resume stays exact.
 
-Memory: one read chunk (`read_rows`) + the buffer (`buffer_rows` + `read_rows` encoded rows, 80
-bytes each) + for S3 one parquet object's bytes (a local file is read in place).
+Memory: one read chunk (`read_rows`) + the buffer (`buffer_rows` + `read_rows` encoded rows, 8 bytes per
+input column: 80 bytes a row for the tabular families, 8 * max_len for text) + for S3 one parquet object's
+bytes (a local file is read in place); with a token cache, one part's tokens (4 bytes per id).
 """
 from __future__ import annotations
 
@@ -34,12 +35,15 @@ import torch
 from pipelines.config import ModelConfig, PipelineConfig
 from pipelines.data.commit import check_content
 from pipelines.data.lake import Lake, split_s3
-from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.data.schema import FEATURE_FIELDS, OPTIONAL
 from pipelines.data.validated import validated_manifests
 from pipelines.errors import LakeError, PipelineError
 from pipelines.model import family, features
 
-_COLUMNS = list(FEATURE_FIELDS) + ["label"]
+# What a frame of the stream holds by default: the model's features, the label and the optional contract
+# columns a part has (a family that reads text finds its columns there; `frames` leaves absent ones out).
+_COLUMNS = list(FEATURE_FIELDS) + ["label"] + list(OPTIONAL)
+TOKEN_CACHE = "_tokens"   # <lake>/_tokens/<encoding key>/<part sha256>.npy: a part's tokens (family.encoding_key)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class LakeFile:
     day: str
     key: str     # local path, or object key in the lake's bucket
     rows: int    # rows of the slot (all rows without a slot filter)
+    sha256: str = ""   # the part's committed content hash (its manifest entry)
 
 
 class LakeIndex:
@@ -62,7 +67,7 @@ class LakeIndex:
             digest = hashlib.sha256()   # as Lake.read_partition hashes a partition: its parts' bytes in order
             for p in man.parts:
                 k = self.lake.key_of(f"dt={d}/{p.name}")
-                self.files.append(LakeFile(d, k, self._count(k, digest, p.sha256)))
+                self.files.append(LakeFile(d, k, self._count(k, digest, p.sha256), p.sha256))
             self.partition_sha256[d] = digest.hexdigest()
             # The bytes indexed must be those validated: a part replaced after its commit is refused.
             check_content(man, self.partition_sha256[d], self.lake.partition_uri(d))
@@ -109,19 +114,31 @@ class LakeIndex:
         except (pa.ArrowInvalid, OSError) as exc:
             raise LakeError(f"object {key} of the lake {self.lake.uri} is not readable parquet: {exc}") from exc
 
+    def _ranges(self, lo: int, hi: int, order: list[int] | None) -> Iterator[tuple[int, int, int]]:
+        """(file, first, end) of the slot's rows of each file that [lo, hi) of the canonical order touches."""
+        offsets = np.concatenate([[0], np.cumsum([f.rows for f in self.files])]).astype(np.int64)
+        for i in order if order is not None else range(len(self.files)):
+            a, b = max(lo, int(offsets[i])), min(hi, int(offsets[i + 1]))
+            if a < b:   # outside the range: not even opened
+                yield i, a - int(offsets[i]), b - int(offsets[i])
+
+    def _present(self, pf: pq.ParquetFile, key: str, cols: list[str]) -> list[str]:
+        """`cols` the part has; an absent optional column is left out, an absent required one refused."""
+        names = set(pf.schema_arrow.names)
+        missing = [c for c in cols if c not in names and c not in OPTIONAL]
+        if missing:
+            raise LakeError(f"object {key} of the lake {self.lake.uri} lacks the columns {missing}")
+        return [c for c in cols if c in names]
+
     def frames(self, lo: int, hi: int, read_rows: int, order: list[int] | None = None,
                columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
         """Contract rows [lo, hi) of the canonical order as frames of at most `read_rows`, file by file in `order`."""
-        offsets = np.concatenate([[0], np.cumsum([f.rows for f in self.files])]).astype(np.int64)
-        cols = columns or _COLUMNS
-        read_cols = cols + (["slot"] if "slot" not in cols else [])
-        for i in order if order is not None else range(len(self.files)):
-            a, b = max(lo, int(offsets[i])), min(hi, int(offsets[i + 1]))
-            if a >= b:
-                continue  # outside the range: not even opened
-            a, b = a - int(offsets[i]), b - int(offsets[i])   # within the file's rows of the slot
+        for i, a, b in self._ranges(lo, hi, order):
+            pf = self.open(self.files[i].key)
+            cols = self._present(pf, self.files[i].key, list(columns or _COLUMNS))
+            read_cols = cols + (["slot"] if "slot" not in cols else [])
             pos = 0
-            for rb in self.open(self.files[i].key).iter_batches(batch_size=read_rows, columns=read_cols):
+            for rb in pf.iter_batches(batch_size=read_rows, columns=read_cols):
                 if self.slot is not None:
                     rb = rb.filter(pc.equal(rb.column("slot"), self.slot))
                 n = rb.num_rows
@@ -134,9 +151,46 @@ class LakeIndex:
 
     def chunks(self, lo: int, hi: int, read_rows: int, cfg: ModelConfig, order: list[int] | None = None
                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(tokens, labels) of the rows [lo, hi) of the canonical order, file by file in `order`."""
-        for frame in self.frames(lo, hi, read_rows, order):
-            yield family.encode(frame, cfg), features.labels(frame)
+        """(tokens, labels) of the rows [lo, hi) of the canonical order, file by file in `order`. A family with
+        an encoding key (text: tokenising is the slow part) reads each part's tokens from the lake's token
+        cache, written on first use; the others encode as they read."""
+        key = family.encoding_key(cfg)
+        if key is None:
+            for frame in self.frames(lo, hi, read_rows, order):
+                yield family.encode(frame, cfg), features.labels(frame)
+            return
+        for i, a, b in self._ranges(lo, hi, order):
+            f = self.files[i]
+            pf = self.open(f.key)
+            tokens = self._part_tokens(f, pf, key, cfg)
+            table = pf.read(columns=["slot", "label"])
+            keep = (np.ones(table.num_rows, bool) if self.slot is None
+                    else pc.equal(table.column("slot"), self.slot).to_numpy(zero_copy_only=False))
+            x, y = tokens[keep][a:b], table.column("label").to_numpy().astype(np.float32)[keep][a:b]
+            for j in range(0, len(y), read_rows):
+                yield x[j:j + read_rows].astype(np.int64), y[j:j + read_rows]
+
+    def _part_tokens(self, f: LakeFile, pf: pq.ParquetFile, key: str, cfg: ModelConfig) -> np.ndarray:
+        """Tokens of every row of part `f` (int32), from the cache, or encoded and cached. The cache is keyed
+        by the part's committed content hash and the encoding's key, so it is never stale."""
+        rel = f"{TOKEN_CACHE}/{key}/{f.sha256}.npy"
+        payload = self.lake.get_bytes_if_exists(rel)
+        rows = pf.metadata.num_rows
+        if payload is not None:
+            try:
+                tokens = np.load(io.BytesIO(payload), allow_pickle=False)
+                if tokens.ndim == 2 and len(tokens) == rows:
+                    return tokens
+            except ValueError:
+                pass   # unreadable: encoded again and rewritten below
+        required, optional = family.columns(cfg)
+        frame = pf.read(columns=self._present(pf, f.key, list(required) + list(optional))).to_pandas(
+            types_mapper={pa.string(): pd.StringDtype()}.get)
+        tokens = family.encode(frame, cfg).astype(np.int32)
+        buf = io.BytesIO()
+        np.save(buf, tokens, allow_pickle=False)
+        self.lake.put_bytes(rel, buf.getvalue())
+        return tokens
 
 
 class LakeStream:
@@ -173,9 +227,9 @@ class LakeStream:
         if gen is not None:  # file order first (mixes days), then rows through the buffer
             order = torch.randperm(len(self.index.files), generator=gen).tolist()
         chunks = self.index.chunks(self.lo, self.hi, self.read_rows, self.cfg, order)
-        bx, by = np.zeros((0, len(FEATURE_FIELDS)), np.int64), np.zeros(0, np.float32)
-        for x, y in chunks:
-            bx, by = np.concatenate([bx, x]), np.concatenate([by, y])
+        bx, by = None, np.zeros(0, np.float32)
+        for x, y in chunks:   # the width is the family's: taken from the first chunk
+            bx, by = (x if bx is None else np.concatenate([bx, x])), np.concatenate([by, y])
             self.peak_buffer = max(self.peak_buffer, len(by))
             if gen is None:
                 full = len(by) // batch_size * batch_size

@@ -161,10 +161,21 @@ def pip_requirements() -> list[str]:
     return out
 
 
-def input_example(frame: pd.DataFrame, rows: int = 5) -> pd.DataFrame:
-    ex = frame.loc[:, list(FEATURE_FIELDS)].head(rows).copy()
+def input_example(frame: pd.DataFrame, model_cfg=None, rows: int = 5) -> pd.DataFrame:
+    """The first rows of `frame`, cut to what a model of `model_cfg`'s family reads (the default family's
+    FEATURE_FIELDS without one): the logged signature, which evaluation cuts its frames to
+    (registry.model_input), so a text family's columns must be in it."""
+    cols = list(FEATURE_FIELDS)
+    if model_cfg is not None:
+        from pipelines.model import family
+
+        required, optional = family.columns(model_cfg)
+        cols = list(required) + [c for c in optional if c in frame.columns]
+    ex = frame.loc[:, cols].head(rows).copy()
     for c in ex.columns:
         ex[c] = ex[c].astype("int64") if c in ("hour", "weekday") else ex[c].astype(object)
+        if ex[c].dtype == object:   # a null text becomes "" (MLflow infers no type from None)
+            ex[c] = ex[c].where(ex[c].notna(), "")
     return ex.reset_index(drop=True)
 
 

@@ -26,7 +26,6 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
-from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import RegistryError
 from pipelines.registry import integrity
 
@@ -78,10 +77,10 @@ class CTRPyfunc(mlflow.pyfunc.PythonModel):
         self._cfg = self.model.cfg if hasattr(self.model, "cfg") else self.model.get_base_model().cfg
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
-        from pipelines.model.family import encode
+        from pipelines.model.family import columns, encode
         from pipelines.model.inference import predict
 
-        missing = [c for c in FEATURE_FIELDS if c not in model_input.columns]
+        missing = [c for c in columns(self._cfg)[0] if c not in model_input.columns]
         if missing:
             raise RegistryError(f"input is missing feature columns {missing}")
         return predict(self.model, encode(model_input, self._cfg))

@@ -52,9 +52,8 @@ import pandas as pd
 import torch
 from prometheus_client import CollectorRegistry
 
-from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import SchemaError
-from pipelines.model.family import encode
+from pipelines.model.family import columns, encode
 from pipelines.serving import batched, loader, routing
 from pipelines.serving.loader import CANARY, CHAMPION, RefusedVersion, VersionRef
 from pipelines.serving.metrics import ServingMetrics
@@ -95,6 +94,7 @@ class AdapterServer:
         with tempfile.TemporaryDirectory() as tmp:
             self.base_ref, self._base, self.base_fingerprint = loader.load_base(self.registry, base_model, tmp)
         self._cfg = self._base.cfg
+        self._columns = columns(self._cfg)[0]   # what a request must carry (the base family's input)
         self._hooked = batched.hookable(self._base)
         # PEFT injects into this tree in place; the memo makes it share the serving tree's tensors.
         self._store_base = copy.deepcopy(self._base, {id(t): t for t in (*self._base.parameters(),
@@ -155,7 +155,7 @@ class AdapterServer:
         """pCTR per row, in row order (float32 array); with return_versions, also the object array of
         the `<model>:<version>` that scored each row (the base's own key for rows without an adapter).
         Raises SchemaError when a feature column is missing."""
-        missing = [c for c in FEATURE_FIELDS if c not in frame.columns]
+        missing = [c for c in self._columns if c not in frame.columns]
         if missing:
             raise SchemaError(f"request is missing feature columns {missing}")
         tokens = encode(frame, self._cfg)

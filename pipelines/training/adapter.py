@@ -193,7 +193,8 @@ def _log_adapter(model, slot: str, base_ref: dict, lc: LoraTrainConfig, holdout)
     with tempfile.TemporaryDirectory() as tmp:
         adapters.save(model, tmp)
         return mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
-                                       mlflow_io.input_example(holdout.head(5)), adapter_dir=tmp)
+                                       mlflow_io.input_example(holdout.head(5), model.get_base_model().cfg),
+                                       adapter_dir=tmp)
 
 
 def score_stream(model, stream) -> dict:

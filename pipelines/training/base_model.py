@@ -50,7 +50,7 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             meta = store.save_base(model, tmp)
             info = mlflow_io.log_ctr_model({"kind": "base", "model": meta["model"]},
-                                           mlflow_io.input_example(split.holdout), base_dir=tmp)
+                                           mlflow_io.input_example(split.holdout, model.cfg), base_dir=tmp)
         log.info("base model trained on %d rows (%s..%s): holdout AUC %.4f logloss %.4f",
                  len(split.train), split.lineage["first"], split.lineage["last"], metrics["auc"], metrics["logloss"])
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "fingerprint": meta["fingerprint"],

@@ -224,4 +224,5 @@ def _log_models(student, baseline, slot: str, base_ref: dict, cs: LoraShape, hol
         return mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "cold_start": True, "base": base_ref,
                                         "lora": {"r": cs.r, "alpha": cs.alpha,
                                                  "target_modules": list(cs.target_modules)}},
-                                       mlflow_io.input_example(holdout), adapter_dir=f"{tmp}/student")
+                                       mlflow_io.input_example(holdout, student.get_base_model().cfg),
+                                       adapter_dir=f"{tmp}/student")

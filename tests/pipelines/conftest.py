@@ -39,3 +39,11 @@ def cfg(serving_store, lake):
     from tests.pipelines.training.helpers import registered_base_config
 
     return registered_base_config(lake)
+
+
+@pytest.fixture(scope="session")
+def text_source(tmp_path_factory) -> str:
+    """The directory of a tiny minilm_text source (tests/pipelines/model/text_source.py)."""
+    from tests.pipelines.model.text_source import build
+
+    return build(tmp_path_factory.mktemp("text_source"))

@@ -21,12 +21,13 @@ END_DAY = "2024-01-05"
 
 
 @pytest.mark.parametrize("name", list(family.BUILTIN))
-def test_base_then_adapter_gate_release_and_serving_on_each_family(name, serving_store, lake):
+def test_base_then_adapter_gate_release_and_serving_on_each_family(name, serving_store, lake, text_source):
     from pipelines.data.synthetic import SLOTS, generate_day
+    from tests.pipelines.model.text_source import family_config
     from tests.pipelines.training.helpers import SPEC
 
     fam = family.resolve(name)
-    cfg = registered_base_config(lake, model=replace(CFG, family=name), target_modules=fam.default_targets,
+    cfg = registered_base_config(lake, model=family_config(name, CFG, text_source), target_modules=fam.default_targets,
                                  cold_start=ColdStartConfig(target_modules=fam.default_targets, init="default"))
     base = mlflow_io.version_by_alias(cfg.registry.base_model_name, "champion")
     assert base.tags[integrity.FAMILY_TAG] == name

@@ -119,6 +119,14 @@ def test_the_config_refuses_targets_and_a_cold_start_init_the_family_lacks():
         load_pipeline_config(overrides={"model": {"family": "dcn"}, "lora": dcn_targets, "cold_start": dcn_targets})
     with pytest.raises(ConfigError, match="not modules of model.family 'feature_transformer'"):
         load_pipeline_config(overrides={"lora": dcn_targets})
-    shipped = load_pipeline_config("configs/movielens_dcn.yaml")
-    assert (shipped.model.family, shipped.cold_start.init) == ("dcn", "default")
-    assert tuple(shipped.lora.target_modules) == family.resolve("dcn").default_targets
+
+
+@pytest.mark.parametrize("name,path", [("dcn", "configs/movielens_dcn.yaml"), ("minilm_text", "configs/movielens_text.yaml")])
+def test_each_shipped_family_config_is_the_default_one_on_that_family(name, path):
+    """configs/movielens_<family>.yaml: the family's default targets, the default cold-start init, and
+    otherwise pipeline.yaml's data and validation (the same demo on another network)."""
+    shipped, default = load_pipeline_config(path), load_pipeline_config()
+    assert (shipped.model.family, shipped.cold_start.init) == (name, "default")
+    assert tuple(shipped.lora.target_modules) == family.resolve(name).default_targets
+    assert tuple(shipped.cold_start.target_modules) == family.resolve(name).default_targets
+    assert (shipped.data, shipped.validation, shipped.registry) == (default.data, default.validation, default.registry)

@@ -28,6 +28,14 @@ DCN_CONFIGS = (
 )
 
 
+# the minilm_text family (model.text): LoRA on the attention projections and the head, per-layer ranks
+TEXT_CONFIGS = (
+    LoraTrainConfig(target_modules=("query", "value")),
+    LoraTrainConfig(r=4, alpha=8, target_modules=("key", "value"), rank_pattern={"layer.1.attention.self.value": 2}),
+    LoraTrainConfig(r=2, alpha=4, target_modules=("query", "head_proj")),
+)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     torch.manual_seed(0)
@@ -43,6 +51,30 @@ def dcn_setup(tmp_path_factory):
     torch.manual_seed(0)
     base = family.build(replace(fixtures.CFG, family="dcn")).eval().requires_grad_(False)
     return _setup(base, DCN_CONFIGS, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def text_setup(tmp_path_factory, text_source):
+    from dataclasses import replace
+
+    from pipelines.config import TextConfig
+    from pipelines.model import family
+
+    torch.manual_seed(0)
+    cfg = replace(fixtures.CFG, family="minilm_text", text=TextConfig(source=text_source, max_len=32))
+    base = family.build(cfg).eval().requires_grad_(False)
+    return _setup(base, TEXT_CONFIGS, tmp_path_factory)
+
+
+def _inputs(which: str, base) -> torch.Tensor:
+    """64 rows of the family's input: random ids per field, or the words of 64 synthetic impressions (of
+    unequal length: the batch is cut to its longest row, a row alone to its own)."""
+    if which == "text_setup":
+        from pipelines.model import family
+
+        return torch.from_numpy(family.encode(fixtures.rows(64), base.cfg))
+    gen = torch.Generator().manual_seed(1)
+    return torch.stack([torch.randint(0, n, (64,), generator=gen) for n in (64, 64, 8, 8, 8, 8, 8, 8, 8)], dim=1)
 
 
 def _setup(base, configs, tmp_path_factory):
@@ -62,15 +94,15 @@ def _setup(base, configs, tmp_path_factory):
     return base, store, names, singles
 
 
-@pytest.mark.parametrize("which", ["setup", "dcn_setup"])
-def test_mixed_batch_equals_each_rows_single_adapter_model(which, request):
+@pytest.mark.parametrize("which,layer", [("setup", "blocks.0.k_proj"), ("dcn_setup", "deep.0.deep_proj"),
+                                         ("text_setup", "bert.encoder.layer.1.attention.self.key")])
+def test_mixed_batch_equals_each_rows_single_adapter_model(which, layer, request):
     base, store, names, singles = request.getfixturevalue(which)
     stacks = batched.build_stacks(store, names)
-    assert any(s.embedding for s in stacks.values())
-    assert ("blocks.0.k_proj" if which == "setup" else "deep.0.deep_proj") in stacks
+    assert any(s.embedding for s in stacks.values()) == (which != "text_setup")   # text: no id tables
+    assert layer in stacks
     tree = batched.serving_tree(base, frozenset(stacks))
-    gen = torch.Generator().manual_seed(1)
-    x = torch.stack([torch.randint(0, n, (64,), generator=gen) for n in (64, 64, 8, 8, 8, 8, 8, 8, 8)], dim=1)
+    x = _inputs(which, base)
     rows = torch.arange(64) % (len(names) + 1)        # 0 = base, i = names[i - 1]
     with torch.inference_mode():
         with batched.request(stacks, rows):
