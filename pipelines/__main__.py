@@ -200,6 +200,10 @@ def cmd_bench(a) -> int:
         from pipelines.bench import serving as bench_serving
 
         print(json.dumps(bench_serving.run(quick=a.quick)))
+    elif a.which == "families":
+        from pipelines.bench import families as bench_families
+
+        print(json.dumps(bench_families.run(quick=a.quick)))
     else:
         from pipelines.bench import validation as bench
 
@@ -299,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_status)
 
     bn = sub.add_parser("bench", help="one benchmark, printed as one JSON object (make bench runs them all)")
-    bn.add_argument("which", choices=["training", "quality", "headroom", "validation", "serving"])
+    bn.add_argument("which", choices=["training", "quality", "headroom", "validation", "serving", "families"])
     bn.add_argument("--quick", action="store_true", help="a short run (training, serving: under a minute)")
     bn.set_defaults(fn=cmd_bench)
 

@@ -83,7 +83,7 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
         preds = replay(models, bt) if models else {}
         for n, future in remote.items():
             preds[n], models[n] = future.result()
-    return _result(bt, models, preds, time.perf_counter() - t0)
+    return {"model_family": cfg.model.family, **_result(bt, models, preds, time.perf_counter() - t0)}
 
 
 def replay(models: dict[str, bm.Comparator], bt: Backtest) -> dict[str, np.ndarray]:
@@ -108,15 +108,15 @@ def _replay_alone(model: bm.Comparator, bt: Backtest) -> tuple[np.ndarray, bm.Co
 
 
 def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.ndarray], wall_s: float) -> dict:
-    y, warm = bt.labels(), bt.warm[bt.first:bt.last]
+    y, warm, new_item = bt.labels(), bt.warm[bt.first:bt.last], bt.new_item[bt.first:bt.last]
     out: dict = {"from": bt.days[0].date, "to": bt.days[-1].date, "days": len(bt.days), "rows": int(len(y)),
-                 "warm_rows": int(warm.sum()), "cold_rows": int((~warm).sum())}
+                 "warm_rows": int(warm.sum()), "cold_rows": int((~warm).sum()), "new_item_rows": int(new_item.sum())}
     for name in COMPARATORS:
         if name not in preds:
             continue
-        s = summary(y, preds[name], warm)
+        s = summary(y, preds[name], warm, new_item)
         out.update({f"{name}_auc": s["auc"], f"{name}_auc_warm": s["auc_warm"], f"{name}_auc_cold": s["auc_cold"],
-                    f"{name}_cpu_s": round(models[name].cpu_s, 1)})
+                    f"{name}_auc_new_item": s["auc_new_item"], f"{name}_cpu_s": round(models[name].cpu_s, 1)})
     for name in ("adapter", "adapter_ids"):
         if name in models:
             out[f"{name}_bytes"] = models[name].info()["adapter_bytes"]
@@ -165,13 +165,13 @@ def _per_day(bt: Backtest, preds: dict[str, np.ndarray]) -> list[dict]:
 
 def table(r: dict) -> str:
     """The result as a small markdown table (the CLI's output without --json)."""
-    lines = [f"backtest {r['from']}..{r['to']}: {r['days']} days, {r['rows']} rows "
-             f"({r['warm_rows']} warm, {r['cold_rows']} cold at scoring)", "",
-             "| comparator | AUC | AUC warm | AUC cold | training CPU s |", "|---|---|---|---|---|"]
+    lines = [f"backtest {r['from']}..{r['to']} (model family {r.get('model_family')}): {r['days']} days, {r['rows']} "
+             f"rows ({r['warm_rows']} warm, {r['cold_rows']} cold at scoring, {r.get('new_item_rows')} of new items)", "",
+             "| comparator | AUC | AUC warm | AUC cold | AUC new items | training CPU s |", "|---|---|---|---|---|---|"]
     for name in COMPARATORS:
         if f"{name}_auc" in r:
             lines.append(f"| {name} | {r[f'{name}_auc']} | {r[f'{name}_auc_warm']} | {r[f'{name}_auc_cold']} | "
-                         f"{r[f'{name}_cpu_s']} |")
+                         f"{r.get(f'{name}_auc_new_item')} | {r[f'{name}_cpu_s']} |")
     if "gate_releases" in r:
         t = r["gate_trust"]
         lines += ["", f"served: {r['gate_releases']} releases, {r['gate_rejections']} rejections, {r['gate_held']} held; "

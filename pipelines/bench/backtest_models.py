@@ -91,10 +91,13 @@ def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base
     from pipelines.training.loop import LoopSettings, seed_everything, train
 
     bt = cfg.base_training
+    rows = rows[rows["event_ts"] >= pd.Timestamp(bt.train_start, tz="UTC")]   # the base window starts there
     seed_everything(bt.seed)
-    model = family.build(cfg.model)
+    fam = family.resolve(cfg.model.family)
+    model = fam.build(cfg.model)
+    fam.load_pretrained(model, cfg.model)
     settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
-    train(model, family.encode(rows, cfg.model), features.labels(rows), settings, desc=desc)
+    train(model, fam.encode(rows, cfg.model), features.labels(rows), settings, desc=desc)
     return model.eval()
 
 
@@ -219,6 +222,7 @@ class SlotAdapters(Comparator):
 
     def info(self) -> dict:
         return {"adapters_trained": self.trained, "per_slot": self.per_slot,
+                "cpu_s_per_adapter": round(self.cpu_s / self.trained, 2) if self.trained else None,
                 "adapter_bytes": int(np.mean(self.bytes)) if self.bytes else None,
                 "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
                 "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),

@@ -8,7 +8,9 @@ the default cut the first day's earliest rows (47 of 1998-03-07) fall before the
 and that day scores the rest, so the 20,000 scored rows are exactly the static benchmark's test part.
 
 A scored row is *warm* when its user has a row in the day's history (seen before the day), *cold*
-otherwise; `summary` reports AUC over all scored rows, the warm ones and the cold ones.
+otherwise; `summary` reports AUC over all scored rows, the warm ones and the cold ones. A scored row is
+of a *new item* when its item has no row before the first scored day (first seen in the test period: where a
+family that reads the item's text should beat one that learns an id's row); `summary` reports those too.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class Backtest:
     days: tuple[Day, ...]
     warm: np.ndarray
     dates: np.ndarray          # "YYYY-MM-DD" (UTC) of every row of `frame`
+    new_item: np.ndarray | None = None   # True for a scored row whose item has no row before the first day
 
     @property
     def first(self) -> int:
@@ -99,7 +102,10 @@ def build(frame: pd.DataFrame, day_from: str | None = None, day_to: str | None =
         day_users = users[d.start:d.stop]
         warm[d.start:d.stop] = [u in seen for u in day_users]
         seen.update(day_users)
-    return Backtest(f, tuple(days), warm, dates)
+    items = f["item_id"].to_numpy()
+    new_item = ~np.isin(items, items[:start])
+    new_item[:start] = False
+    return Backtest(f, tuple(days), warm, dates, new_item)
 
 
 def _day(value: str, flag: str) -> str:
@@ -109,8 +115,9 @@ def _day(value: str, flag: str) -> str:
         raise ConfigError(f"backtest {flag}: {value!r} is not a day (YYYY-MM-DD)") from e
 
 
-def summary(y: np.ndarray, p: np.ndarray, warm: np.ndarray) -> dict:
-    """AUC over all rows, the warm rows and the cold rows (None where a part has one class or no rows)."""
+def summary(y: np.ndarray, p: np.ndarray, warm: np.ndarray, new_item: np.ndarray | None = None) -> dict:
+    """AUC over all rows, the warm rows and the cold rows, and with `new_item` the rows of new items (None
+    where a part has one class or no rows)."""
     def clean(mask: np.ndarray):
         if mask.sum() == 0 or len(set(y[mask])) < 2:
             return None
@@ -118,4 +125,7 @@ def summary(y: np.ndarray, p: np.ndarray, warm: np.ndarray) -> dict:
         return None if math.isnan(v) else round(float(v), 4)
 
     every = np.ones(len(y), dtype=bool)
-    return {"auc": clean(every), "auc_warm": clean(warm), "auc_cold": clean(~warm)}
+    out = {"auc": clean(every), "auc_warm": clean(warm), "auc_cold": clean(~warm)}
+    if new_item is not None:
+        out["auc_new_item"] = clean(new_item)
+    return out

@@ -12,8 +12,9 @@ def _log() -> pd.DataFrame:
     days = ["2024-01-01", "2024-01-01", "2024-01-02", "2024-01-02", "2024-01-03",
             "2024-01-03", "2024-01-04", "2024-01-04", "2024-01-05", "2024-01-05"]
     users = ["a", "b", "a", "b", "c", "a", "c", "d", "e", "a"]
+    items = ["x", "y", "x", "y", "z", "x", "z", "w", "v", "x"]   # v is first seen on day 5
     ts = pd.to_datetime([f"{d} {10 + i % 2}:00" for i, d in enumerate(days)], utc=True)
-    frame = pd.DataFrame({"event_ts": ts, "user_id": users, "slot": "morning", "label": [0, 1] * 5})
+    frame = pd.DataFrame({"event_ts": ts, "user_id": users, "item_id": items, "slot": "morning", "label": [0, 1] * 5})
     return frame.sample(frac=1.0, random_state=0)   # build sorts by event time itself
 
 
@@ -22,6 +23,7 @@ def test_the_default_cut_is_the_static_benchmarks_and_splits_a_day():
     # the earliest 80% (8 rows) are history: day 5's two rows are the only scored ones
     assert [(d.date, d.start, d.stop) for d in bt.days] == [("2024-01-05", 8, 10)]
     assert len(bt.history(bt.days[0])) == 8
+    assert bt.new_item.tolist() == [False] * 8 + [True, False]   # v is new; x was seen before the first day
 
     frame = _log()
     frame = pd.concat([frame, frame.iloc[:1].assign(event_ts=pd.Timestamp("2024-01-05 09:00", tz="UTC"))])
@@ -63,3 +65,6 @@ def test_summary_splits_warm_and_cold_and_says_none_where_undefined():
     assert s["auc_warm"] == 1.0 and s["auc_cold"] == 0.5
     assert s["auc"] == pytest.approx(5 / 6, abs=1e-4)
     assert summary(y, p, np.ones(5, dtype=bool))["auc_cold"] is None
+    new_item = np.array([False, True, True, False, True])
+    assert summary(y, p, warm, new_item)["auc_new_item"] == 1.0   # rows 1, 2, 4: 0.9 and 0.7 above 0.5
+    assert "auc_new_item" not in summary(y, p, warm)
