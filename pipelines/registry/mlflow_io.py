@@ -222,8 +222,10 @@ def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
     code loads only on the registry's word, pyfunc.load), so it gets the input signature alone."""
     from pipelines.registry import integrity
 
+    from pipelines.config import ModelConfig
+
     family = (meta.get("model") or {}).get("family") or integrity.DEFAULT_FAMILY
-    if meta.get("kind") != "base" or family == integrity.DEFAULT_FAMILY:
+    if meta.get("kind") != "base" or family in ModelConfig.FAMILIES:
         return {"input_example": example}
     from mlflow.models import infer_signature
 

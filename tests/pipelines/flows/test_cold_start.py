@@ -113,3 +113,41 @@ def test_the_shipped_policy_gates_the_student_on_measured_fairness_calibration_a
     assert unmeasured == {"fairness_dp[age_bucket]", "fairness_eo[age_bucket]"}
     assert all(checks[n]["passed"] for n in unmeasured)
     assert out["gate"]["passed"] is all(c["passed"] for c in checks.values())
+
+
+@pytest.mark.parametrize("name", ["dcn", "minilm_text"])
+def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_path, monkeypatch, lake, text_source):
+    """The default family runs the whole flow above; the others distill a student on their own default
+    targets (default init), evaluated, registered on their base and loadable through the registry."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from pipelines.data.synthetic import generate_day
+    from pipelines.flows.base import register_base
+    from pipelines.model import family
+    from pipelines.registry import integrity, pyfunc
+    from pipelines.training import base_model
+    from tests.conftest import any_base_policy, use_store_copy
+    from tests.pipelines.model.text_source import family_config
+    from tests.pipelines.training.cold_start_helpers import tiny_config
+    from tests.pipelines.training.helpers import CFG, SPEC
+
+    use_store_copy(template_db, tmp_path, monkeypatch)
+    monkeypatch.setenv("CTR_CODE_VERSION", "test")
+    targets = family.resolve(name).default_targets
+    c = tiny_config(lake)
+    c = replace(c, model=family_config(name, CFG, text_source), lora=replace(c.lora, target_modules=targets),
+                cold_start=replace(c.cold_start, target_modules=targets, init="default"))
+    register_base(c, base_model.train(c, lake, BASE_DAY), actor="test", policy=any_base_policy())
+    promote_teacher(c, lake, "feed")
+    out = cold_start_flow.run_all(c, lake, END_DAY, policy=load_gate_policy(), actor="test")
+    assert out["model"] == "ctr_lora_cold_start" and out["version"] == "1"
+    assert out["evaluation"]["cold_slice"]["student"]["rows"] > 0
+    mv = MlflowClient().get_model_version("ctr_lora_cold_start", "1")
+    base_tags = MlflowClient().get_model_version(mv.tags["base.name"], mv.tags["base.version"]).tags
+    assert base_tags[integrity.FAMILY_TAG] == name
+    student = pyfunc.load("models:/ctr_lora_cold_start/1")
+    rows = pd.concat(list(generate_day(SPEC, "2024-01-10", 64)), ignore_index=True)
+    p = student.predict(rows)
+    assert len(p) == 64 and ((0 < p) & (p < 1)).all()
