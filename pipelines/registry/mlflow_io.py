@@ -25,6 +25,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pipelines.config import REPO_ROOT
@@ -222,14 +223,30 @@ def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
     code loads only on the registry's word, pyfunc.load), so it gets the input signature alone."""
     from pipelines.registry import integrity
 
-    from pipelines.config import ModelConfig
-
-    family = (meta.get("model") or {}).get("family") or integrity.DEFAULT_FAMILY
-    if meta.get("kind") != "base" or family in ModelConfig.FAMILIES:
-        return {"input_example": example}
     from mlflow.models import infer_signature
 
-    return {"signature": infer_signature(example)}
+    from pipelines.config import ModelConfig
+    from pipelines.data.schema import OPTIONAL
+
+    family = (meta.get("model") or {}).get("family") or integrity.DEFAULT_FAMILY
+    optional = [c for c in example.columns if c in OPTIONAL]
+    if meta.get("kind") == "base" and family not in ModelConfig.FAMILIES:
+        return {"signature": _optional(infer_signature(example), optional)}
+    if not optional:
+        return {"input_example": example}
+    # An optional contract column the family reads (a text family's item_title): in the signature, so
+    # evaluation keeps it (registry.model_input), but not required, so a request without it still scores.
+    return {"input_example": example,
+            "signature": _optional(infer_signature(example, np.zeros(len(example), np.float32)), optional)}
+
+
+def _optional(signature, columns: list[str]):
+    """`signature` with `columns` of its inputs marked not required."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    inputs = Schema([ColSpec(c.type, c.name, required=c.name not in columns) for c in signature.inputs.inputs])
+    return ModelSignature(inputs=inputs, outputs=signature.outputs, params=signature.params)
 
 
 def _with_hashes(meta: dict, base_dir: str | None, adapter_dir: str | None) -> dict:

@@ -53,3 +53,10 @@ def test_base_then_adapter_gate_release_and_serving_on_each_family(name, serving
     assert type(served.unwrap_python_model().model.get_base_model()).__name__ == type(fam.build(cfg.model)).__name__
     np.testing.assert_allclose(probs[on_adapter], np.asarray(served.predict(rows[on_adapter])).reshape(-1),
                                atol=1e-6, rtol=0)
+    # the item's words are optional contract columns: a request without them still scores (the text family
+    # reads the category instead), through MLflow's schema check and the router alike
+    plain = rows.drop(columns=["item_title", "item_genres"])
+    plain_probs = server.score(plain)
+    np.testing.assert_allclose(plain_probs[on_adapter], np.asarray(served.predict(plain[on_adapter])).reshape(-1),
+                               atol=1e-6, rtol=0)
+    assert np.array_equal(plain_probs, probs) == (name != "minilm_text")   # only the text family reads them
