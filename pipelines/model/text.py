@@ -43,6 +43,8 @@ _GENDERS = {"M": "male", "F": "female"}
 # Scoring without gradients runs in slices of this many rows: the activations of a 4096-row batch
 # of a 6-layer transformer take gigabytes.
 _INFER_ROWS = 512
+# Distinct rows whose pooled vectors a head-only fit keeps (TextCTRModel._pooled): 384 floats each, ~400 MB.
+_MEMO_ROWS = 262_144
 
 
 def source_dir(text: TextConfig) -> Path:
@@ -133,6 +135,7 @@ class TextCTRModel(nn.Module):
         # The config's dropout would make the frozen transformer's output random in training.
         bert_cfg.hidden_dropout_prob = bert_cfg.attention_probs_dropout_prob = cfg.dropout
         self.pad_id = int(bert_cfg.pad_token_id or 0)
+        self._memo: dict[bytes, torch.Tensor] = {}
         self.bert = BertModel(bert_cfg, add_pooling_layer=False)
         width = cfg.embed_dim * cfg.ffn_mult
         self.head_proj = nn.Linear(bert_cfg.hidden_size, width)
@@ -146,7 +149,36 @@ class TextCTRModel(nn.Module):
             top = parts[:2] == ["encoder", "layer"] and int(parts[2]) >= n_layers - cfg.text.train_layers
             p.requires_grad_(top)
 
+    def __getstate__(self):   # a copy (PEFT attaches to one) starts without the memo below
+        return {**super().__getstate__(), "_memo": {}}
+
+    def load_state_dict(self, *args, **kwargs):   # other weights: the memo below is stale
+        self._memo.clear()
+        return super().load_state_dict(*args, **kwargs)
+
     def _pooled(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Mean of the transformer's output over each row's tokens. While the module trains with nothing in
+        the transformer trainable (the base fitting its head: `train_layers: 0`, no adapter attached), that
+        is a pure function of the row: each distinct row is run through the transformer once, on its first
+        epoch, and every later epoch costs the head alone. Scoring (eval mode) and adapters never use it."""
+        if self.training and not any(p.requires_grad for p in self.bert.parameters()):
+            return self._memoised(tokens)
+        return self._transformer(tokens)
+
+    def _memoised(self, tokens: torch.Tensor) -> torch.Tensor:
+        keys = [row.tobytes() for row in tokens.numpy()]
+        todo = [i for i, k in enumerate(keys) if k not in self._memo]
+        if todo:
+            with torch.no_grad():
+                fresh = self._transformer(tokens[todo])
+            if len(self._memo) + len(todo) <= _MEMO_ROWS:
+                self._memo.update(zip((keys[i] for i in todo), fresh))
+            else:   # past the bound: rows beyond it are recomputed every epoch
+                known = dict(zip((keys[i] for i in todo), fresh))
+                return torch.stack([self._memo.get(k, known.get(k)) for k in keys])
+        return torch.stack([self._memo[k] for k in keys])
+
+    def _transformer(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = tokens != self.pad_id
         width = max(int(mask.sum(dim=1).max()), 1) if len(tokens) else 1
         tokens, mask = tokens[:, :width], mask[:, :width]   # padding past the longest row changes nothing

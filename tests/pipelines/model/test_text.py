@@ -92,6 +92,28 @@ def test_base_training_fits_the_head_and_only_the_top_layers_asked_for(text_sour
     assert trained and all(n.startswith("bert.encoder.layer.1.") for n in trained)
 
 
+def test_a_head_only_fit_runs_each_row_through_the_transformer_once(text_source):
+    import copy
+
+    model = family.build(cfg_of(text_source))
+    x = torch.from_numpy(family.encode(rows(), model.cfg))
+    model.train()
+    first = model(x)
+    assert len(model._memo) == 2
+    model._transformer = None   # a second epoch never reaches the transformer
+    torch.testing.assert_close(model(x), first)
+    del model._transformer
+    model.eval()   # scoring runs it (and equals the fit's values)
+    torch.testing.assert_close(model(x), first)
+    assert copy.deepcopy(model)._memo == {} and len(model._memo) == 2   # an adapter's copy starts without it
+    model.load_state_dict(model.state_dict())
+    assert model._memo == {}   # other weights: recomputed
+    # with a trainable layer, or an adapter attached, the transformer runs every time
+    top = family.build(cfg_of(text_source, train_layers=1)).train()
+    top(x)
+    assert top._memo == {}
+
+
 def test_the_config_refuses_what_the_text_family_lacks():
     text_targets = {"target_modules": ["query", "value"]}
     base = {"model": {"family": "minilm_text"}, "lora": text_targets,
