@@ -128,13 +128,16 @@ class TextCTRModel(nn.Module):
         from transformers import BertConfig, BertModel
 
         src = source_dir(cfg.text)
-        _, sha, _ = tokenizer(cfg.text)   # refuses a tokenizer other than the pinned one
+        _, sha, pad_id = tokenizer(cfg.text)   # refuses a tokenizer other than the pinned one
         # The module's config names its tokenizer: what the base stores, so every later encoding checks it.
         self.cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, tokenizer_sha256=sha))
         bert_cfg = BertConfig(**json.loads((src / "config.json").read_text()))
         # The config's dropout would make the frozen transformer's output random in training.
         bert_cfg.hidden_dropout_prob = bert_cfg.attention_probs_dropout_prob = cfg.dropout
-        self.pad_id = int(bert_cfg.pad_token_id or 0)
+        if int(bert_cfg.pad_token_id or 0) != pad_id:   # the mask is `tokens != pad`: both must mean one id
+            raise ConfigError(f"model.text.source {cfg.text.source!r}: the tokenizer pads with id {pad_id}, "
+                              f"config.json says {bert_cfg.pad_token_id}")
+        self.pad_id = pad_id
         self._memo: dict[bytes, torch.Tensor] = {}
         self.bert = BertModel(bert_cfg, add_pooling_layer=False)
         width = cfg.embed_dim * cfg.ffn_mult
