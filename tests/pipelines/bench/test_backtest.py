@@ -97,3 +97,19 @@ def test_ids_on_every_slot_train_one_adapter_a_day(frame):
     ids = r["comparators"]["adapter_ids"]
     assert ids["adapters_trained"] == 2 and ids["per_slot"] is False
     assert set(r) >= {"adapter_ids_auc", "adapter_ids_auc_warm", "adapter_ids_auc_cold"} and "static_auc" not in r
+
+
+@pytest.mark.parametrize("config", ["configs/pipeline.yaml", "configs/movielens_dcn.yaml", "configs/movielens_text.yaml"])
+def test_the_backtest_runs_on_each_shipped_family_config(config, frame, text_source):
+    """The same replay on every family (the text one on the tiny in-test transformer): a static base of the
+    family and its daily adapters score the day, with the new-item AUC and the adapter's CPU seconds."""
+    over = {"base_training": {"epochs": 1}, "lora": {"epochs": 1}}
+    cfg = load_pipeline_config(config, overrides={**over, "model": {"text": {"source": text_source}}}
+                               if "text" in config else over)
+    r = backtest.run(cfg, frame, max_days=2, names=("static", "adapter"), quick=True)
+    assert r["model_family"] == cfg.model.family and r["days"] == 2
+    assert 0.0 < r["static_auc"] < 1.0 and 0.0 < r["adapter_auc"] < 1.0
+    assert "static_auc_new_item" in r and r["new_item_rows"] >= 0
+    info = r["comparators"]["adapter"]
+    assert info["adapters_trained"] == 2 and info["cpu_s_per_adapter"] > 0
+    assert info["lora"]["target_modules"] == list(cfg.lora.target_modules)
