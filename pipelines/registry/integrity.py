@@ -91,8 +91,11 @@ def record(meta: dict) -> dict[str, str]:
         return {FINGERPRINT_TAG: meta["fingerprint"],
                 FAMILY_TAG: str((meta.get("model") or {}).get("family") or DEFAULT_FAMILY)}
     b = meta["base"]
-    return {TAG: json.dumps(meta["adapter_files"], sort_keys=True), "base.name": str(b["name"]),
-            "base.version": str(b["version"]), "base.fingerprint": str(b["fingerprint"])}
+    out = {TAG: json.dumps(meta["adapter_files"], sort_keys=True), "base.name": str(b["name"]),
+           "base.version": str(b["version"]), "base.fingerprint": str(b["fingerprint"])}
+    if b.get("family"):   # an adapter's family is its base's (absent where its base reference predates families)
+        out[FAMILY_TAG] = str(b["family"])
+    return out
 
 
 def of_tags(tags: dict | None) -> dict[str, str]:

@@ -12,7 +12,7 @@ BASELINE_ARTIFACT = "baseline_adapter"   # the cold-start baseline's adapter, an
 
 
 def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
-    """ctr_base@champion: name, version, fingerprint (what adapters are trained on and served with),
+    """ctr_base@champion: name, version, fingerprint and model family (what adapters are trained on and served with),
     and with `with_cutoff` its training cutoff (the `data.last` tag), which cold start needs."""
     from pipelines.registry import mlflow_io
 
@@ -20,7 +20,10 @@ def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
     mv = mlflow_io.version_by_alias(name, "champion")
     if mv is None:
         raise PipelineError(f"no serving base model: {name}@champion is not set; run the ctr_base_model DAG first")
-    out = {"name": name, "version": str(mv.version), "fingerprint": mv.tags["fingerprint"]}
+    from pipelines.registry import integrity
+
+    out = {"name": name, "version": str(mv.version), "fingerprint": mv.tags["fingerprint"],
+           "family": integrity.family_of(mv.tags)}
     if with_cutoff:
         out["cutoff"] = mv.tags.get("data.last")
         if not out["cutoff"]:

@@ -114,7 +114,11 @@ def _read_meta(ref: VersionRef, local: Path) -> dict:
     return meta
 
 
-def _check_base(ref: VersionRef, meta: dict, base_fingerprint: str) -> None:
+def _check_base(ref: VersionRef, meta: dict, base_fingerprint: str, base_family: str | None = None) -> None:
+    family = ref.tags.get(integrity.FAMILY_TAG)
+    if base_family is not None and family is not None and family != base_family:   # the fingerprint implies it;
+        raise RefusedVersion(ref, "base_mismatch", f"trained on a {family!r} base, the served base is a "  # this says why
+                                                   f"{base_family!r} one")
     if not ref.tags.get("base.fingerprint"):   # meta.json alone is the artifact store's word
         raise RefusedVersion(ref, "integrity", "the version carries no base.fingerprint tag: the base it was "
                                                "trained on cannot be checked against the registry")
@@ -129,14 +133,16 @@ def _check_base(ref: VersionRef, meta: dict, base_fingerprint: str) -> None:
         raise RefusedVersion(ref, "base_mismatch", "meta.json records no base fingerprint")
 
 
-def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, dst: str | Path) -> Path:
-    """Download `models:/<model>/<version>` adapter files into `dst`, check them, return the adapter dir.
+def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, dst: str | Path,
+                  base_family: str | None = None) -> Path:
+    """Download `models:/<model>/<version>` adapter files into `dst`, check them (base fingerprint and, with
+    `base_family`, the model family its version records), return the adapter dir.
 
     Only `artifacts/` is fetched (meta.json + adapter files), not the model's copy of the code.
     """
     local = _download(registry, ref, "artifacts", dst)
     meta = _read_meta(ref, local)
-    _check_base(ref, meta, base_fingerprint)
+    _check_base(ref, meta, base_fingerprint, base_family)
     adapter_dir = local / "adapter"
     try:
         integrity.verify_files(adapter_dir, recorded_hashes(ref), f"{ref.model} v{ref.version}")

@@ -286,7 +286,7 @@ class AdapterServer:
 
     def _load(self, ref: VersionRef) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            adapter_dir = loader.fetch_adapter(self.registry, ref, self.base_fingerprint, tmp)
+            adapter_dir = loader.fetch_adapter(self.registry, ref, self.base_fingerprint, tmp, self._cfg.family)
             name = f"a{next(self._seq)}_{hashlib.sha256(ref.key.encode()).hexdigest()[:10]}"
             with self._store_lock:
                 self._inject(ref, adapter_dir, name)

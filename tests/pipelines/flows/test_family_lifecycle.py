@@ -39,7 +39,9 @@ def test_base_then_adapter_gate_release_and_serving_on_each_family(name, serving
     decision = retrain.run(cfg, policy, lake, END_DAY, SLOTS[0], actor="test")
     assert decision["passed"], [c for c in decision["checks"] if not c["passed"]]
     model = cfg.adapter_model_name(SLOTS[0])
-    assert str(mlflow_io.version_by_alias(model, "champion").version) == str(decision["version"])
+    champion = mlflow_io.version_by_alias(model, "champion")
+    assert str(champion.version) == str(decision["version"])
+    assert champion.tags[integrity.FAMILY_TAG] == name   # an adapter version records its base's family
 
     import pandas as pd
 
