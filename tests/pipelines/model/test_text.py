@@ -204,3 +204,21 @@ def test_the_real_wheel_loads_offline_and_reads_the_words(monkeypatch):
     cos = torch.nn.functional.cosine_similarity
     # pretrained: a paraphrase lies nearer than an unrelated ad (random weights would not know)
     assert cos(a, b, dim=0) > cos(a, c, dim=0)
+
+
+def test_the_token_cache_lives_in_an_s3_lake_beside_the_data(lake, s3_bucket, text_source):
+    from pipelines.data.lake import Lake
+    from pipelines.model.stream import TOKEN_CACHE, LakeIndex, LakeStream
+
+    src, dst = Lake(lake), Lake(f"s3://{s3_bucket}/clicks")
+    for f in src.objects("2024-01-02"):   # the committed, validated day, copied over HTTP
+        dst.put_bytes(f[len(src.uri) + 1:], open(f, "rb").read())
+    cfg = cfg_of(text_source)
+    remote, local = LakeIndex(dst.uri, "2024-01-02", slot="search"), LakeIndex(lake, "2024-01-02", slot="search")
+    xr = np.concatenate([x.numpy() for x, _ in LakeStream(remote, 0, remote.rows, cfg).batches(64)])
+    xl = np.concatenate([family.encode(f, cfg) for f in LakeStream(local, 0, local.rows, cfg).frames()])
+    np.testing.assert_array_equal(xr, xl)
+    key = family.encoding_key(cfg)
+    assert {o.rsplit("/", 1)[1] for o in dst._list(f"{dst.uri}/{TOKEN_CACHE}/{key}")} == \
+        {f"{f.sha256}.npy" for f in remote.files}
+    assert dst.list_partitions() == ["2024-01-02"]   # the cache is no partition
