@@ -194,7 +194,7 @@ def describe(cfg: PipelineConfig, prep: Prepared, end_day: str, slot: str) -> di
     """The JSON-safe summary of a prepared window that every cold-start task passes on."""
     sp = prep.split
     return {"end_day": end_day, "slot": slot, "model_name": model_name(cfg, slot), "cutoff": prep.base["cutoff"],
-            "base": {k: prep.base[k] for k in ("name", "version", "fingerprint")},
+            "base": {k: prep.base[k] for k in ("name", "version", "fingerprint", "family") if k in prep.base},
             "window": {"first": prep.window_first, "last": end_day},
             "data": {k: prep.lineage[k] for k in ("first", "last", "count", "sha256")},
             "cold": prep.cold.counts(),

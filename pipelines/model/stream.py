@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -43,6 +44,7 @@ from pipelines.model import family, features
 # What a frame of the stream holds by default: the model's features, the label and the optional contract
 # columns a part has (a family that reads text finds its columns there; `frames` leaves absent ones out).
 _COLUMNS = list(FEATURE_FIELDS) + ["label"] + list(OPTIONAL)
+log = logging.getLogger(__name__)
 TOKEN_CACHE = "_tokens"   # <lake>/_tokens/<encoding key>/<part sha256>.npy: a part's tokens (family.encoding_key)
 
 
@@ -174,22 +176,37 @@ class LakeIndex:
         """Tokens of every row of part `f` (int32), from the cache, or encoded and cached. The cache is keyed
         by the part's committed content hash and the encoding's key, so it is never stale."""
         rel = f"{TOKEN_CACHE}/{key}/{f.sha256}.npy"
-        payload = self.lake.get_bytes_if_exists(rel)
-        rows = pf.metadata.num_rows
-        if payload is not None:
-            try:
-                tokens = np.load(io.BytesIO(payload), allow_pickle=False)
-                if tokens.ndim == 2 and len(tokens) == rows:
-                    return tokens
-            except ValueError:
-                pass   # unreadable: encoded again and rewritten below
         required, optional = family.columns(cfg)
         frame = pf.read(columns=self._present(pf, f.key, list(required) + list(optional))).to_pandas(
             types_mapper={pa.string(): pd.StringDtype()}.get)
+        tokens = self._cached(rel, frame, cfg)
+        if tokens is not None:
+            return tokens
         tokens = family.encode(frame, cfg).astype(np.int32)
         buf = io.BytesIO()
         np.save(buf, tokens, allow_pickle=False)
-        self.lake.put_bytes(rel, buf.getvalue())
+        try:
+            self.lake.put_bytes(rel, buf.getvalue())
+        except LakeError as exc:   # a cache only saves time: a read-only lake still trains
+            log.warning("could not write the token cache %s/%s: %s", self.lake.uri, rel, exc)
+        return tokens
+
+    def _cached(self, rel: str, frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray | None:
+        """The cached tokens of `frame`'s part, or None (a miss) when there are none, they cannot be read,
+        or they are not what encoding the part gives: shape, type, and its first and last rows re-encoded."""
+        try:
+            payload = self.lake.get_bytes_if_exists(rel)
+            tokens = None if payload is None else np.load(io.BytesIO(payload), allow_pickle=False)
+        except (LakeError, ValueError, OSError) as exc:
+            log.warning("token cache %s/%s unreadable, encoding again: %s", self.lake.uri, rel, exc)
+            return None
+        if tokens is None:
+            return None
+        ends = frame.iloc[[0, -1]] if len(frame) else frame
+        if (tokens.dtype != np.int32 or tokens.ndim != 2 or len(tokens) != len(frame)
+                or (len(frame) and not np.array_equal(tokens[[0, -1]], family.encode(ends, cfg)))):
+            log.warning("token cache %s/%s does not match its part, encoding again", self.lake.uri, rel)
+            return None
         return tokens
 
 

@@ -40,9 +40,6 @@ TEXT_COLUMNS = ("item_title", "item_genres")
 _FILES = ("config.json", "tokenizer.json")
 _DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _GENDERS = {"M": "male", "F": "female"}
-# Scoring without gradients runs in slices of this many rows: the activations of a 4096-row batch
-# of a 6-layer transformer take gigabytes.
-_INFER_ROWS = 512
 # Distinct rows whose pooled vectors a head-only fit keeps (TextCTRModel._pooled): 384 floats each, ~400 MB.
 _MEMO_ROWS = 262_144
 
@@ -132,7 +129,7 @@ class TextCTRModel(nn.Module):
         # The module's config names its tokenizer: what the base stores, so every later encoding checks it.
         self.cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, tokenizer_sha256=sha))
         bert_cfg = BertConfig(**json.loads((src / "config.json").read_text()))
-        # The config's dropout would make the frozen transformer's output random in training.
+        # model.dropout (0 by default), not config.json's 0.1: a frozen transformer's output stays deterministic.
         bert_cfg.hidden_dropout_prob = bert_cfg.attention_probs_dropout_prob = cfg.dropout
         if int(bert_cfg.pad_token_id or 0) != pad_id:   # the mask is `tokens != pad`: both must mean one id
             raise ConfigError(f"model.text.source {cfg.text.source!r}: the tokenizer pads with id {pad_id}, "
@@ -161,10 +158,10 @@ class TextCTRModel(nn.Module):
 
     def _pooled(self, tokens: torch.Tensor) -> torch.Tensor:
         """Mean of the transformer's output over each row's tokens. While the module trains with nothing in
-        the transformer trainable (the base fitting its head: `train_layers: 0`, no adapter attached), that
-        is a pure function of the row: each distinct row is run through the transformer once, on its first
-        epoch, and every later epoch costs the head alone. Scoring (eval mode) and adapters never use it."""
-        if self.training and not any(p.requires_grad for p in self.bert.parameters()):
+        the transformer trainable (the base fitting its head: `train_layers: 0`, no adapter attached) and no
+        dropout, that is a pure function of the row: each distinct row runs through the transformer once, on its
+        first epoch, and every later epoch costs the head alone. Scoring (eval mode) and adapters never use it."""
+        if self.training and self.cfg.dropout == 0.0 and not any(p.requires_grad for p in self.bert.parameters()):
             return self._memoised(tokens)
         return self._transformer(tokens)
 
@@ -183,17 +180,15 @@ class TextCTRModel(nn.Module):
 
     def _transformer(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = tokens != self.pad_id
-        width = max(int(mask.sum(dim=1).max()), 1) if len(tokens) else 1
-        tokens, mask = tokens[:, :width], mask[:, :width]   # padding past the longest row changes nothing
+        used = mask.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if len(used) else 1
+        tokens, mask = tokens[:, :width], mask[:, :width]   # padding past every row's last token changes nothing
         h = self.bert(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
         m = mask.unsqueeze(-1).to(h.dtype)
         return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
 
     def logits_and_pooled(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [batch], pooled [batch, embed_dim * ffn_mult]: the features the head reads)."""
-        if not torch.is_grad_enabled() and len(tokens) > _INFER_ROWS:
-            out = [self.logits_and_pooled(tokens[i:i + _INFER_ROWS]) for i in range(0, len(tokens), _INFER_ROWS)]
-            return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
         z = torch.nn.functional.gelu(self.head_proj(self._pooled(tokens)))
         return self.head(z).squeeze(-1), z
 

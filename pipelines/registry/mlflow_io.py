@@ -171,7 +171,11 @@ def input_example(frame: pd.DataFrame, model_cfg=None, rows: int = 5) -> pd.Data
         from pipelines.model import family
 
         required, optional = family.columns(model_cfg)
-        cols = list(required) + [c for c in optional if c in frame.columns]
+        # every optional column the family reads, present or not: one left out of the signature would be
+        # cut from every evaluation frame (registry.model_input), and the model judged without it
+        frame = frame.assign(**{c: pd.Series("", index=frame.index, dtype="string")
+                                for c in optional if c not in frame.columns})
+        cols = list(required) + list(optional)
     ex = frame.loc[:, cols].head(rows).copy()
     for c in ex.columns:
         ex[c] = ex[c].astype("int64") if c in ("hour", "weekday") else ex[c].astype(object)

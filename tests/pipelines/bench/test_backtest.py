@@ -109,7 +109,7 @@ def test_the_backtest_runs_on_each_shipped_family_config(config, frame, text_sou
     r = backtest.run(cfg, frame, max_days=2, names=("static", "adapter"), quick=True)
     assert r["model_family"] == cfg.model.family and r["days"] == 2
     assert 0.0 < r["static_auc"] < 1.0 and 0.0 < r["adapter_auc"] < 1.0
-    assert "static_auc_new_item" in r and r["new_item_rows"] >= 0
+    assert "static_auc_new_item" in r and isinstance(r["new_item_rows"], int)   # the rule: test_backtest_protocol
     info = r["comparators"]["adapter"]
     assert info["adapters_trained"] == 2 and info["cpu_s_per_adapter"] > 0
     assert info["lora"]["target_modules"] == list(cfg.lora.target_modules)

@@ -146,7 +146,7 @@ def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_p
     assert out["evaluation"]["cold_slice"]["student"]["rows"] > 0
     mv = MlflowClient().get_model_version("ctr_lora_cold_start", "1")
     base_tags = MlflowClient().get_model_version(mv.tags["base.name"], mv.tags["base.version"]).tags
-    assert base_tags[integrity.FAMILY_TAG] == name
+    assert base_tags[integrity.FAMILY_TAG] == mv.tags[integrity.FAMILY_TAG] == name   # the student records it too
     student = pyfunc.load("models:/ctr_lora_cold_start/1")
     rows = pd.concat(list(generate_day(SPEC, "2024-01-10", 64)), ignore_index=True)
     p = student.predict(rows)
