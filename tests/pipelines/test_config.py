@@ -249,3 +249,11 @@ def test_cold_start_loss_weights_come_from_its_flat_keys():
     assert cs.loss_weights == C.LossWeights(bce=cs.w_bce, kd=2.0, align=cs.w_align, temperature=cs.temperature,
                                             align_kind="cosine")
     assert distill.LossWeights is C.LossWeights   # one definition, used by the distillation loop
+
+
+def test_the_text_familys_gate_policy_is_the_default_with_a_transformers_latency_budget():
+    import dataclasses
+
+    text = load_gate_policy("configs/gate_policy_text.yaml")
+    assert text.latency_budget_ms == 2000.0
+    assert dataclasses.replace(text, latency_budget_ms=load_gate_policy().latency_budget_ms) == load_gate_policy()
