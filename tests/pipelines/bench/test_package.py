@@ -16,7 +16,7 @@ import pipelines.bench
 BENCH_DIR = Path(pipelines.bench.__file__).parent
 # (module, what `python -m pipelines bench <name>` and `make bench` call in it)
 ENTRY_POINTS = (("training", "run"), ("quality", "run"), ("quality_distill", "make_distilled"),
-                ("quality_headroom", "run"), ("serving", "run"), ("validation", "bench_validation"),
+                ("quality_headroom", "run"), ("serving", "run"), ("validation", "bench_validation"), ("families", "run"),
                 ("__main__", "main"))
 
 
