@@ -18,7 +18,7 @@ lint: install
 # stacks are built once, and every test isolates its stores, buckets, ports and databases.
 PYTEST_WORKERS ?= 2
 test: install lint
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 test-fast: install
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow"

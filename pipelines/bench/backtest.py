@@ -41,9 +41,7 @@ def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = 
     False: one `adapter_ids` adapter a day for every slot, on all the window's rows (a diagnostic: the
     pipeline trains adapters per slot). `served` replays the pipeline under `policy` (default: the gate
     policy file) in `served_dir` (default: a new temporary directory), `flip_labels` its injected fault."""
-    unknown = sorted(set(names) - set(COMPARATORS))
-    if unknown:
-        raise ConfigError(f"backtest: unknown comparators {unknown}; choose from {list(COMPARATORS)}")
+    _check_names(names)
     static = bm.Static(cfg)
     made = {"static": static,
             "adapter": bm.SlotAdapters("adapter", cfg, bm.lora_only_config(cfg.lora), static),
@@ -62,6 +60,7 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
     """Replay the scored days of `frame` (default: MovieLens-100K) for the comparators `names`;
     `served`: `comparators`' policy, served_dir and flip_labels. `quick`: at most 7 days, and only the
     rows of the config's first slot (that slot alone in the config)."""
+    _check_names(names)   # before the data is read: a typo is a usage error at once
     if frame is None:
         from pipelines.data import movielens
 
@@ -84,6 +83,12 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
         for n, future in remote.items():
             preds[n], models[n] = future.result()
     return {"model_family": cfg.model.family, **_result(bt, models, preds, time.perf_counter() - t0)}
+
+
+def _check_names(names) -> None:
+    unknown = sorted(set(names) - set(COMPARATORS))
+    if unknown:
+        raise ConfigError(f"backtest: unknown comparators {unknown}; choose from {list(COMPARATORS)}")
 
 
 def replay(models: dict[str, bm.Comparator], bt: Backtest) -> dict[str, np.ndarray]:

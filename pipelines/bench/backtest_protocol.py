@@ -102,8 +102,8 @@ def build(frame: pd.DataFrame, day_from: str | None = None, day_to: str | None =
         day_users = users[d.start:d.stop]
         warm[d.start:d.stop] = [u in seen for u in day_users]
         seen.update(day_users)
-    items = f["item_id"].to_numpy()
-    new_item = ~np.isin(items, items[:start])
+    # pandas hashes; np.isin on object ids (strings) compares every pair: minutes on MovieLens
+    new_item = ~f["item_id"].isin(set(f["item_id"].iloc[:start])).to_numpy()
     new_item[:start] = False
     return Backtest(f, tuple(days), warm, dates, new_item)
 
