@@ -311,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     backtest_cli.add_parser(sub)
 
+    from pipelines.serving import cli as serving_cli
+
+    serving_cli.add_parser(sub)
+
     mo = sub.add_parser("monitor", help="score @champion / @canary on one validated day; promote, withdraw, revert")
     mo.add_argument("--day", required=True, help="the partition date (YYYY-MM-DD)")
     mo.add_argument("--data", help="lake URI (default: data.lake_uri of the config)")

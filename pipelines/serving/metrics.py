@@ -1,4 +1,7 @@
-"""Prometheus metrics of one AdapterServer, on its own CollectorRegistry (two servers never collide)."""
+"""Prometheus metrics of one AdapterServer, on its own CollectorRegistry (two servers never collide).
+
+Names start with `lora_`; the HTTP front (`serving.http`) and its follower (`serving.follow`) add theirs
+to the same registry, so `GET /metrics` is one exposition."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -11,20 +14,30 @@ class ServingMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.active_adapters = Gauge("ctr_serving_active_adapters",
+        self.active_adapters = Gauge("lora_active_adapters",
                                      "Adapter versions the current routing table sends traffic to", registry=r)
-        self.loaded_adapters = Gauge("ctr_serving_loaded_adapters",
+        self.loaded_adapters = Gauge("lora_loaded_adapters",
                                      "Adapter versions in memory (active + draining in-flight requests)", registry=r)
         self.inference_seconds = Histogram(
-            "ctr_serving_inference_seconds",
+            "lora_inference_seconds",
             "Forward-pass latency of a request batch, observed once per <model>:<version> the batch used",
             ["adapter"], buckets=LATENCY_BUCKETS, registry=r)
-        self.swaps = Counter("ctr_serving_swaps", "Routing tables installed with a changed route", registry=r)
-        self.refused_loads = Counter("ctr_serving_refused_loads", "Adapter versions refused at load, by reason",
+        self.swaps = Counter("lora_swaps", "Routing tables installed with a changed route", registry=r)
+        self.refused_loads = Counter("lora_refused_loads", "Adapter versions refused at load, by reason",
                                      ["reason"], registry=r)
-        self.adapter_loads = Counter("ctr_serving_adapter_loads", "Adapter versions loaded into memory", registry=r)
-        self.adapter_unloads = Counter("ctr_serving_adapter_unloads", "Adapter versions deleted from memory",
+        self.adapter_loads = Counter("lora_adapter_loads", "Adapter versions loaded into memory", registry=r)
+        self.adapter_unloads = Counter("lora_adapter_unloads", "Adapter versions deleted from memory",
                                        registry=r)
+
+        # the follower: how fresh the routes are
+        self.refreshes = Counter("lora_refreshes", "Registry refreshes, by trigger and outcome (ok / error)",
+                                 ["trigger", "outcome"], registry=r)
+        self.last_refresh = Gauge("lora_last_refresh_timestamp_seconds",
+                                  "Unix time of the last refresh that read the registry", registry=r)
+        # the HTTP front
+        self.requests = Counter("lora_requests", "Scoring requests answered, by HTTP status", ["status"], registry=r)
+        self.rows_scored = Counter("lora_rows_scored", "Rows scored, by the <model>:<version> that scored them",
+                                   ["version"], registry=r)
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric above."""

@@ -131,6 +131,11 @@ class AdapterServer:
         """The Prometheus text exposition of this server's metrics."""
         return self.metrics.render()
 
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The contract columns a request row must carry (what the serving base's family reads)."""
+        return tuple(self._columns)
+
     def routes(self) -> dict[str, str]:
         """{"<model>@<alias>": "<model>:<version>"} of the current table."""
         return self._table.describe()

@@ -71,9 +71,9 @@ def test_scoring_threads_see_exactly_one_version_per_request_while_the_champion_
     # after the last request released its table, only the final champion is in memory
     final = v_new if SWAPS % 2 == 0 else v_old
     assert [v for v in server.loaded_versions() if v.startswith("ctr_lora_feed")] == [f"ctr_lora_feed:{final}"]
-    swaps = server.metrics_registry.get_sample_value("ctr_serving_swaps_total")
+    swaps = server.metrics_registry.get_sample_value("lora_swaps_total")
     assert swaps == 1 + 1 + SWAPS, swaps   # start + the reference switch to v_new (v_old was no-op) + flips
-    assert server.metrics_registry.get_sample_value("ctr_serving_active_adapters") == 3
+    assert server.metrics_registry.get_sample_value("lora_active_adapters") == 3
 
 
 def test_in_flight_request_finishes_on_its_table_and_the_old_version_unloads_after_it(registry, monkeypatch):
@@ -107,4 +107,4 @@ def test_in_flight_request_finishes_on_its_table_and_the_old_version_unloads_aft
     np.testing.assert_array_equal(probs, before[0])
     assert (versions == before[1]).all()
     assert "ctr_lora_feed:1" not in server.loaded_versions()
-    assert server.metrics_registry.get_sample_value("ctr_serving_adapter_unloads_total") == 1
+    assert server.metrics_registry.get_sample_value("lora_adapter_unloads_total") == 1

@@ -46,9 +46,9 @@ def test_rows_are_scored_by_their_slot_champion_and_base_without_one(registry):
     # the adapters really differ from the base, or the comparison above proves nothing
     base_all = pyfunc_predict("models:/ctr_base@champion", frame)
     assert np.abs(probs[slot == "feed"] - base_all[slot == "feed"]).max() > 1e-3
-    assert sample(server, "ctr_serving_active_adapters") == 2
-    assert sample(server, "ctr_serving_inference_seconds_count", {"adapter": "ctr_lora_feed:1"}) == 1
-    assert sample(server, "ctr_serving_inference_seconds_count", {"adapter": "ctr_base:1"}) == 1
+    assert sample(server, "lora_active_adapters") == 2
+    assert sample(server, "lora_inference_seconds_count", {"adapter": "ctr_lora_feed:1"}) == 1
+    assert sample(server, "lora_inference_seconds_count", {"adapter": "ctr_base:1"}) == 1
 
 
 def test_canary_share_sends_a_stable_subset_of_users_to_canary(registry):
@@ -126,8 +126,8 @@ def test_refresh_serves_the_moved_champion_and_unloads_the_old(registry):
 
     again = server.refresh()
     assert not again["swapped"] and again["loaded"] == [] and again["unloaded"] == []
-    assert sample(server, "ctr_serving_swaps_total") == 2
-    assert sample(server, "ctr_serving_adapter_unloads_total") == 1
+    assert sample(server, "lora_swaps_total") == 2
+    assert sample(server, "lora_adapter_unloads_total") == 1
 
 
 def test_adapter_trained_on_another_base_is_refused_and_the_old_one_keeps_serving(registry):
@@ -143,10 +143,10 @@ def test_adapter_trained_on_another_base_is_refused_and_the_old_one_keeps_servin
     after = server.score(frame, return_versions=True)
     np.testing.assert_array_equal(after[0], before[0])
     assert (after[1] == before[1]).all()
-    assert sample(server, "ctr_serving_refused_loads_total", {"reason": "base_mismatch"}) == 1
+    assert sample(server, "lora_refused_loads_total", {"reason": "base_mismatch"}) == 1
     # a refusal is remembered: reported again, not downloaded or counted again
     assert server.refresh()["refused"][0]["reason"] == "base_mismatch"
-    assert sample(server, "ctr_serving_refused_loads_total", {"reason": "base_mismatch"}) == 1
+    assert sample(server, "lora_refused_loads_total", {"reason": "base_mismatch"}) == 1
 
 
 def test_tampered_adapter_file_in_the_artifact_store_is_refused(registry):
@@ -163,9 +163,9 @@ def test_tampered_adapter_file_in_the_artifact_store_is_refused(registry):
     assert "adapter_model.safetensors has sha256" in report["refused"][0]["error"]
     assert report["routes"]["ctr_lora_search@champion"] == "ctr_lora_search:1"
     np.testing.assert_array_equal(server.score(frame), before)
-    assert sample(server, "ctr_serving_refused_loads_total", {"reason": "integrity"}) == 1
+    assert sample(server, "lora_refused_loads_total", {"reason": "integrity"}) == 1
     assert f"ctr_lora_search:{v2}" not in server.loaded_versions()
-    assert 'ctr_serving_refused_loads_total{reason="integrity"} 1.0' in server.metrics_text()
+    assert 'lora_refused_loads_total{reason="integrity"} 1.0' in server.metrics_text()
 
 
 def test_request_rejects_frames_without_the_feature_columns(registry):

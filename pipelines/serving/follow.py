@@ -1,0 +1,94 @@
+"""Keeping a running AdapterServer on the registry's aliases, without a restart.
+
+A `Follower` refreshes the server every `interval_s` (polling: always on, the fallback) and at once
+when `poke()`d (a registry webhook, `serving.http`). Refreshes run on one background thread, one at a
+time; pokes that arrive during a refresh are folded into one more refresh right after it, so a burst
+of alias moves costs at most two refreshes and the last move is never missed.
+
+A failed refresh (registry unreachable, a download that broke off) changes nothing: the server keeps
+serving its current routes and the next tick tries again. `ready()` is what `GET /healthz` reports.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pipelines.serving.router import AdapterServer
+
+log = logging.getLogger(__name__)
+
+
+class Follower:
+    def __init__(self, server: AdapterServer, *, interval_s: float = 10.0):
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.server, self.interval_s = server, float(interval_s)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._trigger = "poll"
+        self._lock = threading.Lock()
+        self._state: dict = {"ok_at": None, "error": None, "error_at": None, "report": None, "refreshes": 0}
+
+    def start(self) -> Follower:
+        self._thread = threading.Thread(target=self._loop, name="registry-follower", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def poke(self, trigger: str = "webhook") -> None:
+        """Refresh as soon as the thread is free (a webhook said an alias moved)."""
+        self._trigger = trigger
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            poked = self._wake.wait(self.interval_s)
+            if self._stop.is_set():
+                return
+            self._wake.clear()   # before refreshing: a poke during the refresh triggers the next one
+            self.refresh(self._trigger if poked else "poll")
+
+    def refresh(self, trigger: str = "manual") -> dict | None:
+        """One refresh now, on the caller's thread; the report, or None when it failed (logged, recorded)."""
+        metrics = self.server.metrics
+        try:
+            report = self.server.refresh()
+        except Exception as exc:  # the server keeps its routes; the next tick retries
+            log.error("refresh (%s) failed, still serving %s: %s: %s", trigger, self.server.routes(),
+                      type(exc).__name__, exc)
+            metrics.refreshes.labels(trigger=trigger, outcome="error").inc()
+            with self._lock:
+                self._state.update(error=f"{type(exc).__name__}: {exc}", error_at=time.time())
+            return None
+        metrics.refreshes.labels(trigger=trigger, outcome="ok").inc()
+        now = time.time()
+        metrics.last_refresh.set(now)
+        with self._lock:
+            self._state.update(ok_at=now, error=None, error_at=None, report=report,
+                               refreshes=self._state["refreshes"] + 1)
+        return report
+
+    def state(self) -> dict:
+        """JSON-safe: when the registry was last read, the last error since, the last report."""
+        with self._lock:
+            return dict(self._state)
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, why): ready once a refresh has read the registry and every alias it found serves a
+        version (the one it names, or the previous one when that was refused)."""
+        state = self.state()
+        report = state["report"]
+        if report is None:
+            return False, f"no refresh has read the registry yet ({state['error'] or 'starting'})"
+        routes = report["routes"]
+        unserved = sorted({f"{r['model']}@{r['alias']}" for r in report["refused"]} - set(routes))
+        if unserved:
+            return False, f"aliases with no loadable version: {unserved}"
+        return True, "every watched alias is loaded"
