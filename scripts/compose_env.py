@@ -54,6 +54,8 @@ SECRETS: dict[str, Callable[[], str]] = {
     "MINIO_ROOT_PASSWORD": token(40),
     "MLFLOW_ADMIN_PASSWORD": token(24),
     "MLFLOW_FLASK_SERVER_SECRET_KEY": token(32),
+    "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": fernet_key,
+    "CTR_SERVING_WEBHOOK_SECRET": token(32),
 }
 # Not secret, but needed by compose and specific to this machine.
 SETTINGS: dict[str, Callable[[], str]] = {
@@ -96,9 +98,10 @@ def problems(values: dict[str, str]) -> list[str]:
             out.append(f"{key} has characters other than letters, digits, '_', '-', '='")
         elif len(value) < MIN_LENGTH.get(key, 16):
             out.append(f"{key} is shorter than {MIN_LENGTH.get(key, 16)} characters")
-    key = values.get("FERNET_KEY", "")
-    if key and SAFE.fullmatch(key) and not _is_fernet_key(key):
-        out.append("FERNET_KEY is not a Fernet key (urlsafe base64 of 32 bytes)")
+    for name in ("FERNET_KEY", "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"):
+        key = values.get(name, "")
+        if key and SAFE.fullmatch(key) and not _is_fernet_key(key):
+            out.append(f"{name} is not a Fernet key (urlsafe base64 of 32 bytes)")
     return out
 
 

@@ -201,7 +201,7 @@ def test_every_secret_comes_from_the_env_file(compose_env, env_file):
 
 def test_ports_bind_to_localhost_unless_asked(compose):
     published = [(name, port) for name, svc in compose["services"].items() for port in svc.get("ports", [])]
-    assert {name for name, _ in published} == {"minio", "mlflow", "airflow-apiserver"}
+    assert {name for name, _ in published} == {"minio", "mlflow", "airflow-apiserver", "serving"}
     for name, port in published:
         assert str(port).startswith("${BIND_ADDRESS:-127.0.0.1}:"), (name, port)
         assert interpolate(str(port), {}).startswith("127.0.0.1:"), (name, port)
@@ -328,3 +328,19 @@ def _safe_status(url: str) -> int | None:
         return _status(url)
     except OSError:
         return None
+
+
+def test_serving_follows_the_registry_with_a_signed_webhook(compose):
+    """The serving service and the webhook it is registered for share one generated secret, and the
+    tracking server may call it (plain HTTP on the compose network) with a fixed encryption key."""
+    services = compose["services"]
+    serving, init, mlflow_env = services["serving"], services["serving-init"], services["mlflow"]["environment"]
+    assert serving["entrypoint"] == init["entrypoint"] == ["python", "-m", "pipelines"]
+    assert serving["command"][0] == "serve" and "--register-webhook" in init["command"]
+    hook = init["command"][init["command"].index("--register-webhook") + 1]
+    assert hook.startswith("http://serving:8000/")
+    assert init["environment"]["CTR_SERVING_WEBHOOK_SECRET"] == serving["environment"]["CTR_SERVING_WEBHOOK_SECRET"]
+    assert mlflow_env["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] == "http,https"
+    assert mlflow_env["MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS"] == "true"
+    assert mlflow_env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"].startswith("${MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY:?")
+    assert "/healthz" in " ".join(serving["healthcheck"]["test"])
