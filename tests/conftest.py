@@ -16,6 +16,21 @@ from pathlib import Path
 import pytest
 
 
+# The test files that take minutes, longest first (`make test` --durations). xdist's loadfile hands
+# files out in collection order, so a long file collected last runs alone at the end while the other
+# worker idles; collected first, the short files fill in around it.
+LONG_FILES = ("tests/e2e/test_replay_days.py", "tests/e2e/test_stack.py", "tests/e2e/test_lifecycle_dags.py",
+              "tests/pipelines/bench/test_backtest_served.py", "tests/e2e/test_monitor_dag.py",
+              "tests/pipelines/bench/test_backtest.py", "tests/e2e/test_cold_start_dag.py",
+              "tests/pipelines/registry/test_trust.py", "tests/pipelines/serving/test_http.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {f: i for i, f in enumerate(LONG_FILES)}
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
