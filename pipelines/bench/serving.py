@@ -11,8 +11,10 @@ less than a mean.
 Printed keys (one JSON object, exactly these):
 
 * ``switch_ms``: time of `AdapterServer.apply(routes)` that swaps to versions already in memory:
-  `ctr_lora_feed@champion` and `@canary` exchange versions (what promoting a canary does). It builds
-  the new routing table and replaces the reference; nothing is downloaded or unloaded. Goal < 1 ms.
+  `ctr_lora_feed@champion` and `@canary` exchange versions, so the adapter set is unchanged and the
+  stacked weights are reused. It builds the new routing table and replaces the reference; nothing is
+  downloaded, unloaded or restacked. Not a canary promotion (that removes the canary: new adapter set,
+  stacks rebuilt). Goal < 1 ms.
 * ``load_ms``: time of `apply(routes)` in which `ctr_lora_search@champion` names a version not in
   memory: resolve its `models:/` URI, download `artifacts/` from the local file store, verify the
   adapter file hashes against the registry tag and the base fingerprint, inject it into the shared
