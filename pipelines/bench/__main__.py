@@ -67,7 +67,8 @@ def bench_serving_quick() -> dict:
     """`python -m pipelines bench serving --quick`: adapter switch / load times, routed and merged latency."""
     from pipelines.bench import serving as bench_serving
 
-    return {"benchmark": "multi-adapter serving, quick (goals: switch < 1 ms, load < 200 ms, routed/merged <= 1.2, "
+    return {"benchmark": "multi-adapter serving, quick (goals: switch < 1 ms, refresh after promote_canary < 120 ms, "
+                         "load < 200 ms, routed/merged <= 1.2, "
                          "merged/base <= 1.05)", **{k: round(v, 3) for k, v in bench_serving.run(quick=True).items()}}
 
 
