@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     s.add_argument("--canary-share", type=float,
                    help="share of users sent to @canary (default: canary_share of the gate policy)")
     s.add_argument("--policy", help="gate policy file (for its canary_share)")
+    s.add_argument("--max-loaded-adapters", type=int, default=None,
+                   help="adapter versions held in memory: routed ones always, idle ones (a fast revert) up to "
+                        "this many in all, least recently routed evicted first (default 16)")
     s.add_argument("--register-webhook", metavar="URL",
                    help=f"instead: create or update the registry webhook that calls URL (secret: ${SECRET_ENV})")
     s.set_defaults(fn=cmd)
@@ -46,12 +49,13 @@ def cmd(a) -> int:
         return 0
     cfg = load_pipeline_config(a.config)
     share = a.canary_share if a.canary_share is not None else load_gate_policy(a.policy).canary_share
-    serve(cfg, host=a.host, port=a.port, poll_seconds=a.poll_seconds, canary_share=share, webhook_secret=secret)
+    serve(cfg, host=a.host, port=a.port, poll_seconds=a.poll_seconds, canary_share=share, webhook_secret=secret,
+          max_loaded_adapters=a.max_loaded_adapters)
     return 0
 
 
 def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float,
-          webhook_secret: str | None) -> None:
+          webhook_secret: str | None, max_loaded_adapters: int | None = None) -> None:
     """Load the base and the aliases, then serve until interrupted (SIGINT / SIGTERM)."""
     import uvicorn
 
@@ -61,8 +65,9 @@ def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float
 
     logging.getLogger("pipelines.serving").setLevel(logging.INFO)   # loads, refusals, routing tables
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # a server's log, not a terminal
-    server = _first_base(lambda: AdapterServer.from_config(cfg, canary_share=canary_share, refresh_now=False),
-                         poll_seconds)
+    limits = {} if max_loaded_adapters is None else {"max_loaded_adapters": max_loaded_adapters}
+    server = _first_base(lambda: AdapterServer.from_config(cfg, canary_share=canary_share, refresh_now=False,
+                                                           **limits), poll_seconds)
     follower = Follower(server, interval_s=poll_seconds)
     follower.refresh("start")   # a registry it cannot read leaves /healthz at 503 until a tick succeeds
     follower.start()

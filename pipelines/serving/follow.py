@@ -58,6 +58,7 @@ class Follower:
     def refresh(self, trigger: str = "manual") -> dict | None:
         """One refresh now, on the caller's thread; the report, or None when it failed (logged, recorded)."""
         metrics = self.server.metrics
+        start = time.perf_counter()
         try:
             report = self.server.refresh()
         except Exception as exc:  # the server keeps its routes; the next tick retries
@@ -68,6 +69,10 @@ class Follower:
                 self._state.update(error=f"{type(exc).__name__}: {exc}", error_at=time.time())
             return None
         metrics.refreshes.labels(trigger=trigger, outcome="ok").inc()
+        elapsed_ms = 1000 * (time.perf_counter() - start)
+        if report["swapped"] or report["refused"]:
+            log.info("refresh (%s) in %.1f ms: routes %s, loaded %s, refused %s", trigger, elapsed_ms,
+                     report["routes"], report["loaded"], [r["version"] for r in report["refused"]])
         now = time.time()
         metrics.last_refresh.set(now)
         with self._lock:

@@ -23,6 +23,7 @@ from pipelines.registry import integrity
 from pipelines.model.adapters import LAYERNORM_BIAS_FILE
 
 CHAMPION, CANARY = "champion", "canary"
+RETRYABLE = frozenset({"download"})   # refusal reasons a later refresh tries again
 # MLflow's answers for "no such model" and "no such alias": the route is simply absent.
 _ABSENT_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"})
 
@@ -156,20 +157,25 @@ def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, ds
 
 
 def load_base(registry: Registry, name: str, dst: str | Path):
-    """(VersionRef of name@champion, the frozen CTRModel, its fingerprint); the weights must hash to the
-    version's `fingerprint` tag, and a version without one is refused."""
-    from pipelines.model import store
-    from pipelines.model.base import fingerprint
-
+    """(VersionRef of name@champion, the frozen CTRModel, its fingerprint); see `load_base_version`."""
     ref = resolve_alias(registry, name, CHAMPION)
     if ref is None:
         raise RegistryError(f"no serving base: {name}@{CHAMPION} is not set")
+    return (ref, *load_base_version(registry, ref, dst))
+
+
+def load_base_version(registry: Registry, ref: VersionRef, dst: str | Path):
+    """(the frozen model of base version `ref`, its fingerprint); the weights must hash to the version's
+    `fingerprint` tag, and a version without one is refused (RegistryError)."""
+    from pipelines.model import store
+    from pipelines.model.base import fingerprint
+
     try:
         local = _download(registry, ref, "artifacts/base", dst)
     except RefusedVersion as exc:
         raise RegistryError(str(exc)) from exc
     model = store.load_base(local, family=integrity.family_of(ref.tags))
     fp = fingerprint(model)
-    what = f"base {name} v{ref.version}"
+    what = f"base {ref.model} v{ref.version}"
     integrity.check_fingerprint(fp, integrity.required(ref.tags, integrity.FINGERPRINT_TAG, what), what)
-    return ref, model, fp
+    return model, fp

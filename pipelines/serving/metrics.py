@@ -17,7 +17,7 @@ class ServingMetrics:
         self.active_adapters = Gauge("lora_active_adapters",
                                      "Adapter versions the current routing table sends traffic to", registry=r)
         self.loaded_adapters = Gauge("lora_loaded_adapters",
-                                     "Adapter versions in memory (active + draining in-flight requests)", registry=r)
+                                     "Adapter versions in memory (routed, draining, idle within the cap, or on a pending base)", registry=r)
         self.inference_seconds = Histogram(
             "lora_inference_seconds",
             "Forward-pass latency of a request batch, observed once per <model>:<version> the batch used",
@@ -28,6 +28,17 @@ class ServingMetrics:
         self.adapter_loads = Counter("lora_adapter_loads", "Adapter versions loaded into memory", registry=r)
         self.adapter_unloads = Counter("lora_adapter_unloads", "Adapter versions deleted from memory",
                                        registry=r)
+        self.cap_exceeded = Gauge("lora_loaded_cap_exceeded",
+                                  "1 when routed and draining versions alone hold more than max_loaded_adapters",
+                                  registry=r)
+        # base changes (router: a new ctr_base@champion waits for its adapters, then all slots switch at once)
+        self.base_info = Gauge("lora_base", "1 per base version in memory, by state (serving / pending)",
+                               ["version", "state"], registry=r)
+        self.base_pending = Gauge("lora_base_pending",
+                                  "1 while a new base@champion waits for adapter champions trained on it",
+                                  registry=r)
+        self.base_switches = Counter("lora_base_switches", "Switches of every slot to a new base, in one swap",
+                                     registry=r)
 
         # the follower: how fresh the routes are
         self.refreshes = Counter("lora_refreshes", "Registry refreshes, by trigger and outcome (ok / error)",

@@ -25,18 +25,24 @@ Mixed batches. Options measured (default ModelConfig, batch 32 over 4 adapters, 
 Swap and unload safety. A refresh resolves the aliases, loads (download + verify + inject into the
 store) what is not loaded yet, builds a new immutable `RoutingTable` with its own stacked weights and
 replaces one reference. A request takes a lease on the table it started with and computes every row
-with it; nothing it reads is ever modified. An adapter version is deleted from the store once no live
-table (the current one, or an old one still leased) names it; the last request to release an old
-table does it. So no request fails, waits on a load, or mixes versions during a swap.
+with it; nothing it reads is ever modified. An adapter version becomes idle once no live table (the
+current one, or an old one still leased) names it, and is only then eligible for eviction (below); the
+last request to release an old table triggers that. So no request fails, waits on a load, or mixes versions during a swap.
 
-The base is `<base_model>@champion` when the server starts. If that alias moves later, the server
-keeps its base (adapters trained on the new one are refused as base_mismatch) and `refresh()` reports
-`base.stale`; start a new server to change bases.
+Base changes without a restart. The base is `<base_model>@champion` when the server starts. When that
+alias moves, the new base is loaded beside the old one (its own `BaseStore`), the adapter versions
+trained on it are loaded into it as their aliases name them, and the whole table (base + every slot)
+switches in one swap once every watched champion names a version on the new base
+(`serving.base_switch`). Until then the old base serves with its adapters, an alias already on the new
+base keeps its old version, and `refresh()` reports the pending base and what it waits for.
+
+Idle versions. A version no table routes to any more stays in memory (a revert to it is then a swap,
+not a download) while the total held stays within `max_loaded_adapters`: idle versions beyond the cap
+are evicted least recently routed first. Routed and draining versions are never evicted; when they
+alone pass the cap, the cap is reported exceeded (metric and log), not enforced against live traffic.
 """
 from __future__ import annotations
 
-import copy
-import hashlib
 import itertools
 import logging
 import tempfile
@@ -44,7 +50,6 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,13 +57,15 @@ import pandas as pd
 import torch
 from prometheus_client import CollectorRegistry
 
-from pipelines.errors import SchemaError
-from pipelines.model.family import columns, encode
+from pipelines.errors import RegistryError, SchemaError
+from pipelines.model.family import encode
+from pipelines.model.inference import configure_threads
 from pipelines.serving import batched, loader, routing
-from pipelines.serving.loader import CANARY, CHAMPION, RefusedVersion, VersionRef
+from pipelines.serving.base_store import BaseStore
+from pipelines.serving.base_changes import BaseChanges
+from pipelines.serving.loader import CANARY, CHAMPION, RETRYABLE, RefusedVersion, VersionRef
 from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import RoutingTable
-from pipelines.model.inference import configure_threads
 
 if TYPE_CHECKING:
     from pipelines.config import PipelineConfig
@@ -70,47 +77,50 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now deleted")
 
 _CHUNK = 4096
-_RETRYABLE = frozenset({"download"})
+DEFAULT_MAX_LOADED = 16
+
+Route = tuple[str, str]
 
 
-class AdapterServer:
+class AdapterServer(BaseChanges):
     """Scores contract rows with `ctr_lora_<slot>@champion` (or @canary, or the cold-start adapter).
 
     Rows of a slot with no adapter get the base's output. `new_users` marks new users: a boolean
     column name (absent column = nobody is new) or a callable `frame -> bool array`. `canary_share`
     in [0, 1] is the share of users (stable hash of user_id) sent to a model's @canary when it has one.
+    `max_loaded_adapters` caps the adapter versions held in memory (see the module docstring).
     """
 
     def __init__(self, slots: Sequence[str], *, adapter_prefix: str = "ctr_lora_",
                  cold_start_model: str | None = "ctr_lora_cold_start", base_model: str = "ctr_base",
                  canary_share: float = 0.0, new_users: routing.NewUsers | None = "is_new_user",
-                 tracking_uri: str | None = None, registry_uri: str | None = None, refresh_now: bool = True):
+                 tracking_uri: str | None = None, registry_uri: str | None = None, refresh_now: bool = True,
+                 max_loaded_adapters: int = DEFAULT_MAX_LOADED):
         if not 0.0 <= canary_share <= 1.0:
             raise ValueError(f"canary_share must be in [0, 1], got {canary_share}")
+        if max_loaded_adapters < 0:
+            raise ValueError(f"max_loaded_adapters must be >= 0, got {max_loaded_adapters}")
         configure_threads()
         self.slots, self.adapter_prefix, self.cold_start_model = tuple(slots), adapter_prefix, cold_start_model
+        self.base_model, self.max_loaded_adapters = base_model, int(max_loaded_adapters)
         self.canary_share, self.new_users = float(canary_share), new_users
         self.registry = loader.Registry(tracking_uri, registry_uri)
-        with tempfile.TemporaryDirectory() as tmp:
-            self.base_ref, self._base, self.base_fingerprint = loader.load_base(self.registry, base_model, tmp)
-        self._cfg = self._base.cfg
-        self._columns = columns(self._cfg)[0]   # what a request must carry (the base family's input)
-        self._hooked = batched.hookable(self._base)
-        # PEFT injects into this tree in place; the memo makes it share the serving tree's tensors.
-        self._store_base = copy.deepcopy(self._base, {id(t): t for t in (*self._base.parameters(),
-                                                                          *self._base.buffers())})
-        self._peft = None                        # the store PeftModel, created by the first adapter load
-        self._lock = threading.Lock()            # guards the table, leases and the loaded map
-        self._store_lock = threading.Lock()      # guards the store (load, delete, stacking)
+        self.metrics = ServingMetrics()
+        ref = loader.resolve_alias(self.registry, base_model, CHAMPION)
+        if ref is None:
+            raise RegistryError(f"no serving base: {base_model}@{CHAMPION} is not set")
+        base = BaseStore.load(self.registry, ref)
+        self._lock = threading.Lock()            # guards the table, leases, pinned and every store's loaded map
         self._refresh_lock = threading.Lock()    # one refresh at a time
-        self._seq = itertools.count(1)
-        self._table = RoutingTable(0, self.base_ref.key, {}, model=self._base)
+        self._table = RoutingTable(0, base.key, {}, model=base.model, base=base)
         self._live: dict[int, RoutingTable] = {0: self._table}   # current + old tables still leased
         self._leases: dict[int, int] = {}
-        self._loaded: dict[str, str] = {}        # <model>:<version> -> PEFT adapter name
         self._pinned: set[str] = set()           # loaded by a refresh whose table is not installed yet
-        self._refused: dict[str, dict] = {}      # permanent refusals, by key
-        self.metrics = ServingMetrics()
+        self._pending: BaseStore | None = None   # a new base@champion waiting for its adapters
+        self._refused_bases: dict[str, str] = {}  # base version key -> why it cannot serve
+        self._tick = itertools.count(1)
+        self._last_routed: dict[str, int] = {}   # version key -> tick of the last table that routed it (LRU)
+        self.metrics.base_info.labels(version=base.key, state="serving").set(1)
         if refresh_now:
             self.refresh()
 
@@ -132,18 +142,23 @@ class AdapterServer:
         return self.metrics.render()
 
     @property
+    def base_ref(self) -> VersionRef:
+        """The base version serving now."""
+        return self._table.base.ref
+
+    @property
     def required_columns(self) -> tuple[str, ...]:
         """The contract columns a request row must carry (what the serving base's family reads)."""
-        return tuple(self._columns)
+        return self._table.base.columns
 
     def routes(self) -> dict[str, str]:
         """{"<model>@<alias>": "<model>:<version>"} of the current table."""
         return self._table.describe()
 
     def loaded_versions(self) -> list[str]:
-        """Every adapter version in memory (serving or draining)."""
+        """Every adapter version in memory (serving, draining, idle, or loaded on a pending base)."""
         with self._lock:
-            return sorted(self._loaded)
+            return sorted({k for store in self._stores() for k in store.loaded})
 
     def watched(self) -> list[tuple[str, str]]:
         """The (model, alias) routes a refresh resolves."""
@@ -160,14 +175,14 @@ class AdapterServer:
         """pCTR per row, in row order (float32 array); with return_versions, also the object array of
         the `<model>:<version>` that scored each row (the base's own key for rows without an adapter).
         Raises SchemaError when a feature column is missing."""
-        missing = [c for c in self._columns if c not in frame.columns]
-        if missing:
-            raise SchemaError(f"request is missing feature columns {missing}")
-        tokens = encode(frame, self._cfg)
-        canary = routing.canary_mask(frame["user_id"], self.canary_share)
-        new = routing.new_user_mask(frame, self.new_users)
         table = self._acquire()
         try:
+            missing = [c for c in table.base.columns if c not in frame.columns]
+            if missing:
+                raise SchemaError(f"request is missing feature columns {missing}")
+            tokens = encode(frame, table.base.cfg)
+            canary = routing.canary_mask(frame["user_id"], self.canary_share)
+            new = routing.new_user_mask(frame, self.new_users)
             keys = routing.assign(table, frame, prefix=self.adapter_prefix, cold_model=self.cold_start_model,
                                   canary=canary, new=new)
             rows = table.stack_rows(keys)
@@ -209,7 +224,7 @@ class AdapterServer:
 
     # ------------------------------------------------------------------ refresh
 
-    def resolve(self) -> dict[tuple[str, str], VersionRef]:
+    def resolve(self) -> dict[Route, VersionRef]:
         """Ask the registry what each watched alias names now (absent aliases are left out)."""
         out = {}
         for model, alias in self.watched():
@@ -219,20 +234,28 @@ class AdapterServer:
         return out
 
     def refresh(self) -> dict:
-        """Resolve the aliases and `apply` them; see `apply` for the returned dict, plus
-        "base": {"serving", "champion", "stale"}. Raises RegistryError, changing nothing, when the
-        registry cannot be read."""
-        report = self.apply(self.resolve())
-        champion = loader.resolve_alias(self.registry, self.base_ref.model, CHAMPION)
+        """Resolve the aliases and the base's champion and serve them; see `apply` for the returned
+        dict, plus "base": {"serving", "champion", "stale" (serving is not the champion), "pending"
+        (None, or {"version", "waiting_for": [...], "dropped": [...]}: a new base not switched to yet)}.
+        Raises RegistryError, changing nothing, when the registry cannot be read."""
+        resolved = self.resolve()
+        champion = loader.resolve_alias(self.registry, self.base_model, CHAMPION)
+        with self._refresh_lock:
+            serving = self._table.base
+            if champion is None or champion.key == serving.key:
+                self._set_pending(None)
+                report, pending = self._apply(resolved, serving), None
+            else:
+                report, pending = self._toward(champion, resolved)
         report["base"] = {"serving": self.base_ref.key, "champion": champion.key if champion else None,
-                          "stale": champion is None or champion.key != self.base_ref.key}
-        if report["base"]["stale"]:
-            log.warning("serving base %s is no longer %s@champion (now %s); restart the server to change bases",
-                        self.base_ref.key, self.base_ref.model, report["base"]["champion"])
+                          "stale": champion is None or champion.key != self.base_ref.key, "pending": pending}
+        if pending is not None:
+            log.warning("new base %s waits: %s", champion.key, pending["waiting_for"])
         return report
 
-    def apply(self, resolved: dict[tuple[str, str], VersionRef]) -> dict:
-        """Serve `resolved` ((model, alias) -> version): load what is missing, swap, unload the unused.
+    def apply(self, resolved: dict[Route, VersionRef]) -> dict:
+        """Serve `resolved` ((model, alias) -> version) on the serving base: load what is missing, swap,
+        evict idle versions past the cap.
 
         A refused version never serves; its route keeps the version it had (or none). Returns
         {"swapped": bool, "routes": {"m@alias": "m:v"}, "loaded": [keys], "unloaded": [keys],
@@ -240,117 +263,136 @@ class AdapterServer:
         reason, error}]}.
         """
         with self._refresh_lock:
-            current = self._table
-            try:
-                routes, loaded, refused = self._load_routes(current, resolved)
-                swapped = routes != dict(current.routes)
-                if swapped:
-                    self._install(routes)
-            finally:
-                with self._lock:
-                    self._pinned.clear()
-            unloaded = self._collect()
+            return self._apply(resolved, self._table.base)
+
+    def _apply(self, resolved: dict[Route, VersionRef], store: BaseStore,
+               held: frozenset[Route] = frozenset()) -> dict:
+        current = self._table
+        try:
+            routes, loaded, refused = self._load_routes(current, resolved, store, held)
+            swapped = routes != dict(current.routes)
+            if swapped:
+                self._install(routes, store)
+        finally:
             with self._lock:
-                draining = sorted(set(self._loaded) - self._table.keys())
+                self._pinned.clear()
+        return self._report(swapped, loaded, refused)
+
+    def _report(self, swapped: bool, loaded: list[str], refused: list[dict]) -> dict:
+        unloaded = self._collect()
+        with self._lock:
+            draining = sorted({k for t in self._live.values() for k in t.keys()} - self._table.keys())
         return {"swapped": swapped, "routes": self._table.describe(), "loaded": loaded, "unloaded": unloaded,
                 "draining": draining, "refused": refused}
 
-    def _load_routes(self, current: RoutingTable, resolved: dict[tuple[str, str], VersionRef]):
-        """(routes, loaded keys, refusals): each route's version loaded, or the current one when refused."""
+    def _load_routes(self, current: RoutingTable, resolved: dict[Route, VersionRef], store: BaseStore,
+                     held: frozenset[Route] = frozenset()):
+        """(routes, loaded keys, refusals): each route's version loaded, or the current one when refused
+        or held (its alias names a version of a base not serving yet)."""
         routes, loaded, refused = {}, [], []
         for (model, alias), ref in sorted(resolved.items()):
+            keep = current.lookup(model, alias) if current.base is store else None
+            if (model, alias) in held:
+                if keep is not None:
+                    routes[(model, alias)] = keep
+                continue
             try:
-                if self._ensure_loaded(ref):
+                if self._ensure_loaded(ref, store):
                     loaded.append(ref.key)
                 routes[(model, alias)] = ref.key
             except RefusedVersion as exc:
                 refused.append({"model": model, "version": ref.version, "alias": alias,
                                 "reason": exc.reason, "error": exc.detail})
-                if current.lookup(model, alias) is not None:
-                    routes[(model, alias)] = current.lookup(model, alias)
+                if keep is not None:
+                    routes[(model, alias)] = keep
         return routes, loaded, refused
 
-    def _ensure_loaded(self, ref: VersionRef) -> bool:
-        """True when this call loaded `ref`; raises RefusedVersion (counted once per version)."""
+    def _ensure_loaded(self, ref: VersionRef, store: BaseStore) -> bool:
+        """True when this call loaded `ref` into `store`; raises RefusedVersion (counted once per version
+        and base)."""
         with self._lock:
-            if ref.key in self._loaded:
-                self._pinned.add(ref.key)  # may be draining: keep it from being collected before the swap
+            if ref.key in store.loaded:
+                self._pinned.add(ref.key)  # may be idle or draining: keep it from being collected before the swap
                 return False
-        if ref.key in self._refused:
-            r = self._refused[ref.key]
+        if ref.key in store.refused:
+            r = store.refused[ref.key]
             raise RefusedVersion(ref, r["reason"], r["error"])
         try:
-            self._load(ref)
+            with tempfile.TemporaryDirectory() as tmp:
+                name = store.inject(ref, store.fetch(self.registry, ref, tmp))
         except RefusedVersion as exc:
             log.error("%s", exc)
             self.metrics.refused_loads.labels(reason=exc.reason).inc()
-            if exc.reason not in _RETRYABLE:
-                self._refused[ref.key] = {"reason": exc.reason, "error": exc.detail}
+            if exc.reason not in RETRYABLE:
+                store.refused[ref.key] = {"reason": exc.reason, "error": exc.detail}
             raise
+        with self._lock:
+            store.loaded[ref.key] = name
+            self._pinned.add(ref.key)
+        self.metrics.adapter_loads.inc()
+        log.info("loaded %s on base %s as PEFT adapter %s", ref.key, store.key, name)
         return True
 
-    def _load(self, ref: VersionRef) -> None:
-        with tempfile.TemporaryDirectory() as tmp:
-            adapter_dir = loader.fetch_adapter(self.registry, ref, self.base_fingerprint, tmp, self._cfg.family)
-            name = f"a{next(self._seq)}_{hashlib.sha256(ref.key.encode()).hexdigest()[:10]}"
-            with self._store_lock:
-                self._inject(ref, adapter_dir, name)
-        with self._lock:
-            self._loaded[ref.key] = name
-            self._pinned.add(ref.key)
-            self.metrics.loaded_adapters.set(len(self._loaded))
-        self.metrics.adapter_loads.inc()
-        log.info("loaded %s as PEFT adapter %s", ref.key, name)
-
-    def _inject(self, ref: VersionRef, adapter_dir: Path, name: str) -> None:
-        """Add the adapter to the store PeftModel (caller holds the store lock)."""
-        try:
-            # batched.load_adapter, not PEFT's: once a token adapter is in the store, PEFT 0.21.2 cannot load
-            # an adapter without tokens on the same tables (see there)
-            self._peft = batched.load_adapter(self._peft, self._store_base, str(adapter_dir), name)
-            problems = batched.unsupported(self._store_base, name, self._hooked)
-        except Exception as exc:
-            self._drop(name)
-            raise RefusedVersion(ref, "invalid", f"PEFT cannot load the adapter: {type(exc).__name__}: {exc}") from exc
-        if problems:
-            self._drop(name)
-            raise RefusedVersion(ref, "unsupported", "; ".join(problems))
-
-    def _drop(self, name: str) -> None:
-        if self._peft is not None and name in self._peft.peft_config:
-            self._peft.delete_adapter(name)
-
-    def _install(self, routes: dict[tuple[str, str], str]) -> None:
+    def _install(self, routes: dict[Route, str], store: BaseStore) -> None:
         with self._lock:
             old = self._table
         adapters = tuple(sorted(set(routes.values())))
-        stacks, model = old.stacks, old.model   # same versions, other routes (canary <-> champion): reuse
-        if adapters != old.adapters:
-            with self._store_lock:
-                stacks = batched.build_stacks(self._store_base, [self._loaded[k] for k in adapters])
-            if set(stacks) != set(old.stacks):
-                model = batched.serving_tree(self._base, frozenset(stacks))
+        stacks, model = old.stacks, old.model   # same base and versions, other routes (canary <-> champion): reuse
+        if store is not old.base or adapters != old.adapters:
+            stacks = store.stacks([store.loaded[k] for k in adapters])
+            if store is not old.base or set(stacks) != set(old.stacks):
+                model = store.serving_tree(frozenset(stacks))
         with self._lock:
-            table = RoutingTable(old.generation + 1, self.base_ref.key, dict(routes), adapters, stacks, model)
+            table = RoutingTable(old.generation + 1, store.key, dict(routes), adapters, stacks, model, base=store)
             self._table = table
             self._live[table.generation] = table
             if not self._leases.get(old.generation):
                 self._live.pop(old.generation, None)
-            self.metrics.active_adapters.set(len(table.keys()))
+            tick = next(self._tick)
+            for key in old.keys() | table.keys():   # both were routed until this moment
+                self._last_routed[key] = tick
+        self.metrics.active_adapters.set(len(table.keys()))
         self.metrics.swaps.inc()
-        log.info("routing table %d: %s", table.generation, table.describe())
+        log.info("routing table %d on base %s: %s", table.generation, store.key, table.describe())
+
+    # ------------------------------------------------------------------ memory
+
+    def _stores(self) -> list[BaseStore]:
+        """Every base in memory: the serving one, those old tables still being read hold, a pending one
+        (caller holds the lock)."""
+        stores = {id(t.base): t.base for t in self._live.values()}
+        stores[id(self._table.base)] = self._table.base
+        if self._pending is not None:
+            stores[id(self._pending)] = self._pending
+        return list(stores.values())
 
     def _collect(self) -> list[str]:
-        """Delete the adapter versions no live table names; returns their keys."""
+        """Evict what must go: every version of a base no live table serves, and idle versions of the
+        serving base past the cap (least recently routed first). Returns the evicted keys."""
         with self._lock:
-            live = set(self._pinned).union(*(t.keys() for t in self._live.values()))
-            doomed = {k: self._loaded.pop(k) for k in sorted(self._loaded) if k not in live}
-            self.metrics.loaded_adapters.set(len(self._loaded))
-        if not doomed:
-            return []
-        with self._store_lock:
-            for name in doomed.values():
-                self._peft.delete_adapter(name)
-        self.metrics.adapter_unloads.inc(len(doomed))
-        log.info("unloaded %s", sorted(doomed))
-        return sorted(doomed)
+            serving, live_tables = self._table.base, list(self._live.values())
+            doomed: dict[BaseStore, list[str]] = {}
+            for store in self._stores():
+                if store is self._pending:
+                    continue
+                live = set(self._pinned).union(*(t.keys() for t in live_tables if t.base is store))
+                idle = [k for k in store.loaded if k not in live]
+                if store is serving:
+                    room = max(0, self.max_loaded_adapters - (len(store.loaded) - len(idle)))
+                    idle.sort(key=lambda k: self._last_routed.get(k, 0), reverse=True)
+                    idle = idle[room:]
+                    held = len(store.loaded) - len(idle)
+                    self.metrics.cap_exceeded.set(int(held > self.max_loaded_adapters))
+                if idle:
+                    doomed[store] = idle
+            names = {store: [store.loaded.pop(k) for k in keys] for store, keys in doomed.items()}
+            held = {k for s in self._stores() for k in s.loaded}
+            self._last_routed = {k: t for k, t in self._last_routed.items() if k in held}
+            self.metrics.loaded_adapters.set(sum(len(s.loaded) for s in self._stores()))
+        for store, batch in names.items():
+            store.delete(batch)
+        evicted = sorted(k for keys in doomed.values() for k in keys)
+        if evicted:
+            self.metrics.adapter_unloads.inc(len(evicted))
+            log.info("unloaded %s", evicted)
+        return evicted

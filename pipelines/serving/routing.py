@@ -34,13 +34,15 @@ NewUsers = str | Callable[[pd.DataFrame], np.ndarray]
 class RoutingTable:
     """routes: (model, alias) -> version key; adapters: the keys in stack order (stack row i+1);
     stacks: the LoRA weights of those adapters per layer and model: the module tree that serves them
-    (see serving.batched), both owned by this table and never modified."""
+    (see serving.batched), both owned by this table and never modified; base: the `BaseStore` of the
+    base they were trained on (its cfg encodes the request)."""
     generation: int
     base_key: str
     routes: Mapping[tuple[str, str], str]
     adapters: tuple[str, ...] = ()
     stacks: Mapping[str, object] = field(default_factory=dict)
     model: object = None
+    base: object = field(default=None, compare=False)
 
     def keys(self) -> frozenset[str]:
         """The adapter version keys this table can send a row to."""

@@ -38,12 +38,21 @@ class ServingRegistry:
     versions: dict[str, list[str]] = field(default_factory=dict)   # model name -> versions added
 
     def adapter(self, slot: str, seed: int, alias: str | None = "champion", name: str | None = None,
-                recorded_fingerprint: str | None = None, lora_cfg: LoraTrainConfig | None = None) -> str:
+                recorded_fingerprint: str | None = None, lora_cfg: LoraTrainConfig | None = None,
+                on: tuple[demo.BaseVersion, CTRModel] | None = None) -> str:
+        """A new version of `slot`'s adapter, on the first base or `on` (a `new_base()`)."""
         name = name or adapter_name(slot)
-        v = demo.add_adapter(name, slot, self.base, self.base_model, self.example, seed, alias=alias,
+        base, base_model = on or (self.base, self.base_model)
+        v = demo.add_adapter(name, slot, base, base_model, self.example, seed, alias=alias,
                              lora_cfg=lora_cfg, recorded_fingerprint=recorded_fingerprint)
         self.versions.setdefault(name, []).append(v)
         return v
+
+    def new_base(self, seed: int, alias: str | None = "champion") -> tuple[demo.BaseVersion, CTRModel]:
+        """Another ctr_base version (other weights, same config), by default made @champion."""
+        torch.manual_seed(seed)
+        model = CTRModel(CFG).eval()
+        return demo.register_base(model, self.example, alias=alias), model
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         mlflow_io.client().set_registered_model_alias(name, alias, version)

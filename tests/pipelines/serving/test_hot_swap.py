@@ -25,7 +25,7 @@ def _references(server: AdapterServer, registry, frame, v_old: str, v_new: str) 
 
 
 def test_scoring_threads_see_exactly_one_version_per_request_while_the_champion_flips(registry):
-    server = AdapterServer(SLOTS)
+    server = AdapterServer(SLOTS, max_loaded_adapters=3)   # no idle version kept: each flip loads and unloads
     frame = fixtures.rows(400, "2024-01-11")
     feed = frame["slot"].to_numpy() == "feed"
     v_old, v_new = "1", registry.adapter("feed", seed=42, alias=None)
@@ -77,7 +77,7 @@ def test_scoring_threads_see_exactly_one_version_per_request_while_the_champion_
 
 
 def test_in_flight_request_finishes_on_its_table_and_the_old_version_unloads_after_it(registry, monkeypatch):
-    server = AdapterServer(SLOTS)
+    server = AdapterServer(SLOTS, max_loaded_adapters=3)
     frame = fixtures.rows(100, "2024-01-11")
     before = server.score(frame, return_versions=True)
     entered, proceed = threading.Event(), threading.Event()

@@ -103,8 +103,8 @@ def test_new_users_go_to_the_cold_start_champion(registry):
                    for v in server.score(frame.drop(columns="is_new_user"), return_versions=True)[1])
 
 
-def test_refresh_serves_the_moved_champion_and_unloads_the_old(registry):
-    server = AdapterServer(SLOTS)
+def test_refresh_serves_the_moved_champion_and_unloads_the_old_past_the_cap(registry):
+    server = AdapterServer(SLOTS, max_loaded_adapters=3)   # room for the three champions only
     frame = fixtures.rows(200, "2024-01-11")
     feed = frame["slot"].to_numpy() == "feed"
     before = server.score(frame)
@@ -114,7 +114,7 @@ def test_refresh_serves_the_moved_champion_and_unloads_the_old(registry):
     assert report["swapped"] and report["loaded"] == [f"ctr_lora_feed:{v2}"]
     assert report["unloaded"] == ["ctr_lora_feed:1"] and report["refused"] == [] and report["draining"] == []
     assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{v2}"
-    assert report["base"] == {"serving": "ctr_base:1", "champion": "ctr_base:1", "stale": False}
+    assert report["base"] == {"serving": "ctr_base:1", "champion": "ctr_base:1", "stale": False, "pending": None}
     probs, versions = server.score(frame, return_versions=True)
     assert set(versions[feed]) == {f"ctr_lora_feed:{v2}"}
     np.testing.assert_allclose(probs[feed], pyfunc_predict("models:/ctr_lora_feed@champion", frame[feed]),
@@ -122,7 +122,7 @@ def test_refresh_serves_the_moved_champion_and_unloads_the_old(registry):
     assert np.abs(probs[feed] - before[feed]).max() > 1e-3
     np.testing.assert_array_equal(probs[~feed], before[~feed])
     assert "ctr_lora_feed:1" not in server.loaded_versions()
-    assert len(server._peft.peft_config) == 3, "the old version's PEFT adapter is deleted, not just unrouted"
+    assert len(server._table.base._peft.peft_config) == 3, "the old version's PEFT adapter is deleted, not just unrouted"
 
     again = server.refresh()
     assert not again["swapped"] and again["loaded"] == [] and again["unloaded"] == []

@@ -1,0 +1,100 @@
+"""`AdapterServer`'s side of a base change: a new `<base_model>@champion` is loaded beside the serving
+base, its adapters as their aliases name them, and every slot switches in one table swap once
+`serving.base_switch.plan` says ready (see `serving.router`'s docstring). A mixin, because it works on
+the server's tables, leases and stores under the server's locks; kept apart so each file reads as one idea.
+"""
+from __future__ import annotations
+
+import logging
+
+from pipelines.errors import RegistryError
+from pipelines.serving import base_switch
+from pipelines.serving.base_store import BaseStore
+from pipelines.serving.loader import RETRYABLE, RefusedVersion, VersionRef
+
+log = logging.getLogger("pipelines.serving.router")
+
+Route = tuple[str, str]
+
+
+class BaseChanges:
+    def _toward(self, champion: VersionRef, resolved: dict[Route, VersionRef]) -> tuple[dict, dict]:
+        """A refresh while base@champion names another base than the serving one: prepare the new base
+        and its adapters, switch when `base_switch.plan` says ready, else keep serving the old pair."""
+        serving = self._table.base
+        pending = self._pending_store(champion)
+        if pending is None:   # the new base itself cannot serve: the old one carries on, nothing is held
+            return self._apply(resolved, serving), {"version": champion.key, "dropped": [],
+                                                    "waiting_for": [f"{champion.key}: {self._refused_bases[champion.key]}"]}
+        plan = base_switch.plan(resolved, pending.fingerprint)
+        loaded, refused = self._preload(pending, plan)
+        plan = base_switch.plan(resolved, pending.fingerprint, {k: r["reason"] for k, r in pending.refused.items()})
+        if plan.ready:
+            try:
+                self._install({r: ref.key for r, ref in plan.on_new.items()}, pending)
+            finally:
+                with self._lock:
+                    self._pinned.clear()
+            self._set_pending(None)
+            self.metrics.base_info.remove(serving.key, "serving")
+            self.metrics.base_info.labels(version=pending.key, state="serving").set(1)
+            self.metrics.base_switches.inc()
+            log.info("switched base %s -> %s with %s", serving.key, pending.key, self.routes())
+            return self._report(True, loaded, refused), None
+        report = self._apply(resolved, serving, held=plan.held)
+        report["loaded"] += loaded
+        report["refused"] += refused
+        return report, {"version": champion.key, "waiting_for": list(plan.waiting), "dropped": list(plan.dropped)}
+
+    def _pending_store(self, champion: VersionRef) -> BaseStore | None:
+        """The store of base version `champion` (loaded once), or None when it was refused."""
+        if self._pending is not None and self._pending.key == champion.key:
+            return self._pending
+        if champion.key in self._refused_bases:
+            return None
+        try:
+            store = BaseStore.load(self.registry, champion)
+        except RegistryError as exc:
+            if isinstance(exc.__cause__, RefusedVersion) and exc.__cause__.reason in RETRYABLE:
+                raise   # the artifact store could not be read: this refresh fails, the next one retries
+            return self._refuse_base(champion, exc)
+        except Exception as exc:   # a base that does not load or verify never serves; the old one carries on
+            return self._refuse_base(champion, exc)
+        self._set_pending(store)
+        return store
+
+    def _refuse_base(self, champion: VersionRef, exc: Exception) -> None:
+        self._refused_bases[champion.key] = f"{type(exc).__name__}: {exc}"
+        self.metrics.refused_loads.labels(reason="base").inc()
+        log.error("new base %s refused: %s", champion.key, self._refused_bases[champion.key])
+
+    def _preload(self, pending: BaseStore, plan: base_switch.BasePlan) -> tuple[list[str], list[dict]]:
+        """Load the new base's versions as their aliases name them (so the switch itself only waits for
+        the last one); drop what the plan no longer names."""
+        loaded, refused = [], []
+        for (model, alias), ref in sorted(plan.on_new.items()):
+            try:
+                if self._ensure_loaded(ref, pending):
+                    loaded.append(ref.key)
+            except RefusedVersion as exc:
+                refused.append({"model": model, "version": ref.version, "alias": alias,
+                                "reason": exc.reason, "error": exc.detail})
+        wanted = {ref.key for ref in plan.on_new.values()}
+        with self._lock:
+            stale = {k: pending.loaded.pop(k) for k in list(pending.loaded) if k not in wanted}
+        if stale:
+            pending.delete(list(stale.values()))
+        return loaded, refused
+
+    def _set_pending(self, store: BaseStore | None) -> None:
+        old = self._pending
+        if old is store:
+            return
+        if old is not None:
+            self.metrics.base_info.remove(old.key, "pending")
+        with self._lock:
+            self._pending = store
+        if store is not None:
+            self.metrics.base_info.labels(version=store.key, state="pending").set(1)
+        self.metrics.base_pending.set(0 if store is None else 1)
+
