@@ -22,7 +22,8 @@ import pytest
 LONG_FILES = ("tests/e2e/test_replay_days.py", "tests/e2e/test_stack.py", "tests/e2e/test_lifecycle_dags.py",
               "tests/pipelines/bench/test_backtest_served.py", "tests/e2e/test_monitor_dag.py",
               "tests/pipelines/bench/test_backtest.py", "tests/e2e/test_cold_start_dag.py",
-              "tests/pipelines/registry/test_trust.py", "tests/pipelines/serving/test_http.py")
+              "tests/pipelines/registry/test_trust.py", "tests/pipelines/serving/test_http.py",
+              "tests/pipelines/bench/test_serving.py")
 
 
 def pytest_collection_modifyitems(config, items):

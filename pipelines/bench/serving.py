@@ -36,7 +36,13 @@ Printed keys (one JSON object, exactly these):
 * ``merged_vs_base``: the merged model over the plain base, same batch and path. Goal <= 1.05 (the same
   architecture: a merged adapter is free at inference).
 
-Quick mode (< 60 s, most of it creating the MLflow store and logging 5 models) takes fewer samples.
+The same object carries the figures measured over HTTP against `python -m pipelines serve` with
+concurrent clients (`rps_*`, `p50_ms_*`, `p99_ms_*`, `promote_visible_ms`, `promote_visible_ms_poll`,
+`p99_during_swaps_ratio`, `base_switch_ms`, `failed_requests`, `misrouted_requests`, and the
+`requests_checked` / `moves` they count over); their definitions are in `pipelines.bench.serving_http`.
+`--in-process-only` leaves them out.
+
+Quick mode (about 2 minutes: creating the stores and logging the models is most of it) takes fewer samples.
 """
 from __future__ import annotations
 
@@ -225,9 +231,9 @@ def _latencies(scorers: dict[str, Callable], batch, calls: int) -> dict[str, flo
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, http: bool = True) -> dict:
     """Build the temporary registry, measure, return {switch_ms, refresh_ms, load_ms, routed_vs_merged,
-    merged_vs_base}."""
+    merged_vs_base} and, with `http`, the figures of `pipelines.bench.serving_http`."""
     from pipelines.serving.router import AdapterServer
     from pipelines.model.inference import configure_threads
 
@@ -245,16 +251,22 @@ def run(quick: bool) -> dict:
         merged = _merged_model(built["base_model"], built["adapter_uri"])
     lat = _latencies({"routed": server.score, "merged": _plain_scorer(merged),
                       "base": _plain_scorer(built["base_model"])}, batch, calls)
-    return {"switch_ms": switch, "refresh_ms": refresh, "load_ms": load, "routed_vs_merged": lat["routed"] / lat["merged"],
-            "merged_vs_base": lat["merged"] / lat["base"]}
+    out = {"switch_ms": switch, "refresh_ms": refresh, "load_ms": load, "routed_vs_merged": lat["routed"] / lat["merged"],
+           "merged_vs_base": lat["merged"] / lat["base"]}
+    if http:
+        from pipelines.bench import serving_http
+
+        out.update(serving_http.run(quick))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.bench.serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fewer samples (< 60 s)")
+    p.add_argument("--quick", action="store_true", help="fewer samples (about 2 minutes)")
+    p.add_argument("--in-process-only", action="store_true", help="leave out the HTTP figures")
     a = p.parse_args(argv)
-    print(json.dumps(run(quick=a.quick)), flush=True)
+    print(json.dumps(run(quick=a.quick, http=not a.in_process_only)), flush=True)
     return 0
 
 
