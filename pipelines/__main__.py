@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bn = sub.add_parser("bench", help="one benchmark, printed as one JSON object (make bench runs them all)")
     bn.add_argument("which", choices=["training", "quality", "headroom", "validation", "serving", "families"])
-    bn.add_argument("--quick", action="store_true", help="a short run (training, serving: under a minute)")
+    bn.add_argument("--quick", action="store_true", help="a short run (training: under a minute, serving: about 2)")
     bn.set_defaults(fn=cmd_bench)
 
     from pipelines.bench import backtest_cli

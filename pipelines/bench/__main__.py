@@ -6,7 +6,7 @@ Runs, in this order, and prints one JSON line each (plus the process's peak RSS 
    (GX suite + drift + markers; `pipelines.bench.validation`), goal under 10 s;
 2. LoRA step: one training epoch on MovieLens rows, LoRA adapter vs full training of the same base
    (samples/s, trainable fraction);
-3. serving, quick: adapter switch and load times, routed vs merged vs base latency
+3. serving, quick: adapter switch and load times, routed vs merged vs base latency, and over HTTP
    (`pipelines.bench.serving`);
 4. training, quick: LoRA vs dense AdamW vs SparseAdam on 2^20-row id tables (`pipelines.bench.training`);
 5. headroom: how far above the one-hot LR any variant gets on MovieLens-100K

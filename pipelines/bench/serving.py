@@ -18,14 +18,15 @@ Printed keys (one JSON object, exactly these):
 * ``refresh_ms``: one `AdapterServer.refresh()` right after a real `promote_canary` of
   `ctr_lora_feed` (`pipelines.promotion.aliases`: @canary becomes @champion, the canary alias is
   removed, both recorded): the alias lookups of every watched route, a new adapter set, the stacks
-  rebuilt, the swap, and the old champion unloaded. The promoted version was already in memory as
-  the canary, as in production. The versions carry `gate.passed=true` so the promotion's own checks
+  rebuilt, the swap (the old champion stays in memory, idle, within max_loaded_adapters). The
+  promoted version was already in memory as the canary, as in production. The versions carry `gate.passed=true` so the promotion's own checks
   pass (the benchmark has no gate). Goal < 120 ms.
 * ``load_ms``: time of `apply(routes)` in which `ctr_lora_search@champion` names a version not in
   memory: resolve its `models:/` URI, download `artifacts/` from the local file store, verify the
   adapter file hashes against the registry tag and the base fingerprint, inject it into the shared
-  PeftModel, swap, and delete the replaced version. Goal < 200 ms.
-  Both exclude `resolve()` (one registry query per watched alias, bound by the registry's latency;
+  PeftModel, swap, and evict the least recently routed idle version once past max_loaded_adapters.
+  Goal < 200 ms.
+  `load_ms` excludes `resolve()` (one registry query per watched alias, bound by the registry's latency;
   ~3 ms per alias on this SQLite store), which a periodic `refresh()` adds before `apply`.
 * ``routed_vs_merged``: latency of `server.score(batch)` over that of the merged model on the same
   batch: median per-call seconds over many calls after warm-up, batch 32 rows drawn from one
@@ -37,7 +38,7 @@ Printed keys (one JSON object, exactly these):
   architecture: a merged adapter is free at inference).
 
 The same object carries the figures measured over HTTP against `python -m pipelines serve` with
-concurrent clients (`rps_*`, `p50_ms_*`, `p99_ms_*`, `promote_visible_ms`, `promote_visible_ms_poll`,
+concurrent clients (`rps_*`, `p50_ms_*`, `p99_ms_*`, `promote_visible_ms`, `promote_routes_ms`, `promote_visible_ms_poll`,
 `p99_during_swaps_ratio`, `base_switch_ms`, `failed_requests`, `misrouted_requests`, and the
 `requests_checked` / `moves` they count over); their definitions are in `pipelines.bench.serving_http`.
 `--in-process-only` leaves them out.

@@ -16,6 +16,9 @@ Figures (keys of `run()`):
 * ``promote_visible_ms``: median time from the alias move's registry call (`feed@champion` to the other
   version: the move a promote_canary or a revert makes) to the first response a probe client gets that
   was scored by the new version, while the batch-32 load runs (webhook path).
+* ``promote_routes_ms``: the same moves, to the moment `/routes` (polled every 10 ms, outside the scoring
+  queue) first shows the new version: the follow-and-swap part of promote_visible_ms, without the probe
+  request's own wait behind the load.
 * ``p99_during_swaps_ratio``: batch-32 p99 while ``moves`` such moves happen, one after the other as
   each becomes visible, over the batch-32 p99 without moves.
 * ``base_switch_ms``: a new `ctr_base@champion` and then its three adapter champions; from the last
@@ -59,7 +62,8 @@ def _free_port() -> int:
 def _process(cmd: list[str], log: Path, env: dict, url: str, ready_path: str) -> Iterator[subprocess.Popen]:
     """`cmd` in its own session until `url + ready_path` answers 200; SIGTERM (then SIGKILL) on exit."""
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=log.parent, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=log.parent, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline:
@@ -334,17 +338,24 @@ def run(quick: bool) -> dict:
             for size in ("b1", "b32"):
                 out.update({f"{k}_{size}": x for k, x in percentiles(records[size]).items()})
 
-            def promote_revert() -> list[float]:
-                probe, times = Client(url), []
+            def promote_revert() -> tuple[list[float], list[float]]:
+                probe, times, seen, box = Client(url), [], [], {}
                 for i in range(moves):
                     target = v["b1_feed_alt"] if i % 2 == 0 else v["b1_feed"]
-                    times.append(visible_ms(probe, _body(feed_row), lambda: client.set_registered_model_alias(
-                        "ctr_lora_feed", "champion", target), lambda o: o["served_by"][0]["version"] == target))
-                    watcher.wait_for(lambda r: r["ctr_lora_feed@champion"] == f"ctr_lora_feed:{target}")
-                return times
 
-            records["swaps"], times = _under_load(url, _body(b32), promote_revert)
+                    def move() -> None:
+                        box["start"] = time.perf_counter()
+                        client.set_registered_model_alias("ctr_lora_feed", "champion", target)
+
+                    times.append(visible_ms(probe, _body(feed_row), move,
+                                            lambda o: o["served_by"][0]["version"] == target))
+                    watcher.wait_for(lambda r: r["ctr_lora_feed@champion"] == f"ctr_lora_feed:{target}")
+                    seen.append(1000 * (watcher.seen[-1][0] - box["start"]))
+                return times, seen
+
+            records["swaps"], (times, seen) = _under_load(url, _body(b32), promote_revert)
             out["promote_visible_ms"] = statistics.median(times)
+            out["promote_routes_ms"] = statistics.median(seen)
             out["p99_during_swaps_ratio"] = percentiles(records["swaps"])["p99_ms"] / out["p99_ms_b32"]
             records["base"], out["base_switch_ms"] = _under_load(url, _body(b32), lambda: _base_switch(
                 url, client, v, _body(one_each)))

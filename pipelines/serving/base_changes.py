@@ -24,8 +24,8 @@ class BaseChanges:
         serving = self._table.base
         pending = self._pending_store(champion)
         if pending is None:   # the new base itself cannot serve: the old one carries on, nothing is held
-            return self._apply(resolved, serving), {"version": champion.key, "dropped": [],
-                                                    "waiting_for": [f"{champion.key}: {self._refused_bases[champion.key]}"]}
+            why = f"{champion.key}: {self._refused_bases[champion.key]}"
+            return self._apply(resolved, serving), {"version": champion.key, "dropped": [], "waiting_for": [why]}
         plan = base_switch.plan(resolved, pending.fingerprint)
         loaded, refused = self._preload(pending, plan)
         plan = base_switch.plan(resolved, pending.fingerprint, {k: r["reason"] for k, r in pending.refused.items()})

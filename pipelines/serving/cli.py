@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     s.add_argument("--canary-share", type=float,
                    help="share of users sent to @canary (default: canary_share of the gate policy)")
     s.add_argument("--policy", help="gate policy file (for its canary_share)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="requests scored at a time (default: the CPU count; more only make them and the "
+                        "registry follower take turns for the GIL)")
     s.add_argument("--max-loaded-adapters", type=int, default=None,
                    help="adapter versions held in memory: routed ones always, idle ones (a fast revert) up to "
                         "this many in all, least recently routed evicted first (default 16)")
@@ -50,12 +53,13 @@ def cmd(a) -> int:
     cfg = load_pipeline_config(a.config)
     share = a.canary_share if a.canary_share is not None else load_gate_policy(a.policy).canary_share
     serve(cfg, host=a.host, port=a.port, poll_seconds=a.poll_seconds, canary_share=share, webhook_secret=secret,
-          max_loaded_adapters=a.max_loaded_adapters)
+          max_loaded_adapters=a.max_loaded_adapters, workers=a.workers)
     return 0
 
 
 def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float,
-          webhook_secret: str | None, max_loaded_adapters: int | None = None) -> None:
+          webhook_secret: str | None, max_loaded_adapters: int | None = None,
+          workers: int | None = None) -> None:
     """Load the base and the aliases, then serve until interrupted (SIGINT / SIGTERM)."""
     import uvicorn
 
@@ -72,8 +76,8 @@ def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float
     follower.refresh("start")   # a registry it cannot read leaves /healthz at 503 until a tick succeeds
     follower.start()
     try:
-        uvicorn.run(create_app(server, follower, webhook_secret=webhook_secret), host=host, port=port,
-                    log_level="warning", access_log=False)
+        app = create_app(server, follower, webhook_secret=webhook_secret, workers=workers)
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         follower.stop()
 

@@ -1,7 +1,9 @@
 """Keeping a running AdapterServer on the registry's aliases, without a restart.
 
-A `Follower` refreshes the server every `interval_s` (polling: always on, the fallback) and at once
-when `poke()`d (a registry webhook, `serving.http`). Refreshes run on one background thread, one at a
+A `Follower` refreshes the server every `interval_s` (polling: always on, the fallback, re-reading every
+watched alias) and at once when `poke()`d (a registry webhook, `serving.http`), re-reading only the
+aliases the webhooks named (one registry call instead of one per watched alias; the payload's version
+is never used, so a forged call still cannot choose a route). Refreshes run on one background thread, one at a
 time; pokes that arrive during a refresh are folded into one more refresh right after it, so a burst
 of alias moves costs at most two refreshes and the last move is never missed.
 
@@ -28,6 +30,7 @@ class Follower:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._trigger = "poll"
+        self._hints: set[tuple[str, str]] | None = set()   # routes pokes named; None: a full read is due
         self._lock = threading.Lock()
         self._state: dict = {"ok_at": None, "error": None, "error_at": None, "report": None, "refreshes": 0}
 
@@ -42,9 +45,16 @@ class Follower:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def poke(self, trigger: str = "webhook") -> None:
-        """Refresh as soon as the thread is free (a webhook said an alias moved)."""
-        self._trigger = trigger
+    def poke(self, trigger: str = "webhook", route: tuple[str, str] | None = None) -> None:
+        """Refresh as soon as the thread is free (a webhook said an alias moved). With `route`
+        ((model, alias) the webhook named), that refresh re-reads only the routes named since the last
+        one; a poke without a route asks for a full read."""
+        with self._lock:
+            if route is None:
+                self._hints = None
+            elif self._hints is not None:
+                self._hints.add(route)
+            self._trigger = trigger
         self._wake.set()
 
     def _loop(self) -> None:
@@ -53,14 +63,20 @@ class Follower:
             if self._stop.is_set():
                 return
             self._wake.clear()   # before refreshing: a poke during the refresh triggers the next one
-            self.refresh(self._trigger if poked else "poll")
+            with self._lock:
+                hints, self._hints = self._hints, set()
+            if poked and hints:
+                self.refresh(self._trigger, only=hints)
+            else:
+                self.refresh(self._trigger if poked else "poll")
 
-    def refresh(self, trigger: str = "manual") -> dict | None:
-        """One refresh now, on the caller's thread; the report, or None when it failed (logged, recorded)."""
+    def refresh(self, trigger: str = "manual", only=None) -> dict | None:
+        """One refresh now, on the caller's thread (re-reading `only` those routes, when given); the
+        report, or None when it failed (logged, recorded)."""
         metrics = self.server.metrics
         start = time.perf_counter()
         try:
-            report = self.server.refresh()
+            report = self.server.refresh(only=only)
         except Exception as exc:  # the server keeps its routes; the next tick retries
             log.error("refresh (%s) failed, still serving %s: %s: %s", trigger, self.server.routes(),
                       type(exc).__name__, exc)

@@ -10,11 +10,11 @@
 * `POST /webhooks/mlflow`: MLflow registry webhooks (`model_version_alias.created` / `.deleted`). The
   HMAC signature (`X-MLflow-Signature: v1,<base64 sha256 of "<delivery id>.<timestamp>.<body>">`), a
   timestamp within 5 minutes and an unseen delivery id are required; the payload itself is only a
-  hint: the follower re-reads the registry, so a forged call cannot choose a route.
+  hint: the follower re-reads the alias it names from the registry, so a forged call cannot choose a route.
 
-Decoding, parsing, scoring and encoding run on Starlette's thread pool (torch releases the GIL; the
-router is thread-safe); the event loop only moves bytes, and the status endpoints are async so a
-busy pool never makes the server look dead.
+Decoding, parsing, scoring and encoding run on worker threads, as many at a time as there are cores
+(torch releases the GIL; the router is thread-safe); the event loop only moves bytes, and the status
+endpoints are async so a busy pool never makes the server look dead.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -32,7 +33,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.concurrency import run_in_threadpool
+import anyio
 from starlette.requests import ClientDisconnect
 
 from pipelines.errors import SchemaError
@@ -51,9 +52,14 @@ _ALIAS_EVENTS = frozenset({("model_version_alias", "created"), ("model_version_a
 
 
 def create_app(server: AdapterServer, follower: Follower, *, webhook_secret: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, max_rows: int = protocol.MAX_ROWS) -> FastAPI:
-    """The app; `webhook_secret` None turns the webhook endpoint off (404): polling alone follows."""
+               max_body_bytes: int = MAX_BODY_BYTES, max_rows: int = protocol.MAX_ROWS,
+               workers: int | None = None) -> FastAPI:
+    """The app; `webhook_secret` None turns the webhook endpoint off (404): polling alone follows.
+    `workers` requests are scored at a time (default: the CPU count); the rest wait on the event loop."""
     app = FastAPI(title="CTR LoRA adapter serving", docs_url=None, redoc_url=None, openapi_url=None)
+    # Parsing and encoding hold the GIL: more scoring threads than cores only make them (and the
+    # follower's refresh) take turns, so concurrency beyond the cores queues before a thread is taken.
+    scoring = anyio.CapacityLimiter(workers or os.cpu_count() or 1)
 
     deliveries = _Deliveries()
 
@@ -78,7 +84,7 @@ def create_app(server: AdapterServer, follower: Follower, *, webhook_secret: str
         if follower.state()["report"] is None:
             raise RequestError(f"not ready: {follower.ready()[1]}", 503)
         body = await _read_body(request, max_body_bytes)
-        out = await run_in_threadpool(_invoke, server, body, max_rows)
+        out = await anyio.to_thread.run_sync(_invoke, server, body, max_rows, limiter=scoring)
         server.metrics.requests.labels(status="200").inc()
         return Response(out, media_type="application/json")
 
@@ -108,10 +114,17 @@ def create_app(server: AdapterServer, follower: Follower, *, webhook_secret: str
         if not deliveries.first(delivery):
             return {"accepted": False, "reason": "delivery already received"}
         if isinstance(event, dict) and (event.get("entity"), event.get("action")) in _ALIAS_EVENTS:
-            follower.poke("webhook")
+            follower.poke("webhook", _route(event.get("data")))
         return {"accepted": True}
 
     return app
+
+
+def _route(data: object) -> tuple[str, str] | None:
+    """(model, alias) an alias event names, or None (then the follower re-reads every alias)."""
+    if isinstance(data, dict) and isinstance(data.get("name"), str) and isinstance(data.get("alias"), str):
+        return data["name"], data["alias"]
+    return None
 
 
 def _invoke(server: AdapterServer, body: bytes, max_rows: int) -> bytes:

@@ -16,8 +16,9 @@ class ServingMetrics:
         r = self.registry
         self.active_adapters = Gauge("lora_active_adapters",
                                      "Adapter versions the current routing table sends traffic to", registry=r)
-        self.loaded_adapters = Gauge("lora_loaded_adapters",
-                                     "Adapter versions in memory (routed, draining, idle within the cap, or on a pending base)", registry=r)
+        self.loaded_adapters = Gauge(
+            "lora_loaded_adapters",
+            "Adapter versions in memory (routed, draining, idle within the cap, or on a pending base)", registry=r)
         self.inference_seconds = Histogram(
             "lora_inference_seconds",
             "Forward-pass latency of a request batch, observed once per <model>:<version> the batch used",

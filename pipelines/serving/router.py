@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -120,6 +120,7 @@ class AdapterServer(BaseChanges):
         self._refused_bases: dict[str, str] = {}  # base version key -> why it cannot serve
         self._tick = itertools.count(1)
         self._last_routed: dict[str, int] = {}   # version key -> tick of the last table that routed it (LRU)
+        self._last_read: tuple[dict, VersionRef | None] | None = None   # the last refresh's registry answer
         self.metrics.base_info.labels(version=base.key, state="serving").set(1)
         if refresh_now:
             self.refresh()
@@ -233,25 +234,46 @@ class AdapterServer(BaseChanges):
                 out[(model, alias)] = ref
         return out
 
-    def refresh(self) -> dict:
+    def refresh(self, only: Iterable[Route] | None = None) -> dict:
         """Resolve the aliases and the base's champion and serve them; see `apply` for the returned
         dict, plus "base": {"serving", "champion", "stale" (serving is not the champion), "pending"
         (None, or {"version", "waiting_for": [...], "dropped": [...]}: a new base not switched to yet)}.
-        Raises RegistryError, changing nothing, when the registry cannot be read."""
-        resolved = self.resolve()
-        champion = loader.resolve_alias(self.registry, self.base_model, CHAMPION)
+
+        `only`: re-read just these (model, alias) routes (a webhook named them) and keep what the last
+        refresh read for the others; routes this server does not watch are ignored. Raises
+        RegistryError, changing nothing, when the registry cannot be read."""
         with self._refresh_lock:
+            resolved, champion = self._read(only)
             serving = self._table.base
             if champion is None or champion.key == serving.key:
                 self._set_pending(None)
                 report, pending = self._apply(resolved, serving), None
             else:
                 report, pending = self._toward(champion, resolved)
+            self._last_read = (resolved, champion)
         report["base"] = {"serving": self.base_ref.key, "champion": champion.key if champion else None,
                           "stale": champion is None or champion.key != self.base_ref.key, "pending": pending}
         if pending is not None:
             log.warning("new base %s waits: %s", champion.key, pending["waiting_for"])
         return report
+
+    def _read(self, only: Iterable[Route] | None) -> tuple[dict[Route, VersionRef], VersionRef | None]:
+        """(what each watched alias names, base@champion): all of it, or only the `only` routes re-read
+        over the last refresh's answer (a full read when there is none yet)."""
+        if only is None or self._last_read is None:
+            return self.resolve(), loader.resolve_alias(self.registry, self.base_model, CHAMPION)
+        resolved, champion = dict(self._last_read[0]), self._last_read[1]
+        watched = set(self.watched())
+        for model, alias in set(only):
+            if (model, alias) in watched:
+                ref = loader.resolve_alias(self.registry, model, alias)
+                if ref is None:
+                    resolved.pop((model, alias), None)
+                else:
+                    resolved[(model, alias)] = ref
+            elif (model, alias) == (self.base_model, CHAMPION):
+                champion = loader.resolve_alias(self.registry, self.base_model, CHAMPION)
+        return resolved, champion
 
     def apply(self, resolved: dict[Route, VersionRef]) -> dict:
         """Serve `resolved` ((model, alias) -> version) on the serving base: load what is missing, swap,

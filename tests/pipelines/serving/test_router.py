@@ -219,3 +219,16 @@ def test_a_version_without_its_registry_hashes_is_refused_not_checked_against_it
     assert "no recorded adapter file hashes" in report["refused"][0]["error"]
     assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
     np.testing.assert_array_equal(server.score(frame), before)
+
+
+def test_a_refresh_for_named_routes_re_reads_only_those(registry):
+    """What a webhook-triggered refresh does: one registry read per named route, the rest as last read."""
+    server = AdapterServer(SLOTS)
+    feed, search = registry.adapter("feed", seed=61), registry.adapter("search", seed=62)   # both move
+    report = server.refresh(only=[("ctr_lora_feed", "champion"), ("someone_elses_model", "champion")])
+    assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{feed}"
+    assert report["routes"]["ctr_lora_search@champion"] == "ctr_lora_search:1", "not named: as last read"
+    mlflow.MlflowClient().delete_registered_model_alias("ctr_lora_splash", "champion")
+    report = server.refresh(only=[("ctr_lora_splash", "champion")])
+    assert "ctr_lora_splash@champion" not in report["routes"]
+    assert server.refresh()["routes"]["ctr_lora_search@champion"] == f"ctr_lora_search:{search}"   # a full read
