@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
     s.add_argument("--workers", type=int, default=None,
                    help="requests scored at a time (default: the CPU count; more only make them and the "
                         "registry follower take turns for the GIL)")
+    s.add_argument("--load-budget-ms", type=float, default=None,
+                   help="once a refresh's loads took this long, install the moves already loaded and switch the "
+                        "rest when loaded (default 100)")
     s.add_argument("--max-loaded-adapters", type=int, default=None,
                    help="adapter versions held in memory: routed ones always, idle ones (a fast revert) up to "
                         "this many in all, least recently routed evicted first (default 16)")
@@ -53,13 +56,13 @@ def cmd(a) -> int:
     cfg = load_pipeline_config(a.config)
     share = a.canary_share if a.canary_share is not None else load_gate_policy(a.policy).canary_share
     serve(cfg, host=a.host, port=a.port, poll_seconds=a.poll_seconds, canary_share=share, webhook_secret=secret,
-          max_loaded_adapters=a.max_loaded_adapters, workers=a.workers)
+          max_loaded_adapters=a.max_loaded_adapters, load_budget_ms=a.load_budget_ms, workers=a.workers)
     return 0
 
 
 def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float,
           webhook_secret: str | None, max_loaded_adapters: int | None = None,
-          workers: int | None = None) -> None:
+          load_budget_ms: float | None = None, workers: int | None = None) -> None:
     """Load the base and the aliases, then serve until interrupted (SIGINT / SIGTERM)."""
     import uvicorn
 
@@ -69,7 +72,8 @@ def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float
 
     logging.getLogger("pipelines.serving").setLevel(logging.INFO)   # loads, refusals, routing tables
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # a server's log, not a terminal
-    limits = {} if max_loaded_adapters is None else {"max_loaded_adapters": max_loaded_adapters}
+    limits = {k: v for k, v in (("max_loaded_adapters", max_loaded_adapters), ("load_budget_ms", load_budget_ms))
+              if v is not None}
     server = _first_base(lambda: AdapterServer.from_config(cfg, canary_share=canary_share, refresh_now=False,
                                                            **limits), poll_seconds)
     follower = Follower(server, interval_s=poll_seconds)

@@ -29,6 +29,9 @@ class ServingMetrics:
         self.adapter_loads = Counter("lora_adapter_loads", "Adapter versions loaded into memory", registry=r)
         self.adapter_unloads = Counter("lora_adapter_unloads", "Adapter versions deleted from memory",
                                        registry=r)
+        self.slow_loads = Counter("lora_slow_loads",
+                                  "Moves that missed a refresh's load budget: their previous version served on "
+                                  "until loaded, then a second swap", registry=r)
         self.cap_exceeded = Gauge("lora_loaded_cap_exceeded",
                                   "1 when routed and draining versions alone hold more than max_loaded_adapters",
                                   registry=r)

@@ -36,6 +36,11 @@ switches in one swap once every watched champion names a version on the new base
 (`serving.base_switch`). Until then the old base serves with its adapters, an alias already on the new
 base keeps its old version, and `refresh()` reports the pending base and what it waits for.
 
+Load budget. Requests never wait on a load, but the moves of one refresh go live together: once a
+refresh's loads (download, verify, inject) have taken `load_budget_ms`, what is loaded is installed at
+once, the aliases still to load keep their previous versions (counted in `lora_slow_loads_total`), and
+they switch in a second swap when loaded. A base switch is exempt: it is all slots or none.
+
 Idle versions. A version no table routes to any more stays in memory (a revert to it is then a swap,
 not a download) while the total held stays within `max_loaded_adapters`: idle versions beyond the cap
 are evicted least recently routed first. Routed and draining versions are never evicted; when they
@@ -78,6 +83,7 @@ warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now 
 
 _CHUNK = 4096
 DEFAULT_MAX_LOADED = 16
+DEFAULT_LOAD_BUDGET_MS = 100.0
 
 Route = tuple[str, str]
 
@@ -88,14 +94,16 @@ class AdapterServer(BaseChanges):
     Rows of a slot with no adapter get the base's output. `new_users` marks new users: a boolean
     column name (absent column = nobody is new) or a callable `frame -> bool array`. `canary_share`
     in [0, 1] is the share of users (stable hash of user_id) sent to a model's @canary when it has one.
-    `max_loaded_adapters` caps the adapter versions held in memory (see the module docstring).
+    `max_loaded_adapters` caps the adapter versions held in memory; `load_budget_ms` bounds how long
+    a refresh's loads may hold back the moves already loaded (None: no bound); see the module docstring.
     """
 
     def __init__(self, slots: Sequence[str], *, adapter_prefix: str = "ctr_lora_",
                  cold_start_model: str | None = "ctr_lora_cold_start", base_model: str = "ctr_base",
                  canary_share: float = 0.0, new_users: routing.NewUsers | None = "is_new_user",
                  tracking_uri: str | None = None, registry_uri: str | None = None, refresh_now: bool = True,
-                 max_loaded_adapters: int = DEFAULT_MAX_LOADED):
+                 max_loaded_adapters: int = DEFAULT_MAX_LOADED,
+                 load_budget_ms: float | None = DEFAULT_LOAD_BUDGET_MS):
         if not 0.0 <= canary_share <= 1.0:
             raise ValueError(f"canary_share must be in [0, 1], got {canary_share}")
         if max_loaded_adapters < 0:
@@ -103,6 +111,7 @@ class AdapterServer(BaseChanges):
         configure_threads()
         self.slots, self.adapter_prefix, self.cold_start_model = tuple(slots), adapter_prefix, cold_start_model
         self.base_model, self.max_loaded_adapters = base_model, int(max_loaded_adapters)
+        self.load_budget_ms = load_budget_ms
         self.canary_share, self.new_users = float(canary_share), new_users
         self.registry = loader.Registry(tracking_uri, registry_uri)
         self.metrics = ServingMetrics()
@@ -290,11 +299,21 @@ class AdapterServer(BaseChanges):
     def _apply(self, resolved: dict[Route, VersionRef], store: BaseStore,
                held: frozenset[Route] = frozenset()) -> dict:
         current = self._table
+        deadline = None if self.load_budget_ms is None else time.perf_counter() + self.load_budget_ms / 1000
         try:
-            routes, loaded, refused = self._load_routes(current, resolved, store, held)
+            routes, loaded, refused, late = self._load_routes(current, resolved, store, held, deadline)
             swapped = routes != dict(current.routes)
             if swapped:
                 self._install(routes, store)
+            if late:   # what loaded in time is serving already; the rest switches once loaded
+                self.metrics.slow_loads.inc(len(late))
+                log.warning("loads past the %.0f ms budget: %s keep their versions until loaded",
+                            self.load_budget_ms, sorted(f"{m}@{a}" for m, a in late))
+                more, loaded_late, refused_late, _ = self._load_routes(self._table, late, store)
+                loaded, refused, routes = loaded + loaded_late, refused + refused_late, {**routes, **more}
+                if routes != dict(self._table.routes):
+                    self._install(routes, store)
+                    swapped = True
         finally:
             with self._lock:
                 self._pinned.clear()
@@ -308,13 +327,19 @@ class AdapterServer(BaseChanges):
                 "draining": draining, "refused": refused}
 
     def _load_routes(self, current: RoutingTable, resolved: dict[Route, VersionRef], store: BaseStore,
-                     held: frozenset[Route] = frozenset()):
-        """(routes, loaded keys, refusals): each route's version loaded, or the current one when refused
-        or held (its alias names a version of a base not serving yet)."""
-        routes, loaded, refused = {}, [], []
+                     held: frozenset[Route] = frozenset(), deadline: float | None = None):
+        """(routes, loaded keys, refusals, late): each route's version loaded, or the current one when
+        refused, held (its alias names a version of a base not serving yet) or late (a move to a version
+        not in memory when `deadline` had passed: returned in `late` to load next; a route with no
+        current version has nothing to keep serving, so it waits for its load)."""
+        routes, loaded, refused, late = {}, [], [], {}
         for (model, alias), ref in sorted(resolved.items()):
             keep = current.lookup(model, alias) if current.base is store else None
-            if (model, alias) in held:
+            late_now = (deadline is not None and keep is not None and keep != ref.key
+                        and time.perf_counter() > deadline and not self._in_memory(ref, store))
+            if (model, alias) in held or late_now:
+                if (model, alias) not in held:
+                    late[(model, alias)] = ref
                 if keep is not None:
                     routes[(model, alias)] = keep
                 continue
@@ -327,7 +352,11 @@ class AdapterServer(BaseChanges):
                                 "reason": exc.reason, "error": exc.detail})
                 if keep is not None:
                     routes[(model, alias)] = keep
-        return routes, loaded, refused
+        return routes, loaded, refused, late
+
+    def _in_memory(self, ref: VersionRef, store: BaseStore) -> bool:
+        with self._lock:
+            return ref.key in store.loaded
 
     def _ensure_loaded(self, ref: VersionRef, store: BaseStore) -> bool:
         """True when this call loaded `ref` into `store`; raises RefusedVersion (counted once per version

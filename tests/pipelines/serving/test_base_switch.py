@@ -183,3 +183,25 @@ def test_routed_versions_are_never_evicted_the_cap_is_reported_exceeded(registry
     assert sample(server, "lora_loaded_cap_exceeded") == 1
     with pytest.raises(ValueError, match="max_loaded_adapters"):
         AdapterServer(SLOTS, max_loaded_adapters=-1)
+
+
+# ----------------------------------------------------------------------------- the load budget
+
+def test_moves_already_in_memory_go_live_before_a_load_that_misses_the_budget(registry):
+    server = AdapterServer(SLOTS, load_budget_ms=0)   # every load is past the budget
+    v2 = registry.adapter("feed", seed=71)
+    server.refresh()                                   # a move: feed v2 loads late, then switches
+    assert sample(server, "lora_slow_loads_total") == 1
+    registry.set_alias("ctr_lora_feed", "champion", "1")
+    server.refresh()                                   # back to v1, idle in memory: no load at all
+    swaps = sample(server, "lora_swaps_total")
+    registry.set_alias("ctr_lora_feed", "champion", v2)          # in memory: goes live at once
+    search = registry.adapter("search", seed=72)                 # a download: misses the budget
+    report = server.refresh()
+    assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{v2}"
+    assert report["routes"]["ctr_lora_search@champion"] == f"ctr_lora_search:{search}"
+    assert report["loaded"] == [f"ctr_lora_search:{search}"] and report["refused"] == []
+    assert sample(server, "lora_swaps_total") == swaps + 2, "feed's move first, search's once loaded"
+    assert sample(server, "lora_slow_loads_total") == 2
+    fresh = AdapterServer(SLOTS, load_budget_ms=0)     # first routes have no previous version to keep
+    assert sample(fresh, "lora_slow_loads_total") == 0 and len(fresh.routes()) == 3
