@@ -28,7 +28,9 @@ Figures (keys of `run()`):
 * ``failed_requests``: responses other than 200 (or a broken connection) in every phase above.
 * ``misrouted_requests``: responses in which a slot was scored by a version the routing table did not
   name when the request began or ended (`RouteWatcher` keeps every table `/routes` showed), or in which
-  the slots' versions match no single table (a mix of bases or of tables), or a slot got two versions.
+  the slots' versions match no single table (a mix of bases or of tables), or a slot got two versions
+  (names only; tests/pipelines/serving/test_http_base_change.py also checks every score against the
+  named version's pyfunc).
 """
 from __future__ import annotations
 

@@ -22,13 +22,16 @@ class BaseChanges:
         """A refresh while base@champion names another base than the serving one: prepare the new base
         and its adapters, switch when `base_switch.plan` says ready, else keep serving the old pair."""
         serving = self._table.base
-        pending = self._pending_store(champion)
-        if pending is None:   # the new base itself cannot serve: the old one carries on, nothing is held
-            why = f"{champion.key}: {self._refused_bases[champion.key]}"
-            return self._apply(resolved, serving), {"version": champion.key, "dropped": [], "waiting_for": [why]}
+        pending, why = self._pending_store(champion)
+        if pending is None:   # the new base cannot serve (now, or at all): the old pair carries on, nothing held
+            return self._apply(resolved, serving), {"version": champion.key, "dropped": [],
+                                                    "waiting_for": [f"{champion.key}: {why}"]}
         plan = base_switch.plan(resolved, pending.fingerprint)
         loaded, refused = self._preload(pending, plan)
-        plan = base_switch.plan(resolved, pending.fingerprint, {k: r["reason"] for k, r in pending.refused.items()})
+        # this round's refusals too: a download that failed (retried next time) has not loaded either
+        unloadable = {**{f"{r['model']}:{r['version']}": r["reason"] for r in refused},
+                      **{k: r["reason"] for k, r in pending.refused.items()}}
+        plan = base_switch.plan(resolved, pending.fingerprint, unloadable)
         if plan.ready:
             try:
                 self._install({r: ref.key for r, ref in plan.on_new.items()}, pending)
@@ -46,27 +49,31 @@ class BaseChanges:
         report["refused"] += refused
         return report, {"version": champion.key, "waiting_for": list(plan.waiting), "dropped": list(plan.dropped)}
 
-    def _pending_store(self, champion: VersionRef) -> BaseStore | None:
-        """The store of base version `champion` (loaded once), or None when it was refused."""
+    def _pending_store(self, champion: VersionRef) -> tuple[BaseStore | None, str | None]:
+        """(the store of base version `champion`, loaded once; None) or (None, why it cannot serve): refused
+        for good (remembered), or its download failed (tried again next refresh)."""
         if self._pending is not None and self._pending.key == champion.key:
-            return self._pending
+            return self._pending, None
+        self._set_pending(None)   # another new base (or none loadable) replaces a pending one
         if champion.key in self._refused_bases:
-            return None
+            return None, self._refused_bases[champion.key]
         try:
             store = BaseStore.load(self.registry, champion)
         except RegistryError as exc:
             if isinstance(exc.__cause__, RefusedVersion) and exc.__cause__.reason in RETRYABLE:
-                raise   # the artifact store could not be read: this refresh fails, the next one retries
-            return self._refuse_base(champion, exc)
+                log.warning("new base %s could not be downloaded (next refresh retries): %s", champion.key, exc)
+                return None, f"download failed, retrying: {exc}"
+            return None, self._refuse_base(champion, exc)
         except Exception as exc:   # a base that does not load or verify never serves; the old one carries on
-            return self._refuse_base(champion, exc)
+            return None, self._refuse_base(champion, exc)
         self._set_pending(store)
-        return store
+        return store, None
 
-    def _refuse_base(self, champion: VersionRef, exc: Exception) -> None:
+    def _refuse_base(self, champion: VersionRef, exc: Exception) -> str:
         self._refused_bases[champion.key] = f"{type(exc).__name__}: {exc}"
         self.metrics.refused_loads.labels(reason="base").inc()
         log.error("new base %s refused: %s", champion.key, self._refused_bases[champion.key])
+        return self._refused_bases[champion.key]
 
     def _preload(self, pending: BaseStore, plan: base_switch.BasePlan) -> tuple[list[str], list[dict]]:
         """Load the new base's versions as their aliases name them (so the switch itself only waits for

@@ -58,17 +58,22 @@ class Follower:
         self._wake.set()
 
     def _loop(self) -> None:
+        last_full = time.monotonic()
         while not self._stop.is_set():
-            poked = self._wake.wait(self.interval_s)
+            poked = self._wake.wait(max(0.0, last_full + self.interval_s - time.monotonic()))
             if self._stop.is_set():
                 return
             self._wake.clear()   # before refreshing: a poke during the refresh triggers the next one
             with self._lock:
                 hints, self._hints = self._hints, set()
-            if poked and hints:
-                self.refresh(self._trigger, only=hints)
+            # a full read every interval, pokes or not: a webhook that never arrived is caught by it
+            if poked and hints and time.monotonic() - last_full < self.interval_s:
+                if self.refresh(self._trigger, only=hints) is None:
+                    with self._lock:
+                        self._hints = None   # the named routes were not read: the next refresh reads all
             else:
                 self.refresh(self._trigger if poked else "poll")
+                last_full = time.monotonic()
 
     def refresh(self, trigger: str = "manual", only=None) -> dict | None:
         """One refresh now, on the caller's thread (re-reading `only` those routes, when given); the

@@ -110,23 +110,30 @@ def _check_rows(n: int, max_rows: int) -> None:
         raise RequestError(f"{n} rows in one request; at most {max_rows}", 413)
 
 
+def _null(v: object) -> bool:
+    """JSON null, or NaN (`json.loads` accepts it; pandas writes missing values so)."""
+    return v is None or (type(v) is float and v != v)
+
+
 def _typed(values: list, column: schema.Column):
-    nulls = [v is None for v in values]
+    nulls = [_null(v) for v in values]
     if any(nulls) and not column.nullable:
         raise RequestError(f"field {column.name!r} is null at rows {_rows(nulls)}; it is required", 422)
     if pa.types.is_integer(column.arrow_type):
         _refuse(values, [not (type(v) is int and -128 <= v <= 127) for v in values], column.name,
                 "an integer in [-128, 127]")
         return np.array(values, dtype=np.int8)
-    _refuse(values, [not (v is None or isinstance(v, str)) for v in values], column.name,
+    _refuse(values, [not (n or isinstance(v, str)) for v, n in zip(values, nulls)], column.name,
             "a string" + (" or null" if column.nullable else ""))
-    return pd.array(values, dtype="string")
+    return pd.array([None if n else v for v, n in zip(values, nulls)], dtype="string")
 
 
 def _booleans(values: list) -> np.ndarray:
     """A missing flag (null, or absent from some records) is False, as an absent column is."""
-    _refuse(values, [not (v is None or isinstance(v, bool)) for v in values], NEW_USER_COLUMN, "true, false or null")
-    return np.array([bool(v) for v in values], dtype=bool)
+    nulls = [_null(v) for v in values]
+    _refuse(values, [not (n or isinstance(v, bool)) for v, n in zip(values, nulls)], NEW_USER_COLUMN,
+            "true, false or null")
+    return np.array([not n and bool(v) for v, n in zip(values, nulls)], dtype=bool)
 
 
 def _refuse(values: list, bad: list[bool], name: str, expected: str) -> None:

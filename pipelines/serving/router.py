@@ -130,6 +130,7 @@ class AdapterServer(BaseChanges):
         self._tick = itertools.count(1)
         self._last_routed: dict[str, int] = {}   # version key -> tick of the last table that routed it (LRU)
         self._last_read: tuple[dict, VersionRef | None] | None = None   # the last refresh's registry answer
+        self._known_stores: list[BaseStore] = [base]   # the stores _collect saw last: one that leaves is emptied
         self.metrics.base_info.labels(version=base.key, state="serving").set(1)
         if refresh_now:
             self.refresh()
@@ -418,12 +419,15 @@ class AdapterServer(BaseChanges):
         return list(stores.values())
 
     def _collect(self) -> list[str]:
-        """Evict what must go: every version of a base no live table serves, and idle versions of the
-        serving base past the cap (least recently routed first). Returns the evicted keys."""
+        """Evict what must go: every version of a base that left memory (an old base no live table
+        serves, a pending base dropped or replaced), and idle versions of the serving base past the cap
+        (least recently routed first). Returns the evicted keys."""
         with self._lock:
-            serving, live_tables = self._table.base, list(self._live.values())
-            doomed: dict[BaseStore, list[str]] = {}
-            for store in self._stores():
+            serving, live_tables, stores = self._table.base, list(self._live.values()), self._stores()
+            doomed: dict[BaseStore, list[str]] = {s: list(s.loaded) for s in self._known_stores
+                                                  if s not in stores and s.loaded}
+            self._known_stores = stores
+            for store in stores:
                 if store is self._pending:
                     continue
                 live = set(self._pinned).union(*(t.keys() for t in live_tables if t.base is store))
@@ -437,9 +441,9 @@ class AdapterServer(BaseChanges):
                 if idle:
                     doomed[store] = idle
             names = {store: [store.loaded.pop(k) for k in keys] for store, keys in doomed.items()}
-            held = {k for s in self._stores() for k in s.loaded}
+            held = {k for s in stores for k in s.loaded}
             self._last_routed = {k: t for k, t in self._last_routed.items() if k in held}
-            self.metrics.loaded_adapters.set(sum(len(s.loaded) for s in self._stores()))
+            self.metrics.loaded_adapters.set(sum(len(s.loaded) for s in stores))
         for store, batch in names.items():
             store.delete(batch)
         evicted = sorted(k for keys in doomed.values() for k in keys)

@@ -91,6 +91,8 @@ def test_the_old_pair_serves_until_every_champion_is_on_the_new_base_then_all_sl
     assert np.abs(probs - before[0]).max() > 1e-3
     assert server.base_ref.key == f"ctr_base:{new[0].version}"
     assert not any(k.endswith(":1") for k in server.loaded_versions()), "the old base's adapters left with it"
+    assert sorted(report["unloaded"]) == [f"{fixtures.adapter_name(s)}:1" for s in SLOTS]
+    assert sample(server, "lora_adapter_unloads_total") == len(SLOTS)
     assert sample(server, "lora_base_switches_total") == 1 and sample(server, "lora_base_pending") == 0
     assert server.metrics_registry.get_sample_value("lora_base", {"version": "ctr_base:1", "state": "serving"}) is None
     assert sample(server, "lora_base", {"version": f"ctr_base:{new[0].version}", "state": "serving"}) == 1
@@ -152,6 +154,88 @@ def test_a_new_base_that_fails_its_fingerprint_is_refused_and_the_old_pair_keeps
     assert sample(server, "lora_refused_loads_total", {"reason": "base"}) == 1
     server.refresh()   # remembered, not downloaded and counted again
     assert sample(server, "lora_refused_loads_total", {"reason": "base"}) == 1
+
+
+def test_a_download_failure_on_the_new_base_waits_and_the_next_refresh_switches(registry, monkeypatch):
+    from pipelines.serving.base_store import BaseStore
+    from pipelines.serving.loader import RefusedVersion
+
+    server = AdapterServer(SLOTS)
+    new = registry.new_base(seed=13)
+    on_new = {s: registry.adapter(s, seed=400 + i, on=new) for i, s in enumerate(SLOTS)}
+    fetch = BaseStore.fetch
+
+    def broken(self, registry_, ref, dst):   # the artifact store is unreachable (outside failure)
+        if ref.model == "ctr_lora_feed":
+            raise RefusedVersion(ref, "download", "connection reset")
+        return fetch(self, registry_, ref, dst)
+
+    monkeypatch.setattr(BaseStore, "fetch", broken)
+    report = server.refresh()
+    assert report["base"]["serving"] == "ctr_base:1" and not report["swapped"]
+    assert report["base"]["pending"]["waiting_for"] == [
+        f"ctr_lora_feed@champion: v{on_new['feed']} was refused by the new base (download)"]
+    assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
+    monkeypatch.setattr(BaseStore, "fetch", fetch)
+    report = server.refresh()   # a download is retried, not remembered
+    assert report["swapped"] and report["base"]["serving"] == f"ctr_base:{new[0].version}"
+    assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{on_new['feed']}"
+
+
+def test_a_pending_base_is_dropped_with_its_adapters_when_the_alias_moves_on_or_back(registry):
+    server = AdapterServer(SLOTS)
+    second = registry.new_base(seed=14)
+    v_second = registry.adapter("feed", seed=500, on=second)
+    assert server.refresh()["base"]["pending"]["version"] == f"ctr_base:{second[0].version}"
+    assert f"ctr_lora_feed:{v_second}" in server.loaded_versions()
+
+    third, _ = registry.new_base(seed=15)   # a third base, refused: the second is dropped all the same
+    mlflow.MlflowClient().set_model_version_tag("ctr_base", third.version, "fingerprint", "e" * 64)
+    report = server.refresh()
+    assert report["base"]["pending"]["version"] == f"ctr_base:{third.version}"
+    assert f"ctr_lora_feed:{v_second}" in report["unloaded"] and sample(server, "lora_base_pending") == 0
+    assert server.metrics_registry.get_sample_value(
+        "lora_base", {"version": f"ctr_base:{second[0].version}", "state": "pending"}) is None
+
+    registry.set_alias("ctr_base", "champion", second[0].version)   # the second again: pending again
+    assert server.refresh()["base"]["pending"]["version"] == f"ctr_base:{second[0].version}"
+    registry.set_alias("ctr_base", "champion", "1")                  # and back: nothing pending, all freed
+    report = server.refresh()
+    assert report["base"]["pending"] is None and not report["base"]["stale"]
+    assert f"ctr_lora_feed:{v_second}" in report["unloaded"]
+    assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1", "an adapter of another base never serves"
+    assert server.loaded_versions() == sorted(f"{fixtures.adapter_name(s)}:1" for s in SLOTS)
+
+
+def test_a_request_in_flight_across_a_base_switch_finishes_on_the_old_pair(registry, monkeypatch):
+    server = AdapterServer(SLOTS)
+    frame = fixtures.rows(100, "2024-01-11")
+    before = server.score(frame, return_versions=True)
+    entered, proceed, forward = threading.Event(), threading.Event(), server._forward
+
+    def slow_forward(*args):
+        entered.set()
+        proceed.wait(30)
+        return forward(*args)
+
+    monkeypatch.setattr(server, "_forward", slow_forward)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", server.score(frame, return_versions=True)))
+    t.start()
+    assert entered.wait(30)
+    monkeypatch.setattr(server, "_forward", forward)
+    new = registry.new_base(seed=16)
+    for i, slot in enumerate(SLOTS):
+        registry.adapter(slot, seed=600 + i, on=new)
+    report = server.refresh()
+    assert report["swapped"] and report["unloaded"] == [] and len(report["draining"]) == len(SLOTS)
+    assert "ctr_lora_feed:1" in server.loaded_versions(), "the leased table's adapters stay until it ends"
+    proceed.set()
+    t.join(30)
+    np.testing.assert_array_equal(result["r"][0], before[0])
+    assert (result["r"][1] == before[1]).all()
+    assert not any(k.endswith(":1") for k in server.loaded_versions())
+    assert sample(server, "lora_adapter_unloads_total") == len(SLOTS)
 
 
 # ----------------------------------------------------------------------------- the cap on versions held

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from pipelines.bench import serving_http
+from pipelines.registry import pyfunc
 from tests.pipelines.serving import fixtures
 from tests.pipelines.serving.http_server import serve
 
@@ -60,4 +62,11 @@ def test_promote_revert_and_base_change_under_load_fail_and_misroute_nothing(reg
     assert {(s["model"], s["version"]) for s in after["served_by"]} == {
         (fixtures.adapter_name(s), v) for s, v in on_new.items()}
     assert routes["base"]["serving"] == f"ctr_base:{new[0].version}" and routes["base"]["pending"] is None
+    # the version names could be right while the numbers came from the wrong base: check the numbers
+    expected = {}
+    for out in (r[1] for r in records):
+        for (model, version) in {(s["model"], s["version"]) for s in out["served_by"]} - set(expected):
+            expected[(model, version)] = np.asarray(pyfunc.load(f"models:/{model}/{version}").predict(frame)).ravel()
+        want = [expected[(s["model"], s["version"])][i] for i, s in enumerate(out["served_by"])]
+        np.testing.assert_allclose(out["predictions"], want, atol=1e-5, rtol=0)
     assert "lora_base_switches_total 1.0" in metrics and "lora_base_pending 0.0" in metrics

@@ -77,3 +77,19 @@ def test_records_keep_only_the_fields_the_server_reads_and_their_values_as_sent(
 def test_no_rows_is_an_empty_frame():
     assert len(_parse({"dataframe_records": []})) == 0
     assert len(_parse({"dataframe_split": {"columns": list(ROW), "data": []}})) == 0
+
+
+def test_nan_is_a_null_as_pandas_writes_missing_values():
+    """`json.loads` accepts NaN; a DataFrame's missing values arrive so from `to_dict("records")` clients."""
+    import json
+
+    from pipelines.serving import protocol
+
+    row = {"user_id": "u1", "item_id": "i1", "slot": "feed", "age_bucket": float("nan"), "gender": "F",
+           "occupation": "x", "category": "c", "hour": 3, "weekday": 1, "is_new_user": float("nan")}
+    body = json.loads(json.dumps({"dataframe_records": [row]}))
+    frame = protocol.parse(body, required=list(row)[:-1], slots=["feed"])
+    assert frame["age_bucket"].isna().all() and frame["is_new_user"].tolist() == [False]
+    with pytest.raises(protocol.RequestError, match="'user_id' is null"):
+        protocol.parse(json.loads(json.dumps({"dataframe_records": [{**row, "user_id": float("nan")}]})),
+                       required=list(row)[:-1], slots=["feed"])
