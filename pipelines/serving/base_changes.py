@@ -1,7 +1,8 @@
-"""`AdapterServer`'s side of a base change: a new `<base_model>@champion` is loaded beside the serving
-base, its adapters as their aliases name them, and every slot switches in one table swap once
-`serving.base_switch.plan` says ready (see `serving.router`'s docstring). A mixin, because it works on
-the server's tables, leases and stores under the server's locks; kept apart so each file reads as one idea.
+"""`AdapterServer`'s bases in memory: a base change (a new `<base_model>@champion` is loaded beside the
+serving base, its adapters as their aliases name them, and every slot switches in one table swap once
+`serving.base_switch.plan` says ready) and eviction across the stores (see `serving.router`'s
+docstring). A mixin, because it works on the server's tables, leases and stores under the server's
+locks; kept apart so each file reads as one idea.
 """
 from __future__ import annotations
 
@@ -105,3 +106,45 @@ class BaseChanges:
             self.metrics.base_info.labels(version=store.key, state="pending").set(1)
         self.metrics.base_pending.set(0 if store is None else 1)
 
+    def _stores(self) -> list[BaseStore]:
+        """Every base in memory: the serving one, those old tables still being read hold, a pending one
+        (caller holds the lock)."""
+        stores = {id(t.base): t.base for t in self._live.values()}
+        stores[id(self._table.base)] = self._table.base
+        if self._pending is not None:
+            stores[id(self._pending)] = self._pending
+        return list(stores.values())
+
+    def _collect(self) -> list[str]:
+        """Evict what must go: every version of a base that left memory (an old base no live table
+        serves, a pending base dropped or replaced), and idle versions of the serving base past the cap
+        (least recently routed first). Returns the evicted keys."""
+        with self._lock:
+            serving, live_tables, stores = self._table.base, list(self._live.values()), self._stores()
+            doomed: dict[BaseStore, list[str]] = {s: list(s.loaded) for s in self._known_stores
+                                                  if s not in stores and s.loaded}
+            self._known_stores = stores
+            for store in stores:
+                if store is self._pending:
+                    continue
+                live = set(self._pinned).union(*(t.keys() for t in live_tables if t.base is store))
+                idle = [k for k in store.loaded if k not in live]
+                if store is serving:
+                    room = max(0, self.max_loaded_adapters - (len(store.loaded) - len(idle)))
+                    idle.sort(key=lambda k: self._last_routed.get(k, 0), reverse=True)
+                    idle = idle[room:]
+                    held = len(store.loaded) - len(idle)
+                    self.metrics.cap_exceeded.set(int(held > self.max_loaded_adapters))
+                if idle:
+                    doomed[store] = idle
+            names = {store: [store.loaded.pop(k) for k in keys] for store, keys in doomed.items()}
+            held = {k for s in stores for k in s.loaded}
+            self._last_routed = {k: t for k, t in self._last_routed.items() if k in held}
+            self.metrics.loaded_adapters.set(sum(len(s.loaded) for s in stores))
+        for store, batch in names.items():
+            store.delete(batch)
+        evicted = sorted(k for keys in doomed.values() for k in keys)
+        if evicted:
+            self.metrics.adapter_unloads.inc(len(evicted))
+            log.info("unloaded %s", evicted)
+        return evicted

@@ -5,6 +5,9 @@
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +69,29 @@ def build(slots: tuple[str, ...] = SLOTS, seed: int = 0) -> ServingRegistry:
     for i, slot in enumerate(slots):
         reg.adapter(slot, seed=100 + i)
     return reg
+
+
+@contextlib.contextmanager
+def request_in_flight(server, frame: pd.DataFrame, monkeypatch) -> Iterator[dict]:
+    """A `server.score(frame, return_versions=True)` on another thread, held inside its forward pass
+    (its routing table leased) for the body of the `with`; the dict gets its result as "r" on exit."""
+    entered, proceed, forward, result = threading.Event(), threading.Event(), server._forward, {}
+
+    def slow_forward(*args):
+        entered.set()
+        proceed.wait(30)
+        return forward(*args)
+
+    monkeypatch.setattr(server, "_forward", slow_forward)
+    t = threading.Thread(target=lambda: result.setdefault("r", server.score(frame, return_versions=True)))
+    t.start()
+    assert entered.wait(30)
+    monkeypatch.setattr(server, "_forward", forward)   # later requests run normally
+    try:
+        yield result
+    finally:
+        proceed.set()
+        t.join(30)
 
 
 def stored_adapter_file(name: str, version: str, file: str = "adapter_model.safetensors") -> Path:

@@ -211,27 +211,13 @@ def test_a_request_in_flight_across_a_base_switch_finishes_on_the_old_pair(regis
     server = AdapterServer(SLOTS)
     frame = fixtures.rows(100, "2024-01-11")
     before = server.score(frame, return_versions=True)
-    entered, proceed, forward = threading.Event(), threading.Event(), server._forward
-
-    def slow_forward(*args):
-        entered.set()
-        proceed.wait(30)
-        return forward(*args)
-
-    monkeypatch.setattr(server, "_forward", slow_forward)
-    result = {}
-    t = threading.Thread(target=lambda: result.setdefault("r", server.score(frame, return_versions=True)))
-    t.start()
-    assert entered.wait(30)
-    monkeypatch.setattr(server, "_forward", forward)
-    new = registry.new_base(seed=16)
-    for i, slot in enumerate(SLOTS):
-        registry.adapter(slot, seed=600 + i, on=new)
-    report = server.refresh()
-    assert report["swapped"] and report["unloaded"] == [] and len(report["draining"]) == len(SLOTS)
-    assert "ctr_lora_feed:1" in server.loaded_versions(), "the leased table's adapters stay until it ends"
-    proceed.set()
-    t.join(30)
+    with fixtures.request_in_flight(server, frame, monkeypatch) as result:
+        new = registry.new_base(seed=16)
+        for i, slot in enumerate(SLOTS):
+            registry.adapter(slot, seed=600 + i, on=new)
+        report = server.refresh()
+        assert report["swapped"] and report["unloaded"] == [] and len(report["draining"]) == len(SLOTS)
+        assert "ctr_lora_feed:1" in server.loaded_versions(), "the leased table's adapters stay until it ends"
     np.testing.assert_array_equal(result["r"][0], before[0])
     assert (result["r"][1] == before[1]).all()
     assert not any(k.endswith(":1") for k in server.loaded_versions())

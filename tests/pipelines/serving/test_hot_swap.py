@@ -80,29 +80,12 @@ def test_in_flight_request_finishes_on_its_table_and_the_old_version_unloads_aft
     server = AdapterServer(SLOTS, max_loaded_adapters=3)
     frame = fixtures.rows(100, "2024-01-11")
     before = server.score(frame, return_versions=True)
-    entered, proceed = threading.Event(), threading.Event()
-    forward = server._forward
-
-    def slow_forward(*args):
-        entered.set()
-        proceed.wait(30)
-        return forward(*args)
-
-    monkeypatch.setattr(server, "_forward", slow_forward)
-    result = {}
-    t = threading.Thread(target=lambda: result.setdefault("r", server.score(frame, return_versions=True)))
-    t.start()
-    assert entered.wait(30)
-    monkeypatch.setattr(server, "_forward", forward)   # later requests run normally
-
-    v2 = registry.adapter("feed", seed=42)
-    report = server.refresh()
-    assert report["swapped"] and report["unloaded"] == [] and report["draining"] == ["ctr_lora_feed:1"]
-    assert {"ctr_lora_feed:1", f"ctr_lora_feed:{v2}"} <= set(server.loaded_versions())
-    assert f"ctr_lora_feed:{v2}" in set(server.score(frame, return_versions=True)[1])
-
-    proceed.set()
-    t.join(30)
+    with fixtures.request_in_flight(server, frame, monkeypatch) as result:
+        v2 = registry.adapter("feed", seed=42)
+        report = server.refresh()
+        assert report["swapped"] and report["unloaded"] == [] and report["draining"] == ["ctr_lora_feed:1"]
+        assert {"ctr_lora_feed:1", f"ctr_lora_feed:{v2}"} <= set(server.loaded_versions())
+        assert f"ctr_lora_feed:{v2}" in set(server.score(frame, return_versions=True)[1])
     probs, versions = result["r"]
     np.testing.assert_array_equal(probs, before[0])
     assert (versions == before[1]).all()
