@@ -59,11 +59,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pipelines.bench.serving_procs import request_frame
+
 SLOTS = ("feed", "search", "splash")
 BATCH = 32
 CANARY_SHARE = 0.1
 MODEL_SEED = 0
-DAY = "2024-01-08"
 
 
 @contextlib.contextmanager
@@ -92,14 +93,6 @@ def _temporary_registry(root: Path) -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def _frame(rows: int):
-    import pandas as pd
-
-    from pipelines.data.synthetic import SyntheticSpec, generate_day
-
-    return pd.concat(list(generate_day(SyntheticSpec(seed=3), DAY, rows)), ignore_index=True)
 
 
 def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
@@ -241,7 +234,7 @@ def run(quick: bool, http: bool = True) -> dict:
     configure_threads()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     n_switch, n_refresh, n_load, calls = (40, 5, 5, 600) if quick else (400, 20, 20, 3000)
-    frame = _frame(2000)
+    frame = request_frame(2000)
     batch = frame.sample(BATCH, random_state=1).reset_index(drop=True)
     with tempfile.TemporaryDirectory() as tmp, _temporary_registry(Path(tmp)) as experiment_id:
         built = _populate(frame, n_load, experiment_id)

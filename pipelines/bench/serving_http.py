@@ -5,9 +5,11 @@ webhooks allowed to call loopback over HTTP); the registry of `pipelines.bench.s
 base of the default ModelConfig, r=8 q/v adapters with random weights, 3 slots) plus a second feed
 version, a second base and three adapters trained on it; `python -m pipelines serve` as its own process
 with the alias webhook registered (polling every 600 s, so what it sees in time came by webhook).
+The serving process runs on the upper half of the machine's cores, this process and the MLflow server
+on the lower half (`CORES`; a deployment does not share the server's cores with its clients).
 Clients are threads of this process, each on its own keep-alive connection, on loopback, each sending
 the next request when the last one is answered (a bounded, self-stopping loop); the bodies are MLflow
-`dataframe_split` JSON serialised once. On a 2-core machine server and clients share the cores.
+`dataframe_split` JSON serialised once. On a 2-core machine that is one core each.
 
 Figures (keys of `run()`):
 
@@ -38,95 +40,16 @@ import contextlib
 import http.client
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pipelines.bench.serving_procs import CORES, SECRET, free_port, get_json, mlflow_server, request_frame, serving
+
 CLIENTS = 8
-SECRET = "bench-serving-webhook-secret"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _process(cmd: list[str], log: Path, env: dict, url: str, ready_path: str) -> Iterator[subprocess.Popen]:
-    """`cmd` in its own session until `url + ready_path` answers 200; SIGTERM (then SIGKILL) on exit."""
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=log.parent, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline:
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if _get(url, ready_path)[0] == 200:
-                    break
-            time.sleep(0.3)
-        else:
-            raise RuntimeError(f"{cmd[:4]} did not become ready (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-
-
-def _get(url: str, path: str) -> tuple[int, object]:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        body = r.read()
-        return r.status, json.loads(body) if r.getheader("content-type", "").startswith("application/json") else body
-    finally:
-        conn.close()
-
-
-@contextlib.contextmanager
-def mlflow_server(root: Path) -> Iterator[str]:
-    """A tracking + registry server that may send webhooks to loopback over plain HTTP."""
-    from cryptography.fernet import Fernet
-
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
-           "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": Fernet.generate_key().decode(), "MLFLOW_WEBHOOK_CACHE_TTL": "1",
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-           f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    with _process(cmd, root / "mlflow-server.log", env, url, "/health"):
-        yield url
-
-
-@contextlib.contextmanager
-def serving(root: Path, tracking_uri: str, *, port: int, poll_seconds: float, webhook: bool) -> Iterator[str]:
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONPATH": str(REPO),
-           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-    env.pop("CTR_SERVING_WEBHOOK_SECRET", None)
-    if webhook:
-        env["CTR_SERVING_WEBHOOK_SECRET"] = SECRET
-    cmd = [sys.executable, "-m", "pipelines", "serve", "--config", str(REPO / "configs" / "synthetic.yaml"),
-           "--port", str(port), "--poll-seconds", str(poll_seconds), "--canary-share", "0"]
-    with _process(cmd, root / f"serve-{port}.log", env, url, "/healthz"):
-        yield url
 
 
 class Client:
@@ -168,7 +91,7 @@ class RouteWatcher:
         self._thread.join(10)
 
     def _observe(self) -> dict:
-        routes = _get(self.url, "/routes")[1]["routes"]
+        routes = get_json(self.url, "/routes")[1]["routes"]
         if not self.seen or self.seen[-1][1] != routes:
             self.seen.append((time.perf_counter(), routes))
         return routes
@@ -319,13 +242,23 @@ def _under_load(url: str, body: bytes, work: Callable[[], object]) -> tuple[list
 
 def run(quick: bool) -> dict:
     """Every figure of the module docstring (a dict of floats and ints)."""
+    moves, steady_s, polls = (20, 3.0, 3) if quick else (100, 10.0, 10)
+    saved_affinity = os.sched_getaffinity(0) if CORES["others"] else None
+    if saved_affinity:
+        os.sched_setaffinity(0, CORES["others"])   # this process's client threads stay off the server's cores
+    try:
+        return _run(moves, steady_s, polls)
+    finally:
+        if saved_affinity:
+            os.sched_setaffinity(0, saved_affinity)
+
+
+def _run(moves: int, steady_s: float, polls: int) -> dict:
     import mlflow
 
-    from pipelines.bench.serving import _frame
     from pipelines.serving.cli import register_webhook
 
-    moves, steady_s, polls = (20, 3.0, 3) if quick else (100, 10.0, 10)
-    frame = _frame(2000)
+    frame = request_frame(2000)
     b32, b1 = frame.sample(32, random_state=1), frame.sample(1, random_state=2)
     one_each = frame.groupby("slot").head(1)
     feed_row = frame[frame["slot"] == "feed"].head(1)
@@ -333,7 +266,7 @@ def run(quick: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp)) as tracking, _tracking(tracking):
         root, client = Path(tmp), mlflow.MlflowClient()
         v = _populate(frame)
-        port = _free_port()
+        port = free_port()
         register_webhook(f"http://127.0.0.1:{port}/webhooks/mlflow", SECRET)
         with serving(root, tracking, port=port, poll_seconds=600, webhook=True) as url, RouteWatcher(url) as watcher:
             records = {"b1": load(url, _body(b1), seconds=steady_s), "b32": load(url, _body(b32), seconds=steady_s)}
@@ -367,7 +300,7 @@ def run(quick: bool) -> dict:
         out["failed_requests"] = sum(r[0] != 200 for r, _ in checked)
         out["misrouted_requests"] = sum(misrouted(r, s, watcher) for r, s in checked if r[0] == 200)
         out["requests_checked"] = len(checked)
-        with serving(root, tracking, port=_free_port(), poll_seconds=1.0, webhook=False) as url:
+        with serving(root, tracking, port=free_port(), poll_seconds=1.0, webhook=False) as url:
             probe, times = Client(url), []
             for i in range(polls):
                 target = v["b2_feed_alt"] if i % 2 == 0 else v["b2_feed"]
@@ -386,8 +319,8 @@ def _base_switch(url: str, client, v: dict, body: bytes) -> float:
         client.set_registered_model_alias(f"ctr_lora_{slot}", "champion", v[f"b2_{slot}"])
     deadline = time.monotonic() + 120
     while True:
-        pending = (_get(url, "/routes")[1]["base"] or {}).get("pending") or {}
-        if len(pending.get("waiting_for", [])) == 1 and set(_get(url, "/routes")[1]["loaded"]) >= {
+        pending = (get_json(url, "/routes")[1]["base"] or {}).get("pending") or {}
+        if len(pending.get("waiting_for", [])) == 1 and set(get_json(url, "/routes")[1]["loaded"]) >= {
                 f"ctr_lora_feed:{v['b2_feed']}", f"ctr_lora_search:{v['b2_search']}"}:
             break
         if time.monotonic() > deadline:
