@@ -319,8 +319,9 @@ def _base_switch(url: str, client, v: dict, body: bytes) -> float:
         client.set_registered_model_alias(f"ctr_lora_{slot}", "champion", v[f"b2_{slot}"])
     deadline = time.monotonic() + 120
     while True:
-        pending = (get_json(url, "/routes")[1]["base"] or {}).get("pending") or {}
-        if len(pending.get("waiting_for", [])) == 1 and set(get_json(url, "/routes")[1]["loaded"]) >= {
+        routes = get_json(url, "/routes")[1]   # one read: pending and loaded of the same moment
+        pending = (routes["base"] or {}).get("pending") or {}
+        if len(pending.get("waiting_for", [])) == 1 and set(routes["loaded"]) >= {
                 f"ctr_lora_feed:{v['b2_feed']}", f"ctr_lora_search:{v['b2_search']}"}:
             break
         if time.monotonic() > deadline:

@@ -1,6 +1,7 @@
-"""The processes `pipelines.bench.serving_http` measures: a real `mlflow server` that may send alias
-webhooks to loopback, and `python -m pipelines serve`, each in its own session, pinned to cores apart
-from the clients where the machine allows it."""
+"""What both serving benchmarks share: the synthetic request rows they score (`request_frame`), and the
+processes `pipelines.bench.serving_http` measures: a real `mlflow server` that may send alias webhooks to
+loopback, and `python -m pipelines serve`, each in its own session, pinned to cores apart from the clients
+where the machine allows it."""
 from __future__ import annotations
 
 import contextlib
