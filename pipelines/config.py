@@ -149,6 +149,9 @@ class LoraTrainConfig(LoraShape):
     # holdout stays untouched). 0 disables validation and early stopping.
     val_fraction: float = 0.1
     early_stopping_patience: int = 2   # epochs without val-logloss improvement; 0 disables
+    # The untrained adapter (the base itself) competes as epoch 0 in early stopping: an adapter whose every
+    # epoch scores a worse val logloss than the base ends as a zero update instead of the least bad epoch.
+    keep_base_if_no_gain: bool = False
     # Stability rule lr * r / sqrt(batch_size) <= stability_max; the default and the evidence for
     # it: docs/benchmarks.md, "LoRA learning-rate stability rule".
     stability_max: float = 0.01
@@ -164,6 +167,10 @@ class LoraTrainConfig(LoraShape):
     # Per-layer ranks (PEFT rank_pattern): {module name, e.g. blocks.1.v_proj or v_proj: rank}; modules
     # not named keep `r`, and each keeps alpha / its rank as its scale. Empty: `r` everywhere.
     rank_pattern: dict = field(default_factory=dict)
+    # The layers whose target modules LoRA wraps, by index (PEFT layers_to_transform); negative ones count from
+    # the top, so [-1] is the top layer whatever the depth. Empty: every layer. For families whose layers are one
+    # numbered list (the feature transformer's `blocks.N`, the text transformer's `encoder.layer.N`); not dcn.
+    layers: tuple[int, ...] = ()
     # lambda of the orthogonality penalty: the loss gains lambda * sum_j ||dW^T dW_j||_F over the target
     # modules and the serving champions j of the other slots (training.orthogonality). 0: off.
     orthogonality_lambda: float = 0.0
@@ -202,6 +209,9 @@ class LoraTrainConfig(LoraShape):
                f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
         _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")
         self._check_rank_pattern()
+        _check(all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers)
+               and len(set(self.layers)) == len(self.layers),
+               f"lora.layers must be distinct layer indices (-1: the top layer), got {list(self.layers)}")
         _check(self.orthogonality_lambda >= 0,
                f"lora.orthogonality_lambda must be >= 0, got {self.orthogonality_lambda}")
         import math  # local: this class is the only user
@@ -353,6 +363,11 @@ class PipelineConfig:
             wrong = sorted(set(targets) - allowed - extra)
             _check(not wrong, f"{section}.target_modules {wrong} are not modules of model.family {fam!r} "
                    f"(choose from {sorted(allowed)})")
+        _check(fam != "dcn" or not self.lora.layers, "lora.layers: dcn's cross and deep layers are two lists, "
+               f"not one; wrap modules by name (lora.target_modules) instead, got {list(self.lora.layers)}")
+        blocks = self.model.n_blocks
+        _check(fam != "feature_transformer" or all(-blocks <= i < blocks for i in self.lora.layers),
+               f"lora.layers {list(self.lora.layers)}: the model has {blocks} blocks (0..{blocks - 1} or -{blocks}..-1)")
         _check(fam == "feature_transformer" or self.cold_start.init != "covariance",
                f"cold_start.init: covariance needs the feature_transformer family; with model.family {fam!r} "
                "set cold_start.init: default")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from pipelines.bench import backtest_models as bm
-from pipelines.bench.backtest_protocol import Backtest, build, summary
+from pipelines.bench.backtest_protocol import Backtest, auc_within, build, summary
 from pipelines.bench.backtest_served import Served
 from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
 from pipelines.errors import ConfigError
@@ -35,14 +35,16 @@ QUICK_DAYS = 7
 
 
 def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = True, policy: GatePolicy | None = None,
-                served_dir: str | None = None, flip_labels: str | None = None) -> dict[str, bm.Comparator]:
+                served_dir: str | None = None, flip_labels: str | None = None,
+                base_cache: str | None = None) -> dict[str, bm.Comparator]:
     """The comparators `names` (a subset of COMPARATORS), in the order they run; the adapters share
     the static base, which is trained once whether or not `static` itself is reported. `ids_per_slot`
     False: one `adapter_ids` adapter a day for every slot, on all the window's rows (a diagnostic: the
     pipeline trains adapters per slot). `served` replays the pipeline under `policy` (default: the gate
-    policy file) in `served_dir` (default: a new temporary directory), `flip_labels` its injected fault."""
+    policy file) in `served_dir` (default: a new temporary directory), `flip_labels` its injected fault.
+    `base_cache`: a folder keeping the static base between replays (`backtest_models.Static`)."""
     _check_names(names)
-    static = bm.Static(cfg)
+    static = bm.Static(cfg, base_cache)
     made = {"static": static,
             "adapter": bm.SlotAdapters("adapter", cfg, bm.lora_only_config(cfg.lora), static),
             "adapter_ids": bm.SlotAdapters("adapter_ids", cfg, bm.id_token_config(cfg.lora), static,
@@ -56,7 +58,7 @@ def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = 
 
 def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to: str | None = None,
         max_days: int | None = None, names=COMPARATORS, parallel: bool = True, ids_per_slot: bool = True,
-        quick: bool = False, **served) -> dict:
+        quick: bool = False, base_cache: str | None = None, **served) -> dict:
     """Replay the scored days of `frame` (default: MovieLens-100K) for the comparators `names`;
     `served`: `comparators`' policy, served_dir and flip_labels. `quick`: at most 7 days, and only the
     rows of the config's first slot (that slot alone in the config)."""
@@ -71,7 +73,7 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
         frame = frame[frame["slot"] == slot]
         max_days = min(max_days or QUICK_DAYS, QUICK_DAYS)
     bt = build(frame, day_from, day_to, max_days)
-    models = comparators(cfg, names, ids_per_slot=ids_per_slot, **served)
+    models = comparators(cfg, names, ids_per_slot=ids_per_slot, base_cache=base_cache, **served)
     log.info("backtest: %d days %s..%s, %d scored rows (%d warm), comparators %s", len(bt.days), bt.days[0].date,
              bt.days[-1].date, bt.last - bt.first, int(bt.warm[bt.first:bt.last].sum()), list(models))
     t0 = time.perf_counter()
@@ -114,6 +116,7 @@ def _replay_alone(model: bm.Comparator, bt: Backtest) -> tuple[np.ndarray, bm.Co
 
 def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.ndarray], wall_s: float) -> dict:
     y, warm, new_item = bt.labels(), bt.warm[bt.first:bt.last], bt.new_item[bt.first:bt.last]
+    groups = bt.slot_days()
     out: dict = {"from": bt.days[0].date, "to": bt.days[-1].date, "days": len(bt.days), "rows": int(len(y)),
                  "warm_rows": int(warm.sum()), "cold_rows": int((~warm).sum()), "new_item_rows": int(new_item.sum())}
     for name in COMPARATORS:
@@ -121,7 +124,9 @@ def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.
             continue
         s = summary(y, preds[name], warm, new_item)
         out.update({f"{name}_auc": s["auc"], f"{name}_auc_warm": s["auc_warm"], f"{name}_auc_cold": s["auc_cold"],
-                    f"{name}_auc_new_item": s["auc_new_item"], f"{name}_cpu_s": round(models[name].cpu_s, 1)})
+                    f"{name}_auc_new_item": s["auc_new_item"],
+                    f"{name}_auc_within_slot_day": auc_within(y, preds[name], groups),
+                    f"{name}_cpu_s": round(models[name].cpu_s, 1)})
     for name in ("adapter", "adapter_ids"):
         if name in models:
             out[f"{name}_bytes"] = models[name].info()["adapter_bytes"]
@@ -172,11 +177,13 @@ def table(r: dict) -> str:
     """The result as a small markdown table (the CLI's output without --json)."""
     lines = [f"backtest {r['from']}..{r['to']} (model family {r.get('model_family')}): {r['days']} days, {r['rows']} "
              f"rows ({r['warm_rows']} warm, {r['cold_rows']} cold at scoring, {r.get('new_item_rows')} of new items)", "",
-             "| comparator | AUC | AUC warm | AUC cold | AUC new items | training CPU s |", "|---|---|---|---|---|---|"]
+             "| comparator | AUC | AUC warm | AUC cold | AUC new items | AUC within slot-day | training CPU s |",
+             "|---|---|---|---|---|---|---|"]
     for name in COMPARATORS:
         if f"{name}_auc" in r:
             lines.append(f"| {name} | {r[f'{name}_auc']} | {r[f'{name}_auc_warm']} | {r[f'{name}_auc_cold']} | "
-                         f"{r.get(f'{name}_auc_new_item')} | {r[f'{name}_cpu_s']} |")
+                         f"{r.get(f'{name}_auc_new_item')} | {r.get(f'{name}_auc_within_slot_day')} | "
+                         f"{r[f'{name}_cpu_s']} |")
     if "gate_releases" in r:
         t = r["gate_trust"]
         lines += ["", f"served: {r['gate_releases']} releases, {r['gate_rejections']} rejections, {r['gate_held']} held; "

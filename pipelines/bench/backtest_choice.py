@@ -12,6 +12,13 @@ base. The rule, on the validation days only:
   default by more than the margin.
 The chosen candidate and the default are then replayed on the test days; the test days choose nothing.
 
+`schedule`: how hard and on what an adapter trains: the config's lr on every layer (`all_layers`), lr / 5
+and lr / 25; the untrained
+adapter as a candidate epoch (`lora.keep_base_if_no_gain`); LoRA on the top layer only (`lora.layers`,
+for the families with one numbered layer list), at the config's lr, at lr / 5, and at lr / 5 on a window
+4 times as long (the top layer costs about a sixth of the transformer's backward pass, so the longer
+window stays affordable). It was added for the text family, whose adapters of the shipped recipe lowered
+its base (docs/benchmarks.md, Model families side by side).
 `ranks`: r in {2, 4, 8, 16} for every module, and per-layer patterns (PEFT `rank_pattern`: q against v,
 lower blocks against upper blocks). `orthogonality`: lambda in {0, 0.1, 1, 10} for the penalty against
 the other slots' newest adapters (`lora.orthogonality_lambda`). Each candidate also reports its
@@ -25,7 +32,7 @@ import time
 
 from pipelines.bench import backtest_models as bm
 from pipelines.bench.backtest import replay
-from pipelines.bench.backtest_protocol import build, summary
+from pipelines.bench.backtest_protocol import auc_within, build, summary
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError
 
@@ -33,7 +40,7 @@ log = logging.getLogger(__name__)
 
 VALIDATION = ("1998-01-20", "1998-03-06")   # the 46 days before the test period (as adapter_ids was chosen)
 MARGIN = 0.003
-DEFAULT = {"ranks": "r8", "orthogonality": "lambda_0"}
+DEFAULT = {"ranks": "r8", "orthogonality": "lambda_0", "schedule": "all_layers"}
 
 
 def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
@@ -42,6 +49,8 @@ def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
     if choice == "orthogonality":
         return {"lambda_0": {}, "lambda_0.1": {"orthogonality_lambda": 0.1}, "lambda_1": {"orthogonality_lambda": 1.0},
                 "lambda_10": {"orthogonality_lambda": 10.0}}
+    if choice == "schedule":
+        return _schedule(cfg)
     if choice != "ranks":
         raise ConfigError(f"backtest --choose: unknown choice {choice!r}; choose from {sorted(DEFAULT)}")
     out = {"r8": {"r": 8}, "r2": {"r": 2}, "r4": {"r": 4}, "r16": {"r": 16}}
@@ -57,6 +66,21 @@ def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
     return out
 
 
+def _schedule(cfg: PipelineConfig) -> dict[str, dict]:
+    lr, window = cfg.lora.lr, cfg.lora.window_days
+    out = {"all_layers": {}, "lr_div5": {"lr": lr / 5}, "lr_div25": {"lr": lr / 25}, "keep_base": {"keep_base_if_no_gain": True}}
+    top = top_layer(cfg)
+    if top is not None:
+        out.update({"top_layer": {"layers": (top,)}, "top_layer_lr_div5": {"layers": (top,), "lr": lr / 5},
+                    "top_layer_lr_div5_window_x4": {"layers": (top,), "lr": lr / 5, "window_days": 4 * window}})
+    return out
+
+
+def top_layer(cfg: PipelineConfig) -> int | None:
+    """`lora.layers`' name of the top layer (-1), or None where the family's layers are not one list."""
+    return -1 if cfg.model.family in ("feature_transformer", "minilm_text") else None
+
+
 def choose(rows: dict[str, dict], margin: float = MARGIN) -> str:
     """The rule above, on {name: {"auc", "adapter_bytes"}} in preference order. Pure."""
     scored = {n: r for n, r in rows.items() if r.get("auc") is not None}
@@ -69,24 +93,26 @@ def choose(rows: dict[str, dict], margin: float = MARGIN) -> str:
 
 
 def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: str | None, day_to: str | None,
-             max_days: int | None) -> dict:
+             max_days: int | None, base_cache: str | None = None) -> dict:
     """One replay of `static` and every candidate over the days: AUC (warm / cold), CPU, bytes, |cos|."""
     bt = build(frame, day_from, day_to, max_days)
-    static = bm.Static(cfg)
+    static = bm.Static(cfg, base_cache)
     models: dict[str, bm.Comparator] = {"static": static}
     for name, over in overrides.items():
         # from the config's lora with both options off, so a candidate is exactly what its name says
-        plain = dataclasses.replace(bm.lora_only_config(cfg.lora), rank_pattern={}, orthogonality_lambda=0.0)
+        plain = dataclasses.replace(bm.lora_only_config(cfg.lora), rank_pattern={}, orthogonality_lambda=0.0,
+                                    layers=(), keep_base_if_no_gain=False)
         lora = dataclasses.replace(plain, **over)
         models[name] = bm.SlotAdapters(name, cfg, lora, static)
     t0 = time.perf_counter()
     preds = replay(models, bt)
-    y, warm = bt.labels(), bt.warm[bt.first:bt.last]
+    y, warm, groups = bt.labels(), bt.warm[bt.first:bt.last], bt.slot_days()
     out = {"from": bt.days[0].date, "to": bt.days[-1].date, "days": len(bt.days), "rows": int(len(y)),
            "candidates": {}, "wall_s": 0.0}
     for name, model in models.items():
         s = summary(y, preds[name], warm)
-        row = {"auc": s["auc"], "auc_warm": s["auc_warm"], "auc_cold": s["auc_cold"]}
+        row = {"auc": s["auc"], "auc_warm": s["auc_warm"], "auc_cold": s["auc_cold"],
+               "auc_within_slot_day": auc_within(y, preds[name], groups)}
         if name != "static":
             info = model.info()
             row.update(cpu_s=round(model.cpu_s, 1), adapter_bytes=info["adapter_bytes"],
@@ -98,10 +124,11 @@ def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: s
 
 def run(cfg: PipelineConfig, frame=None, *, choice: str, validation: tuple[str, str] = VALIDATION,
         test: tuple[str | None, str | None] = (None, None), max_days: int | None = None,
-        only: list[str] | None = None) -> dict:
+        only: list[str] | None = None, base_cache: str | None = None, val_days: int | None = None) -> dict:
     """Choose on `validation`, then replay the chosen candidate and the default on `test` (default: the
     backtest's test days). `only`: a subset of the candidates (the default is always kept); `max_days`:
-    at most this many days of each range (a smoke run)."""
+    at most this many days of each range (a smoke run); `val_days`: at most this many validation days (the
+    first ones; a choice for a slow family); `base_cache`: as `backtest.run`'s."""
     if frame is None:
         from pipelines.data import movielens
 
@@ -112,14 +139,15 @@ def run(cfg: PipelineConfig, frame=None, *, choice: str, validation: tuple[str, 
         raise ConfigError(f"backtest --choose {choice}: unknown candidates {unknown}; choose from {list(every)}")
     default = DEFAULT[choice]
     picked = {n: o for n, o in every.items() if not only or n in only or n == default}
-    val = _measure(cfg, frame, picked, *validation, max_days)
+    limits = [d for d in (max_days, val_days) if d is not None]
+    val = _measure(cfg, frame, picked, *validation, min(limits) if limits else None, base_cache)
     chosen = choose({n: r for n, r in val["candidates"].items() if n != "static"})
     log.info("backtest --choose %s: %s chosen on %s..%s", choice, chosen, val["from"], val["to"])
     final = {n: picked[n] for n in dict.fromkeys((default, chosen))}
     return {"choice": choice, "rule": f"fewest adapter bytes within {MARGIN} of the best validation AUC, "
                                       "then the earlier candidate (the default first)",
             "default": default, "chosen": chosen, "validation": val,
-            "test": _measure(cfg, frame, final, *test, max_days)}
+            "test": _measure(cfg, frame, final, *test, max_days, base_cache)}
 
 
 def table(r: dict) -> str:
@@ -128,12 +156,12 @@ def table(r: dict) -> str:
     for part in ("validation", "test"):
         p = r[part]
         lines += ["", f"{part} {p['from']}..{p['to']} ({p['days']} days, {p['rows']} rows)", "",
-                  "| candidate | lora | AUC | warm | cold | CPU s | bytes | max abs cos (min / median / max) "
-                  "| median norm of dW |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| candidate | lora | AUC | warm | cold | within slot-day | CPU s | bytes "
+                  "| max abs cos (min / median / max) | median norm of dW |", "|---|---|---|---|---|---|---|---|---|---|"]
         for name, c in p["candidates"].items():
             cos, norm = c.get("max_abs_cos"), c.get("update_norm")
             spread = " / ".join(f"{cos[k]:.2f}" for k in ("min", "median", "max")) if cos else "-"
             median_norm = f"{norm['median']:.3f}" if norm else "-"
             lines.append(f"| {name} | {c.get('lora', '-')} | {c['auc']} | {c['auc_warm']} | {c['auc_cold']} | "
-                         f"{c.get('cpu_s', '-')} | {c.get('adapter_bytes', '-')} | {spread} | {median_norm} |")
+                         f"{c['auc_within_slot_day']} | {c.get('cpu_s', '-')} | {c.get('adapter_bytes', '-')} | {spread} | {median_norm} |")
     return "\n".join(lines)

@@ -15,14 +15,18 @@ def add_parser(sub) -> None:
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
     bt.add_argument("--few-shot", type=int, metavar="K",
                     help="instead: new users scored after their first K labelled rows (the few-shot mode)")
-    bt.add_argument("--choose", choices=("ranks", "orthogonality"),
+    bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule"),
                     help="instead: choose that LoRA option on the validation days, then replay it on the test days "
                          "(--from/--to; --only: a subset of its candidates)")
+    bt.add_argument("--val-days", type=int, help="--choose: at most this many validation days (the first ones)")
     bt.add_argument("--quick", action="store_true", help="7 days of one slot's rows (a smoke run, minutes)")
     bt.add_argument("--served-dir", help="served: the replay's lake and MLflow store (default: a new temp folder)")
     bt.add_argument("--flip-labels", metavar="DAY", help="served: that day lands with its labels flipped (a fault)")
     bt.add_argument("--ids-all-slots", action="store_true",
                     help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)")
+    bt.add_argument("--base-cache", metavar="DIR",
+                    help="keep the fitted static base in DIR and load it on a later replay with the same settings "
+                         "and history (the text family's base costs about 20 CPU minutes)")
     bt.add_argument("--config")
     bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")
@@ -47,12 +51,13 @@ def cmd(a) -> int:
         from pipelines.bench import backtest_choice
 
         out = backtest_choice.run(load_pipeline_config(a.config), choice=a.choose, test=(a.day_from, a.day_to),
-                                  max_days=a.days, only=a.only.split(",") if a.only else None)
+                                  max_days=a.days, only=a.only.split(",") if a.only else None,
+                                  base_cache=a.base_cache, val_days=a.val_days)
         print(json.dumps(out) if a.json else backtest_choice.table(out))
         return 0
     out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
                        names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots,
-                       quick=a.quick, served_dir=a.served_dir, flip_labels=a.flip_labels)
+                       quick=a.quick, served_dir=a.served_dir, flip_labels=a.flip_labels, base_cache=a.base_cache)
     if a.report or a.mlflow:
         from pipelines.bench import backtest_report
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -108,23 +111,66 @@ def score(model, cfg: PipelineConfig, rows: pd.DataFrame) -> np.ndarray:
     return predict(model, family.encode(rows, cfg.model))
 
 
+def base_key(cfg: PipelineConfig, history: pd.DataFrame) -> str:
+    """What a static base is a function of: the model and base-training settings and the rows before the cutoff."""
+    settings = {"model": dataclasses.asdict(cfg.model), "base_training": dataclasses.asdict(cfg.base_training)}
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    h.update(pd.util.hash_pandas_object(history, index=False).to_numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
 class Static(Comparator):
-    """The base frozen at the cutoff; the adapters' base too (`model`)."""
+    """The base frozen at the cutoff; the adapters' base too (`model`). With `cache_dir` the fitted base is
+    kept there (keyed by `base_key`) and a later replay with the same settings and history loads it instead
+    of fitting it again: the text family's base costs about 20 CPU minutes, and a recipe search replays the
+    same base many times. `cpu_s` counts the fit only when it ran."""
 
     name = "static"
 
-    def __init__(self, cfg: PipelineConfig) -> None:
+    def __init__(self, cfg: PipelineConfig, cache_dir: str | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.cache_dir = cfg, cache_dir
         self.model = None
+        self.loaded_from: str | None = None
 
     def ensure(self, bt: Backtest):
         if self.model is None:
-            self.model = self._timed(fit_base, self.cfg, bt.history(bt.days[0]), "backtest-static")
+            history = bt.history(bt.days[0])
+            path = Path(self.cache_dir) / f"{self.cfg.model.family}-{base_key(self.cfg, history)}.pt" \
+                if self.cache_dir else None
+            if path is not None and path.is_file():
+                self.model, self.loaded_from = _load_base(self.cfg, path), str(path)
+                log.info("backtest: static base loaded from %s", path)
+            else:
+                self.model = self._timed(fit_base, self.cfg, history, "backtest-static")
+                if path is not None:
+                    _save_base(self.model, path)
         return self.model
+
+    def info(self) -> dict:
+        return {"base_loaded_from": self.loaded_from} if self.loaded_from else {}
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
         return score(self.ensure(bt), self.cfg, bt.scored(day))
+
+
+def _save_base(model, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)   # a reader never sees half a file
+
+
+def _load_base(cfg: PipelineConfig, path: Path):
+    import torch
+
+    from pipelines.model import family
+
+    model = family.resolve(cfg.model.family).build(cfg.model)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model.eval()
 
 
 class FullRetrain(Comparator):
@@ -211,7 +257,7 @@ class SlotAdapters(Comparator):
         model = adapters.attach(copy.deepcopy(base), lc, token_rows=token_rows)
         fit, val = time_split(rows, lc.val_fraction)
         settings = LoopSettings(lc.epochs, lc.batch_size, lc.stable_lr(), lc.weight_decay, lc.warmup_steps, lc.seed,
-                                patience=lc.early_stopping_patience)
+                                patience=lc.early_stopping_patience, start_is_candidate=lc.keep_base_if_no_gain)
         enc = self.cfg.model
         reg = Regularizer(lc.orthogonality_lambda, siblings) if lc.orthogonality_lambda > 0 and siblings else None
         train(model, family.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
@@ -228,7 +274,8 @@ class SlotAdapters(Comparator):
                 "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),
                          "trainable_tokens": list(self.lora.trainable_tokens),
                          "tokens_only": self.lora.tokens_only, "window_days": self.lora.window_days,
-                         "rank_pattern": dict(self.lora.rank_pattern),
+                         "rank_pattern": dict(self.lora.rank_pattern), "layers": list(self.lora.layers),
+                         "lr": self.lora.stable_lr(), "keep_base_if_no_gain": self.lora.keep_base_if_no_gain,
                          "orthogonality_lambda": self.lora.orthogonality_lambda},
                 "max_abs_cos": _spread(self.cos), "update_norm": _spread(self.norms)}
 

@@ -69,6 +69,12 @@ class Backtest:
         lo = int(np.searchsorted(self.dates[:day.start], first, side="left"))
         return self.frame.iloc[lo:day.start]
 
+    def slot_days(self) -> np.ndarray:
+        """"<day>/<slot>" of every scored row: the groups one adapter scores (`auc_within`)."""
+        scored = slice(self.first, self.last)
+        return np.char.add(np.char.add(self.dates[scored].astype(str), "/"),
+                           self.frame["slot"].iloc[scored].astype(str).to_numpy().astype(str))
+
     def labels(self) -> np.ndarray:
         return self.frame["label"].to_numpy()[self.first:self.last].astype(np.int64)
 
@@ -129,3 +135,19 @@ def summary(y: np.ndarray, p: np.ndarray, warm: np.ndarray, new_item: np.ndarray
     if new_item is not None:
         out["auc_new_item"] = clean(new_item)
     return out
+
+
+def auc_within(y: np.ndarray, p: np.ndarray, groups: np.ndarray) -> float | None:
+    """The mean AUC inside each group, weighted by its rows (groups with one class are left out). Pooled AUC
+    also rewards a model whose score *level* follows each group's click rate; this one sees the ranking inside
+    a group alone, so the two apart tell a model that ranks worse from one whose level drifts (a daily adapter
+    per slot that learned its window's click rate scores the next day's rows at that rate)."""
+    total, weight = 0.0, 0
+    for g in np.unique(groups):
+        m = groups == g
+        if len(set(y[m])) < 2:
+            continue
+        v = auc(y[m], p[m])
+        if not math.isnan(v):
+            total, weight = total + v * int(m.sum()), weight + int(m.sum())
+    return round(total / weight, 4) if weight else None

@@ -13,6 +13,7 @@ q/v cannot give a user the base never saw a representation of its own, and these
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from torch import nn
@@ -24,6 +25,8 @@ from pipelines.errors import ConfigError
 log = logging.getLogger(__name__)
 
 LAYERNORM_BIAS_FILE = "layernorm_bias.safetensors"
+# Names of the module lists whose numbered entries `lora.layers` indexes (PEFT layers_pattern).
+LAYER_LISTS = ("blocks", "layer", "layers")
 _LN_FLAG = "_ctr_layernorm_bias"   # set on the PeftModel when its LayerNorm biases belong to the adapter
 
 
@@ -65,12 +68,46 @@ def token_targets(base: nn.Module, cfg: LoraTrainConfig, rows: dict[str, list[in
     return out
 
 
-def peft_config(cfg: LoraTrainConfig, token_indices: dict[str, list[int]] | None = None):
+def peft_config(cfg: LoraTrainConfig, token_indices: dict[str, list[int]] | None = None,
+                layers: list[int] | None = None):
+    """PEFT's LoraConfig of `cfg`; `layers`: `cfg.layers` as non-negative indices (`layer_indices`)."""
     from peft import LoraConfig
 
+    if cfg.layers and layers is None:
+        raise ValueError("peft_config: lora.layers needs the model's indices (layer_indices)")
     return LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                       target_modules=target_names(cfg), bias="none", trainable_token_indices=token_indices or None,
-                      rank_pattern=dict(cfg.rank_pattern))
+                      rank_pattern=dict(cfg.rank_pattern), layers_to_transform=layers or None,
+                      layers_pattern=list(LAYER_LISTS) if layers else None)
+
+
+def layer_indices(base: nn.Module, cfg: LoraTrainConfig) -> list[int]:
+    """`cfg.layers` as indices of `base`'s layer list: a negative one counts from the top (-1: the top layer,
+    whatever the model's depth), as in Python. An index past the model's layers is refused."""
+    if not cfg.layers:
+        return []
+    pattern = re.compile(rf"\.(?:{'|'.join(LAYER_LISTS)})\.(\d+)\.")
+    found = {int(m.group(1)) for name, _ in base.named_modules()
+             if name.split(".")[-1] in set(target_names(cfg)) and (m := pattern.search(f".{name}"))}
+    depth = max(found) + 1 if found else 0
+    bad = [i for i in cfg.layers if not -depth <= i < depth]
+    if bad:
+        raise ConfigError(f"lora.layers {bad}: the model's {list(cfg.target_modules)} sit in {depth} numbered layers "
+                          f"(indices 0..{depth - 1} or -{depth}..-1)" if depth else
+                          f"lora.layers {list(cfg.layers)}: no {list(cfg.target_modules)} module sits in a layer list "
+                          f"named one of {list(LAYER_LISTS)}")
+    return sorted({i % depth for i in cfg.layers})
+
+
+def check_layers(model, layers: list[int], cfg: LoraTrainConfig, adapter_name: str = "default") -> None:
+    """Every layer of `layers` must have a wrapped module (PEFT skips an index it finds no module in)."""
+    wrapped = [name for name, m in model.named_modules()
+               if hasattr(m, "lora_A") and adapter_name in m.lora_A]
+    pattern = "|".join(LAYER_LISTS)
+    missing = [i for i in layers if not any(re.search(rf"\.(?:{pattern})\.{i}\.", f".{n}") for n in wrapped)]
+    if missing:
+        raise ConfigError(f"lora.layers: layers {missing} have no {list(cfg.target_modules)} module "
+                          f"(wrapped: {sorted(wrapped)})")
 
 
 def check_rank_pattern(model, cfg: LoraTrainConfig, adapter_name: str = "default") -> None:
@@ -116,8 +153,10 @@ def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default",
 
     base.requires_grad_(False)
     tokens = token_targets(base, cfg, token_rows)
-    model = get_peft_model(base, peft_config(cfg, tokens), adapter_name=adapter_name)
+    layers = layer_indices(base, cfg)
+    model = get_peft_model(base, peft_config(cfg, tokens, layers), adapter_name=adapter_name)
     check_rank_pattern(model, cfg, adapter_name)
+    check_layers(model, layers, cfg, adapter_name)
     if cfg.tokens_only:   # PEFT wants a LoRA target; its B matrices start at zero and stay there
         for name, p in model.named_parameters():
             if "lora_" in name:

@@ -50,7 +50,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     data_lineage = streams["index"].lineage()
     sizes = adapters.trainable_fraction(model)
     settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
-                            patience=lc.early_stopping_patience)
+                            patience=lc.early_stopping_patience, start_is_candidate=lc.keep_base_if_no_gain)
     model_name = cfg.adapter_model_name(slot)
     chash = config_hash(lc)
     store = checkpoint.CheckpointStore(checkpoint_uri or checkpoint.default_uri(

@@ -54,6 +54,9 @@ class LoopSettings:
     warmup_steps: int
     seed: int
     patience: int = 0   # early stopping: epochs without a lower val logloss before stopping; 0 = off
+    # With early stopping: the weights before the first epoch are a candidate too (epoch 0). For an adapter
+    # (LoRA B starts at zero) that is the base itself: when no epoch beats it on the val rows, none is kept.
+    start_is_candidate: bool = False
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -134,7 +137,8 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
     loss (training.orthogonality.Regularizer). `on_epoch(metrics)` is called
     after each epoch, and once per restored epoch on resume (so a fresh MLflow run gets the whole
     curve). Returns a JSON-safe dict: history, epochs_run, best_epoch, best_val_logloss,
-    resumed_from_epoch, stopped_early, diverged.
+    resumed_from_epoch, stopped_early, diverged. `settings.start_is_candidate`: the starting weights
+    compete as epoch 0 (best_epoch 0: no epoch improved on them, and they are what the model ends with).
     """
     configure_threads()
     seed_everything(settings.seed)
@@ -155,6 +159,8 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
     resumed_from = _resume(checkpoint, key, st, named, opt, gen, settings, desc)
     for m in st["history"] if on_epoch else ():
         on_epoch(m)
+    if settings.start_is_candidate and settings.patience > 0 and val_src is not None and st["epoch"] == 0:
+        _select(st, {"epoch": 0, **evaluate(model, val_src)}, named, settings.patience, desc)
 
     while st["epoch"] < settings.epochs and not st["stopped"]:
         metrics = _fit_epoch(model, src, val_src, opt, gen, st, named, settings, total, desc, progress, regularizer)

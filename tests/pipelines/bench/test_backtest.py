@@ -1,4 +1,5 @@
 """The backtest on MovieLens-100K, two days, every comparator (real models, real PEFT, the second process)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -113,3 +114,23 @@ def test_the_backtest_runs_on_each_shipped_family_config(config, frame, text_sou
     info = r["comparators"]["adapter"]
     assert info["adapters_trained"] == 2 and info["cpu_s_per_adapter"] > 0
     assert info["lora"]["target_modules"] == list(cfg.lora.target_modules)
+
+
+@pytest.mark.parametrize("config", ["configs/pipeline.yaml", "configs/movielens_dcn.yaml", "configs/movielens_text.yaml"])
+def test_a_cached_static_base_is_loaded_and_scores_as_the_fitted_one(config, frame, text_source, tmp_path):
+    """`--base-cache`: the second replay loads the base the first one fitted (no training CPU, the same
+    scores); another base setting is another key, so it is fitted, never served from the cache."""
+    over = {"base_training": {"epochs": 1}, "lora": {"epochs": 1}}
+    cfg = load_pipeline_config(config, overrides={**over, "model": {"text": {"source": text_source}}}
+                               if "text" in config else over)
+    cache = str(tmp_path / "bases")
+    first = backtest.run(cfg, frame, max_days=1, names=("static",), quick=True, base_cache=cache)
+    saved = list(Path(cache).glob(f"{cfg.model.family}-*.pt"))
+    assert len(saved) == 1 and first["static_cpu_s"] > 0 and "static" not in first["comparators"]
+    again = backtest.run(cfg, frame, max_days=1, names=("static", "adapter"), quick=True, base_cache=cache)
+    assert again["comparators"]["static"]["base_loaded_from"] == str(saved[0])
+    assert again["static_cpu_s"] == 0.0 and again["static_auc"] == first["static_auc"]
+    assert again["comparators"]["adapter"]["adapters_trained"] == 1
+    other = dataclasses.replace(cfg, base_training=dataclasses.replace(cfg.base_training, lr=cfg.base_training.lr / 2))
+    moved = backtest.run(other, frame, max_days=1, names=("static",), quick=True, base_cache=cache)
+    assert moved["static_cpu_s"] > 0 and len(list(Path(cache).glob("*.pt"))) == 2

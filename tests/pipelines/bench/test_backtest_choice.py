@@ -36,6 +36,18 @@ def test_candidates_follow_the_configs_targets_and_blocks():
         bc.candidates(cfg, "dropout")
 
 
+def test_schedule_candidates_scale_the_configs_lr_and_name_the_top_layer_where_there_is_one(text_source):
+    cfg = load_pipeline_config(overrides={"lora": {"lr": 0.005, "window_days": 7}})
+    sched = bc.candidates(cfg, "schedule")
+    assert list(sched)[0] == bc.DEFAULT["schedule"] == "all_layers" and sched["all_layers"] == {}
+    assert sched["lr_div5"] == {"lr": 0.001} and sched["lr_div25"] == {"lr": 0.0002}
+    assert sched["top_layer_lr_div5_window_x4"] == {"layers": (-1,), "lr": 0.001, "window_days": 28}
+    text = load_pipeline_config("configs/movielens_text.yaml", overrides={"model": {"text": {"source": text_source}}})
+    assert bc.candidates(text, "schedule")["top_layer"] == {"layers": (-1,)}
+    dcn = bc.candidates(load_pipeline_config("configs/movielens_dcn.yaml"), "schedule")
+    assert set(dcn) == {"all_layers", "lr_div5", "lr_div25", "keep_base"}   # two layer lists: no top layer
+
+
 @pytest.mark.slow
 def test_a_short_choice_through_the_cli_replays_validation_then_test_days(tmp_path):
     config = tmp_path / "fast.yaml"
@@ -53,3 +65,23 @@ def test_a_short_choice_through_the_cli_replays_validation_then_test_days(tmp_pa
     # the first day has no sibling yet; from the second, each adapter is measured against the others
     assert pen["max_abs_cos"]["n"] > 0 and pen["max_abs_cos"]["median"] < plain["max_abs_cos"]["median"]
     assert pen["lora"] == {"orthogonality_lambda": 10.0} and pen["adapter_bytes"] == plain["adapter_bytes"]
+
+
+@pytest.mark.slow
+def test_schedule_through_the_cli_on_fewer_validation_days_with_a_cached_base(tmp_path):
+    config = tmp_path / "fast.yaml"
+    config.write_text("base_training: {epochs: 1}\nlora: {epochs: 1}\n")
+    cache = tmp_path / "bases"
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "backtest", "--choose", "schedule", "--only",
+                           "top_layer_lr_div5", "--val-days", "1", "--days", "2", "--base-cache", str(cache),
+                           "--config", str(config), "--json"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    assert (r["validation"]["days"], r["test"]["days"]) == (1, 2)   # --val-days limits the validation days only
+    assert list(r["validation"]["candidates"]) == ["static", "all_layers", "top_layer_lr_div5"]
+    assert r["validation"]["candidates"]["top_layer_lr_div5"]["lora"] == {"layers": [-1], "lr": 0.001}
+    # the top layer's adapter is the smaller one: the rule takes it unless it is worse by more than the margin
+    top, every = (r["validation"]["candidates"][n] for n in ("top_layer_lr_div5", "all_layers"))
+    assert top["adapter_bytes"] < every["adapter_bytes"]
+    assert r["chosen"] == ("top_layer_lr_div5" if top["auc"] >= every["auc"] - bc.MARGIN else "all_layers")
+    assert len(list(cache.glob("feature_transformer-*.pt"))) == 2   # one base per cutoff: validation and test

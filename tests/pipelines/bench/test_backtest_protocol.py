@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.bench.backtest_protocol import build, summary
+from pipelines.bench.backtest_protocol import auc_within, build, summary
 from pipelines.errors import ConfigError
 
 
@@ -68,3 +68,21 @@ def test_summary_splits_warm_and_cold_and_says_none_where_undefined():
     new_item = np.array([False, True, True, False, True])
     assert summary(y, p, warm, new_item)["auc_new_item"] == 1.0   # rows 1, 2, 4: 0.9 and 0.7 above 0.5
     assert "auc_new_item" not in summary(y, p, warm)
+
+
+def test_auc_within_groups_sees_ranking_not_the_level_of_each_group():
+    """Two groups each ranked perfectly: within-group AUC 1 whatever each group's level; pooled AUC drops
+    when one group's scores sit above the other's though its rows click less."""
+    y = np.array([0, 1, 0, 1, 0, 0, 1])
+    groups = np.array(["d1/a"] * 2 + ["d1/b"] * 4 + ["d2/a"])       # the last group has one class: left out
+    level = np.array([0.1, 0.2, 0.8, 0.9, 0.7, 0.75, 0.5])           # group b sits higher, and clicks less
+    assert auc_within(y, level, groups) == 1.0
+    assert summary(y, level, np.ones(7, dtype=bool))["auc"] < 0.8
+    worse = np.array([0.2, 0.1, 0.8, 0.9, 0.7, 0.75, 0.5])           # group a ranked backwards: weight 2 of 6
+    assert auc_within(y, worse, groups) == pytest.approx(4 / 6, abs=1e-4)
+    assert auc_within(y[:1], level[:1], groups[:1]) is None
+
+
+def test_slot_days_name_each_scored_rows_day_and_slot():
+    bt = build(_log(), "2024-01-04")
+    assert list(bt.slot_days()) == ["2024-01-04/morning"] * 2 + ["2024-01-05/morning"] * 2

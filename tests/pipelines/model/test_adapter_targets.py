@@ -130,3 +130,57 @@ def test_rank_pattern_is_checked_against_the_config_and_the_model():
     assert load_pipeline_config(overrides={"lora": {"rank_pattern": {"blocks.1.v_proj": 4}}}).lora.max_rank == 8
     lc = LoraTrainConfig(r=4, lr=0.01, batch_size=64, rank_pattern={"v_proj": 16})
     assert lc.max_rank == 16 and lc.stability == pytest.approx(0.01 * 16 / 8)   # the rule bounds the largest rank
+
+
+def _two_blocks():
+    from dataclasses import replace
+
+    from pipelines.model import family
+    from tests.pipelines.training.helpers import CFG
+
+    return family.build(replace(CFG, n_blocks=2))
+
+
+def test_layers_wrap_the_targets_of_those_layers_only_and_survive_save_load(tmp_path):
+    model = adapters.attach(_two_blocks(), LoraTrainConfig(layers=(1,)))
+    wrapped = sorted(n.removeprefix("base_model.model.") for n, m in model.named_modules() if hasattr(m, "lora_A"))
+    assert wrapped == ["blocks.1.q_proj", "blocks.1.v_proj"]
+    adapters.save(model, tmp_path)
+    again = adapters.load(_two_blocks(), str(tmp_path))
+    assert sorted(n.removeprefix("base_model.model.") for n, m in again.named_modules() if hasattr(m, "lora_A")) == wrapped
+
+
+def test_layers_count_from_the_top_when_negative():
+    top = adapters.attach(_two_blocks(), LoraTrainConfig(layers=(-1,)))
+    assert sorted(n.removeprefix("base_model.model.") for n, m in top.named_modules() if hasattr(m, "lora_A")) == [
+        "blocks.1.q_proj", "blocks.1.v_proj"]
+    both = adapters.attach(_two_blocks(), LoraTrainConfig(layers=(0, -1)))
+    assert len([n for n, m in both.named_modules() if hasattr(m, "lora_A")]) == 4
+
+
+def test_layers_are_checked_against_the_config_and_the_model():
+    from pipelines.config import load_pipeline_config
+    from pipelines.errors import ConfigError
+
+    for bad in ((1, 5), (-3,)):
+        with pytest.raises(ConfigError, match=r"sit in 2 numbered layers \(indices 0..1 or -2..-1\)"):
+            adapters.attach(_two_blocks(), LoraTrainConfig(layers=bad))
+    with pytest.raises(ConfigError, match="distinct layer indices"):
+        LoraTrainConfig(layers=(1, 1))
+    with pytest.raises(ConfigError, match="the model has 2 blocks"):
+        load_pipeline_config(overrides={"lora": {"layers": [2]}})
+    with pytest.raises(ConfigError, match="dcn's cross and deep layers are two lists"):
+        load_pipeline_config("configs/movielens_dcn.yaml", overrides={"lora": {"layers": [0]}})
+    assert load_pipeline_config(overrides={"lora": {"layers": [-1]}}).lora.layers == (-1,)
+
+
+def test_layers_on_a_model_without_a_layer_list_are_refused():
+    from dataclasses import replace
+
+    from pipelines.errors import ConfigError
+    from pipelines.model import family
+    from tests.pipelines.training.helpers import CFG
+
+    dcn = family.build(replace(CFG, family="dcn"))
+    with pytest.raises(ConfigError, match="no \\['cross_proj'\\] module sits in a layer list"):
+        adapters.attach(dcn, LoraTrainConfig(target_modules=("cross_proj",), layers=(0,)))

@@ -33,6 +33,7 @@ TEXT_CONFIGS = (
     LoraTrainConfig(target_modules=("query", "value")),
     LoraTrainConfig(r=4, alpha=8, target_modules=("key", "value"), rank_pattern={"layer.1.attention.self.value": 2}),
     LoraTrainConfig(r=2, alpha=4, target_modules=("query", "head_proj")),
+    LoraTrainConfig(target_modules=("query", "value"), layers=(-1,)),           # the top layer only
 )
 
 

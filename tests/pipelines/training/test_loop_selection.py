@@ -94,3 +94,25 @@ def test_lora_training_with_every_feature_is_deterministic_for_a_seed(data):
     assert ha == hb
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_the_start_competes_as_epoch_zero_and_is_kept_when_no_epoch_beats_it(data):
+    """An adapter on labels opposite to its val rows gets worse every epoch: with `start_is_candidate`
+    it ends as it started (LoRA B zero: the base's scores), without it the least bad epoch is kept."""
+    x, y = data
+    val = adversarial_val(x, y)
+    init = base()
+    start_ll = evaluate(init, ArraySource(*val))["val_logloss"]
+    lcfg = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
+    ends = {}
+    for keep in (True, False):
+        seed_everything(7)
+        model = adapters.attach(copy.deepcopy(init), lcfg)
+        before = weights(model)
+        res = fit(model, (x, y), LoopSettings(3, 64, 1e-2, 0.0, 2, 7, patience=2, start_is_candidate=keep), val=val)
+        assert all(h["val_logloss"] > start_ll for h in res["history"])   # every epoch is worse than the start
+        ends[keep] = (res, all(torch.equal(before[k], v) for k, v in weights(model).items()),
+                      evaluate(model, ArraySource(*val))["val_logloss"])
+    (kept, kept_same, kept_ll), (least, least_same, least_ll) = ends[True], ends[False]
+    assert kept["best_epoch"] == 0 and kept["best_val_logloss"] == start_ll and kept_same and kept_ll == start_ll
+    assert least["best_epoch"] >= 1 and not least_same and least_ll > start_ll
