@@ -32,6 +32,23 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
 
 
+_MLFLOW_ACTIVE = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+
+
+@pytest.fixture(autouse=True)
+def _no_active_experiment_leaks():
+    """mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID into os.environ, and monkeypatch.delenv of a variable
+    that was absent restores nothing: without this, the next test of the worker would start its runs in an
+    experiment its own store does not have (which test that is depends on xdist's file order)."""
+    saved = {k: os.environ.get(k) for k in _MLFLOW_ACTIVE}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -151,10 +151,11 @@ def test_the_fault_outcome_names_what_stopped_the_flipped_day():
 
 def test_the_table_says_what_the_pipeline_decided():
     r = {"from": "d1", "to": "d2", "days": 2, "rows": 10, "warm_rows": 4, "cold_rows": 6, "served_auc": 0.7,
-         "served_auc_warm": 0.8, "served_auc_cold": 0.6, "served_auc_new_item": 0.65, "served_cpu_s": 1.0,
+         "served_auc_warm": 0.8, "served_auc_cold": 0.6, "served_auc_new_item": 0.65,
+         "served_auc_within_slot_day": 0.66, "served_cpu_s": 1.0,
          "gate_releases": 2, "gate_rejections": 1,
          "gate_held": 1, "canary_promotions": 1, "canary_withdrawals": 0, "reverts": 0,
          "gate_trust": trust([], 0.0015), "fault": {"day": "d1", "caught_by": "gate"}}
     text = backtest.table(r)
-    assert "| served | 0.7 | 0.8 | 0.6 | 0.65 | 1.0 |" in text
+    assert "| served | 0.7 | 0.8 | 0.6 | 0.65 | 0.66 | 1.0 |" in text
     assert "2 releases, 1 rejections, 1 held; canaries 1 promoted" in text and "caught by gate" in text

@@ -40,6 +40,10 @@ def webhook_registry(tmp_path, monkeypatch):
                                ["--artifacts-destination", str(tmp_path / "artifacts"), "--serve-artifacts"],
                                cwd=tmp_path, env=env)
     monkeypatch.chdir(tmp_path)
+    # An experiment an earlier test of this worker made active (set_experiment exports its id) is not here.
+    for k in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_REGISTRY_URI"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     mlflow.set_tracking_uri(f"http://127.0.0.1:{port}")
     try:
