@@ -13,12 +13,11 @@ base. The rule, on the validation days only:
 The chosen candidate and the default are then replayed on the test days; the test days choose nothing.
 
 `schedule`: how hard and on what an adapter trains: the config's lr on every layer (`all_layers`), lr / 5
-and lr / 25; the untrained
-adapter as a candidate epoch (`lora.keep_base_if_no_gain`); LoRA on the top layer only (`lora.layers`,
-for the families with one numbered layer list), at the config's lr, at lr / 5, and at lr / 5 on a window
-4 times as long (the top layer costs about a sixth of the transformer's backward pass, so the longer
-window stays affordable). It was added for the text family, whose adapters of the shipped recipe lowered
-its base (docs/benchmarks.md, Model families side by side).
+and lr / 25; the untrained adapter as a candidate epoch (`lora.keep_base_if_no_gain`); LoRA on the top
+layer only (`lora.layers`, for the families with one numbered layer list), at the config's lr, at lr / 5,
+and at lr / 5 on a window 4 times as long (the backward pass stops at the top layer, so that window costs
+less than it would on every layer). It was added for the text family, whose adapters of the earlier recipe
+lowered its base (docs/benchmarks.md, Model families side by side).
 `ranks`: r in {2, 4, 8, 16} for every module, and per-layer patterns (PEFT `rank_pattern`: q against v,
 lower blocks against upper blocks). `orthogonality`: lambda in {0, 0.1, 1, 10} for the penalty against
 the other slots' newest adapters (`lora.orthogonality_lambda`). Each candidate also reports its
