@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from pipelines.bench import backtest_models as bm
+from pipelines.bench import backtest_scores
 from pipelines.bench.backtest_protocol import Backtest, auc_within, build, summary
 from pipelines.bench.backtest_served import Served
 from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
@@ -58,10 +59,11 @@ def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = 
 
 def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to: str | None = None,
         max_days: int | None = None, names=COMPARATORS, parallel: bool = True, ids_per_slot: bool = True,
-        quick: bool = False, base_cache: str | None = None, **served) -> dict:
+        quick: bool = False, base_cache: str | None = None, scores: str | None = None, **served) -> dict:
     """Replay the scored days of `frame` (default: MovieLens-100K) for the comparators `names`;
     `served`: `comparators`' policy, served_dir and flip_labels. `quick`: at most 7 days, and only the
-    rows of the config's first slot (that slot alone in the config)."""
+    rows of the config's first slot (that slot alone in the config). `scores`: also write every scored
+    row's scores to this parquet file (`backtest_scores`: what `backtest-compare` pairs)."""
     _check_names(names)   # before the data is read: a typo is a usage error at once
     if frame is None:
         from pipelines.data import movielens
@@ -84,7 +86,10 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
         preds = replay(models, bt) if models else {}
         for n, future in remote.items():
             preds[n], models[n] = future.result()
-    return {"model_family": cfg.model.family, **_result(bt, models, preds, time.perf_counter() - t0)}
+    out = {"model_family": cfg.model.family, **_result(bt, models, preds, time.perf_counter() - t0)}
+    if scores:
+        out["scores"] = backtest_scores.write(scores, bt, preds, {k: out[k] for k in ("model_family", "from", "to")})
+    return out
 
 
 def _check_names(names) -> None:

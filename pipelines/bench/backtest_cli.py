@@ -27,12 +27,22 @@ def add_parser(sub) -> None:
     bt.add_argument("--base-cache", metavar="DIR",
                     help="keep the fitted static base in DIR and load it on a later replay with the same settings "
                          "and history (the text family's base costs about 20 CPU minutes)")
+    bt.add_argument("--scores", metavar="FILE",
+                    help="also write every scored row's scores to this parquet file (for backtest-compare)")
     bt.add_argument("--config")
     bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")
     bt.add_argument("--mlflow", action="store_true",
                     help="log the result and the report to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
     bt.set_defaults(fn=cmd)
+
+    cp = sub.add_parser("backtest-compare", help="two `backtest --scores` files on the same rows: the paired AUC "
+                                                 "difference with its 95%% interval, all / warm / cold / new items")
+    cp.add_argument("a", metavar="A[:COMPARATOR]", help="a scores file; its comparator (default static)")
+    cp.add_argument("b", metavar="B[:COMPARATOR]", help="the file compared against; its comparator (default static)")
+    cp.add_argument("--margin", type=float, help="a goal A - B >= MARGIN: met, missed or undecided per part")
+    cp.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    cp.set_defaults(fn=cmd_compare)
 
 
 def cmd(a) -> int:
@@ -57,7 +67,8 @@ def cmd(a) -> int:
         return 0
     out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
                        names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots,
-                       quick=a.quick, served_dir=a.served_dir, flip_labels=a.flip_labels, base_cache=a.base_cache)
+                       quick=a.quick, served_dir=a.served_dir, flip_labels=a.flip_labels, base_cache=a.base_cache,
+                       scores=a.scores)
     if a.report or a.mlflow:
         from pipelines.bench import backtest_report
 
@@ -70,3 +81,21 @@ def cmd(a) -> int:
     else:
         print(backtest.table(out))
     return 0
+
+
+def cmd_compare(a) -> int:
+    """`python -m pipelines backtest-compare A[:COMPARATOR] B[:COMPARATOR]`."""
+    from pipelines.bench import backtest_scores
+
+    (file_a, comp_a), (file_b, comp_b) = _file_and_comparator(a.a), _file_and_comparator(a.b)
+    out = backtest_scores.compare(file_a, file_b, comp_a, comp_b, margin=a.margin)
+    print(json.dumps(out) if a.json else backtest_scores.table(out))
+    return 0
+
+
+def _file_and_comparator(arg: str) -> tuple[str, str]:
+    """"FILE:adapter" -> (FILE, "adapter"); "FILE" -> (FILE, "static"). A suffix with "/" or "." is the path's."""
+    path, sep, comparator = arg.rpartition(":")
+    if not sep or not comparator or "/" in comparator or "." in comparator:
+        return arg, "static"
+    return path, comparator
