@@ -76,8 +76,17 @@ def _schedule(cfg: PipelineConfig) -> dict[str, dict]:
 
 
 def top_layer(cfg: PipelineConfig) -> int | None:
-    """`lora.layers`' name of the top layer (-1), or None where the family's layers are not one list."""
-    return -1 if cfg.model.family in ("feature_transformer", "minilm_text") else None
+    """`lora.layers`' name of the top layer (-1), or None where the family's model has no one numbered layer
+    list holding `lora.target_modules` (dcn). Asked of a built model (no weights loaded), so a family of the
+    user's (`model.family: pkg.mod:Factory`) gets the top-layer candidates when its layers are one list."""
+    from pipelines.model import adapters, family
+
+    model = family.resolve(cfg.model.family).build(cfg.model)
+    try:
+        adapters.layer_indices(model, dataclasses.replace(cfg.lora, layers=(-1,)))
+    except ConfigError:
+        return None
+    return -1
 
 
 def choose(rows: dict[str, dict], margin: float = MARGIN) -> str:

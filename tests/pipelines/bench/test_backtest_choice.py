@@ -36,7 +36,7 @@ def test_candidates_follow_the_configs_targets_and_blocks():
         bc.candidates(cfg, "dropout")
 
 
-def test_schedule_candidates_scale_the_configs_lr_and_name_the_top_layer_where_there_is_one(text_source):
+def test_schedule_candidates_scale_the_configs_lr_and_name_the_top_layer_where_the_model_has_one(text_source):
     cfg = load_pipeline_config(overrides={"lora": {"lr": 0.005, "window_days": 7}})
     sched = bc.candidates(cfg, "schedule")
     assert list(sched)[0] == bc.DEFAULT["schedule"] == "all_layers" and sched["all_layers"] == {}
@@ -46,6 +46,9 @@ def test_schedule_candidates_scale_the_configs_lr_and_name_the_top_layer_where_t
     assert bc.candidates(text, "schedule")["top_layer"] == {"layers": (-1,)}
     dcn = bc.candidates(load_pipeline_config("configs/movielens_dcn.yaml"), "schedule")
     assert set(dcn) == {"all_layers", "lr_div5", "lr_div25", "keep_base"}   # two layer lists: no top layer
+    # a user's family (a dotted path) is asked, not looked up by name: one numbered layer list, a top layer
+    users = load_pipeline_config(overrides={"model": {"family": "tests.pipelines.model.test_family:TinyFamily"}})
+    assert bc.candidates(users, "schedule")["top_layer"] == {"layers": (-1,)}
 
 
 @pytest.mark.slow
