@@ -118,3 +118,27 @@ def test_the_orthogonality_penalty_trains_against_the_other_slots_champions(serv
     metrics = MlflowClient().get_run(penalised["run_id"]).data.metrics
     assert metrics["orthogonality_max_abs_cos"] == pytest.approx(report["max_abs_cos"])
     assert MlflowClient().get_run(penalised["run_id"]).data.tags["orthogonality.siblings"] == report["siblings"][0]
+
+
+def test_an_adapter_whose_every_epoch_is_worse_than_its_base_is_logged_as_the_base(serving_store, lake):
+    """lora.keep_base_if_no_gain: the untrained adapter (the base) competes as epoch 0 of early stopping. A
+    learning rate far past the stability rule (allowed by a raised stability_max) makes every epoch's val
+    logloss worse than the base's, so epoch 0 is kept: the logged adapter's LoRA B matrices are zero and it
+    scores its holdout as the base does. Without the option the same run keeps an epoch of its own."""
+    from dataclasses import replace
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    cfg = registered_base_config(lake, epochs=2, lr=3.0, stability_max=1000.0, early_stopping_patience=2,
+                                 keep_base_if_no_gain=True)
+    kept = adapter.train(cfg, lake, END_DAY, "feed")
+    plain = adapter.train(replace(cfg, lora=replace(cfg.lora, keep_base_if_no_gain=False)), lake, END_DAY, "feed")
+    assert kept["effective_lr"] == 3.0 and kept["lr_rescaled"] is False
+    assert kept["best_epoch"] == 0 and plain["best_epoch"] in (1, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = mlflow_io.download_artifacts(artifact_uri=kept["model_uri"], dst_path=tmp)
+        weights = load_file(f"{files}/artifacts/adapter/adapter_model.safetensors")
+    b = [w for k, w in weights.items() if "lora_B" in k]
+    assert b and all(not np.any(w) for w in b)
+    assert kept["metrics"]["logloss"] < plain["metrics"]["logloss"]
