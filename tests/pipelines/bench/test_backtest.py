@@ -116,6 +116,21 @@ def test_the_backtest_runs_on_each_shipped_family_config(config, frame, text_sou
     assert info["lora"]["target_modules"] == list(cfg.lora.target_modules)
 
 
+def test_the_backtest_replays_a_users_own_network_named_in_the_config(frame):
+    """A family of the user's (`model.family: package.module:Factory`, nothing of ours underneath) replays
+    as the shipped ones do: its base, its daily adapters on its own LoRA targets, the new-item AUC."""
+    from tests.pipelines.model.user_family import HashedMLP
+
+    targets = list(HashedMLP.default_targets)
+    cfg = load_pipeline_config(overrides={"model": {"family": HashedMLP.name}, "base_training": {"epochs": 1},
+                                          "lora": {"epochs": 1, "target_modules": targets},
+                                          "cold_start": {"target_modules": targets, "init": "default"}})
+    r = backtest.run(cfg, frame, max_days=2, names=("static", "adapter"), quick=True)
+    assert r["model_family"] == HashedMLP.name and 0.5 < r["static_auc"] < 1.0 and 0.0 < r["adapter_auc"] < 1.0
+    info = r["comparators"]["adapter"]
+    assert info["adapters_trained"] == 2 and info["lora"]["target_modules"] == targets and r["adapter_bytes"] > 0
+
+
 @pytest.mark.parametrize("config", ["configs/pipeline.yaml", "configs/movielens_dcn.yaml", "configs/movielens_text.yaml"])
 def test_a_cached_static_base_is_loaded_and_scores_as_the_fitted_one(config, frame, text_source, tmp_path):
     """`--base-cache`: the second replay loads the base the first one fitted (no training CPU, the same

@@ -115,10 +115,11 @@ def test_the_shipped_policy_gates_the_student_on_measured_fairness_calibration_a
     assert out["gate"]["passed"] is all(c["passed"] for c in checks.values())
 
 
-@pytest.mark.parametrize("name", ["dcn", "minilm_text"])
+@pytest.mark.parametrize("name", ["dcn", "minilm_text", "tests.pipelines.model.user_family:HashedMLP"])
 def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_path, monkeypatch, lake, text_source):
-    """The default family runs the whole flow above; the others distill a student on their own default
-    targets (default init), evaluated, registered on their base and loadable through the registry."""
+    """The default family runs the whole flow above; the others (and a user's own network, named by dotted
+    path) distill a student on their own default targets (default init), evaluated, registered on their base
+    and loadable through the registry."""
     from dataclasses import replace
 
     import pandas as pd
