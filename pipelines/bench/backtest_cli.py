@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     cp.add_argument("b", metavar="B[:COMPARATOR]", help="the file compared against; its comparator (default static)")
     cp.add_argument("--margin", type=float, help="a goal A - B >= MARGIN: met, missed or undecided per part")
     cp.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    cp.add_argument("--plot", metavar="FILE", help="also draw the differences and intervals (a forest plot) to FILE")
+    cp.add_argument("--mlflow", action="store_true",
+                    help="log the comparison and its plot to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
     cp.set_defaults(fn=cmd_compare)
 
 
@@ -89,6 +92,10 @@ def cmd_compare(a) -> int:
 
     (file_a, comp_a), (file_b, comp_b) = _file_and_comparator(a.a), _file_and_comparator(a.b)
     out = backtest_scores.compare(file_a, file_b, comp_a, comp_b, margin=a.margin)
+    if a.plot:
+        out["plot"] = backtest_scores.figure(out, a.plot)
+    if a.mlflow:
+        out["mlflow_run_id"] = backtest_scores.log_to_mlflow(out)
     print(json.dumps(out) if a.json else backtest_scores.table(out))
     return 0
 

@@ -140,3 +140,63 @@ def table(r: dict) -> str:
                      f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}] | {p['p_value'] or '< 0.0001'} | "
                      f"{p.get('verdict', '-')} | {p.get('rows_for_decision') or '-'} |")
     return "\n".join(lines)
+
+
+def figure(r: dict, path) -> str:
+    """A forest plot: A - B per part with its 95% interval, the zero line and the goal's margin."""
+    import matplotlib
+
+    matplotlib.use("Agg")   # headless; must precede the pyplot import
+    import matplotlib.pyplot as plt
+
+    parts = [(n, p) for n, p in r["parts"].items() if "diff" in p]
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(parts)))
+    for y, (name, p) in enumerate(reversed(parts)):
+        low, high = p["ci95"]
+        ax.errorbar(p["diff"], y, xerr=[[p["diff"] - low], [high - p["diff"]]], fmt="o", capsize=4, color="tab:blue")
+        ax.annotate(f"{p['diff']:+.4f} [{low:+.4f}, {high:+.4f}], {p['rows']} rows", (1.02, y),
+                    xycoords=("axes fraction", "data"), va="center", fontsize="small")
+    ax.axvline(0.0, color="gray", linewidth=1)
+    if r["margin"] is not None:
+        ax.axvline(r["margin"], color="tab:red", linestyle="--", linewidth=1, label=f"goal: A - B >= {r['margin']}")
+        ax.legend(fontsize="small", loc="lower left")
+    ax.set_yticks(range(len(parts)), [n for n, _ in reversed(parts)])
+    ax.set_ylim(-0.7, len(parts) - 0.3)
+    a, b = r["a"], r["b"]
+    ax.set(xlabel="AUC difference A - B (paired DeLong, 95% interval)",
+           title=f"A = {a['model_family']} {a['comparator']}, B = {b['model_family']} {b['comparator']}, "
+                 f"{r['from']}..{r['to']}")
+    ax.margins(x=0.1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
+def log_to_mlflow(r: dict) -> str:
+    """One run in the backtest's experiment: each part's difference and interval as metrics, the forest
+    plot and the result as artifacts (tracking URI from the environment); returns its run id."""
+    import tempfile
+
+    import mlflow
+
+    from pipelines.bench.backtest_report import EXPERIMENT
+    from pipelines.registry import mlflow_io
+
+    metrics = {f"{k}_{name}": float(v) for name, p in r["parts"].items() if "diff" in p
+               for k, v in (("auc_a", p["auc_a"]), ("auc_b", p["auc_b"]), ("diff", p["diff"]),
+                            ("ci95_low", p["ci95"][0]), ("ci95_high", p["ci95"][1]), ("p_value", p["p_value"]))}
+    a, b = r["a"], r["b"]
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(
+            experiment_id=mlflow_io.ensure_experiment(EXPERIMENT),
+            run_name=f"compare-{a['model_family']}-{a['comparator']}-vs-{b['model_family']}-{b['comparator']}") as run:
+        mlflow.set_tags({"stage": "backtest-compare", "a.family": a["model_family"], "a.comparator": a["comparator"],
+                         "b.family": b["model_family"], "b.comparator": b["comparator"], "data.from": r["from"],
+                         "data.to": r["to"], "code.version": mlflow_io.code_version()})
+        mlflow.log_metrics(metrics)
+        if r["margin"] is not None:
+            mlflow.log_param("margin", r["margin"])
+            mlflow.set_tags({f"verdict.{n}": p["verdict"] for n, p in r["parts"].items() if "verdict" in p})
+        mlflow.log_artifact(figure(r, Path(tmp) / "compare.png"), artifact_path="compare")
+        mlflow.log_dict(r, "compare/compare.json")
+    return run.info.run_id

@@ -56,8 +56,10 @@ def test_the_scores_file_holds_every_scored_row_and_the_auc_the_backtest_reporte
 def test_the_cli_pairs_two_comparators_on_the_same_rows_by_delong(two_days):
     _, path = two_days
     out = subprocess.run([sys.executable, "-m", "pipelines", "backtest-compare", f"{path}:lr_daily", str(path),
-                          "--margin", "0.01", "--json"], capture_output=True, text=True, timeout=120, check=True)
+                          "--margin", "0.01", "--plot", str(path.parent / "forest.png"), "--json"],
+                         capture_output=True, text=True, timeout=120, check=True)
     r = json.loads(out.stdout)
+    assert (path.parent / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and r["plot"].endswith("forest.png")
     assert (r["a"]["comparator"], r["b"]["comparator"]) == ("lr_daily", "static")
     rows, _ = backtest_scores.read(str(path))
     y = rows["label"].to_numpy()
@@ -98,3 +100,20 @@ def test_a_part_with_one_class_says_why_it_has_no_difference():
     y = np.zeros(5, dtype=np.int64)
     out = backtest_scores.part(y, np.arange(5.0), np.arange(5.0), 0.01)
     assert out["rows"] == 5 and "needs at least 2 positive" in out["error"] and "diff" not in out
+
+
+@pytest.mark.slow
+def test_a_comparison_logged_to_an_mlflow_server_carries_its_figures_verdicts_and_picture(two_days, on_mlflow_server):
+    import mlflow
+
+    _, path = two_days
+    r = backtest_scores.compare(f"{path}", f"{path}", "lr_daily", "static", margin=0.01)
+    run = mlflow.MlflowClient().get_run(backtest_scores.log_to_mlflow(r))
+    every = r["parts"]["all"]
+    assert run.data.metrics["diff_all"] == every["diff"] and run.data.metrics["ci95_low_all"] == every["ci95"][0]
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("verdict.")} == {
+        f"verdict.{n}": p["verdict"] for n, p in r["parts"].items() if "verdict" in p}
+    assert run.data.tags["verdict.all"] == every["verdict"]
+    assert run.data.tags["stage"] == "backtest-compare" and run.data.tags["a.comparator"] == "lr_daily"
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "compare")}
+    assert arts == {"compare/compare.png", "compare/compare.json"}
