@@ -24,6 +24,8 @@ from pipelines.bench.quality_protocol import TRAIN_FRACTION
 from pipelines.errors import ConfigError
 from pipelines.metrics import auc
 
+EXPERIMENT = "ctr-backtest"   # the MLflow experiment of backtest runs and comparisons (--mlflow)
+
 
 @dataclass(frozen=True)
 class Day:

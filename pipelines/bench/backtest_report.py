@@ -13,8 +13,7 @@ import json
 from pathlib import Path
 
 from pipelines.bench.backtest import COMPARATORS, table
-
-EXPERIMENT = "ctr-backtest"
+from pipelines.bench.backtest_protocol import EXPERIMENT
 
 
 def _plot(result: dict, path: Path) -> str:

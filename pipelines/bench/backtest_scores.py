@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.backtest_protocol import Backtest
+from pipelines.bench.backtest_protocol import EXPERIMENT, Backtest
 from pipelines.errors import ConfigError
 from pipelines.metrics import EvaluationInputError
 
@@ -180,7 +180,6 @@ def log_to_mlflow(r: dict) -> str:
 
     import mlflow
 
-    from pipelines.bench.backtest_report import EXPERIMENT
     from pipelines.registry import mlflow_io
 
     metrics = {f"{k}_{name}": float(v) for name, p in r["parts"].items() if "diff" in p
