@@ -6,9 +6,10 @@ one model to the next by chance alone, so "family A beats family B there by 0.01
 AUCs. Both backtests score the same rows, so the difference is measured *paired*: DeLong's test
 (`evaluation.delong`) on the two score vectors over the same labels, with its 95% interval, for all rows and
 for the warm, cold and new-item ones. Against a goal margin (`--margin`) the verdict is `met` when the whole
-interval is at or above it, `missed` when the whole interval is below it, and `undecided` otherwise. Beside it, the rows the part would need for an interval
-of ±margin at the variance seen: with fewer, an interval that holds 0 also holds the margin, so no run of
-that size can tell "no better" from "better by the margin".
+interval is at or above it, `missed` when the whole interval is below it, and `undecided` otherwise.
+Beside it, the rows the part would need for an interval of ±margin at the variance seen: with fewer, an
+interval that holds 0 also holds the margin, so no run of that size can tell "no better" from "better by
+the margin".
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from pipelines.errors import ConfigError
 from pipelines.metrics import EvaluationInputError
 
 KEYS = ("date", "slot", "user_id", "item_id", "label")   # what identifies a scored row in both files
-PARTS = ("all", "warm", "cold", "new_item")
 _META = b"ctr_backtest"
 
 
@@ -43,7 +43,7 @@ def frame(bt: Backtest, preds: dict[str, np.ndarray]) -> pd.DataFrame:
 
 
 def write(path: str, bt: Backtest, preds: dict[str, np.ndarray], meta: dict) -> str:
-    """`frame` as parquet at `path`, `meta` (family, days, config) in its schema metadata; returns the path."""
+    """`frame` as parquet at `path`, `meta` (the family, first and last day) in its schema metadata; returns the path."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
