@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import tempfile
 import threading
 import time
 import warnings
@@ -68,9 +67,10 @@ from pipelines.model.inference import configure_threads
 from pipelines.serving import batched, loader, routing
 from pipelines.serving.base_store import BaseStore
 from pipelines.serving.base_changes import BaseChanges
-from pipelines.serving.loader import CANARY, CHAMPION, RETRYABLE, RefusedVersion, VersionRef
+from pipelines.serving.loader import CANARY, CHAMPION, VersionRef
 from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import RoutingTable
+from pipelines.serving.version_loads import VersionLoads
 
 if TYPE_CHECKING:
     from pipelines.config import PipelineConfig
@@ -88,7 +88,7 @@ DEFAULT_LOAD_BUDGET_MS = 100.0
 Route = tuple[str, str]
 
 
-class AdapterServer(BaseChanges):
+class AdapterServer(BaseChanges, VersionLoads):
     """Scores contract rows with `ctr_lora_<slot>@champion` (or @canary, or the cold-start adapter).
 
     Rows of a slot with no adapter get the base's output. `new_users` marks new users: a boolean
@@ -326,64 +326,6 @@ class AdapterServer(BaseChanges):
             draining = sorted({k for t in self._live.values() for k in t.keys()} - self._table.keys())
         return {"swapped": swapped, "routes": self._table.describe(), "loaded": loaded, "unloaded": unloaded,
                 "draining": draining, "refused": refused}
-
-    def _load_routes(self, current: RoutingTable, resolved: dict[Route, VersionRef], store: BaseStore,
-                     held: frozenset[Route] = frozenset(), deadline: float | None = None):
-        """(routes, loaded keys, refusals, late): each route's version loaded, or the current one when
-        refused, held (its alias names a version of a base not serving yet) or late (a move to a version
-        not in memory when `deadline` had passed: returned in `late` to load next; a route with no
-        current version has nothing to keep serving, so it waits for its load)."""
-        routes, loaded, refused, late = {}, [], [], {}
-        for (model, alias), ref in sorted(resolved.items()):
-            keep = current.lookup(model, alias) if current.base is store else None
-            late_now = (deadline is not None and keep is not None and keep != ref.key
-                        and time.perf_counter() > deadline and not self._in_memory(ref, store))
-            if (model, alias) in held or late_now:
-                if (model, alias) not in held:
-                    late[(model, alias)] = ref
-                if keep is not None:
-                    routes[(model, alias)] = keep
-                continue
-            try:
-                if self._ensure_loaded(ref, store):
-                    loaded.append(ref.key)
-                routes[(model, alias)] = ref.key
-            except RefusedVersion as exc:
-                refused.append({"model": model, "version": ref.version, "alias": alias,
-                                "reason": exc.reason, "error": exc.detail})
-                if keep is not None:
-                    routes[(model, alias)] = keep
-        return routes, loaded, refused, late
-
-    def _in_memory(self, ref: VersionRef, store: BaseStore) -> bool:
-        with self._lock:
-            return ref.key in store.loaded
-
-    def _ensure_loaded(self, ref: VersionRef, store: BaseStore) -> bool:
-        """True when this call loaded `ref` into `store`; raises RefusedVersion (counted once per version
-        and base)."""
-        with self._lock:
-            if ref.key in store.loaded:
-                self._pinned.add(ref.key)  # may be idle or draining: keep it from being collected before the swap
-                return False
-        if ref.key in store.refused:
-            r = store.refused[ref.key]
-            raise RefusedVersion(ref, r["reason"], r["error"])
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                name = store.inject(ref, store.fetch(self.registry, ref, tmp))
-        except RefusedVersion as exc:
-            log.error("%s", exc)
-            self.metrics.refused_loads.labels(reason=exc.reason).inc()
-            if exc.reason not in RETRYABLE:
-                store.refused[ref.key] = {"reason": exc.reason, "error": exc.detail}
-            raise
-        with self._lock:
-            store.loaded[ref.key] = name
-            self._pinned.add(ref.key)
-        self.metrics.adapter_loads.inc()
-        log.info("loaded %s on base %s as PEFT adapter %s", ref.key, store.key, name)
-        return True
 
     def _install(self, routes: dict[Route, str], store: BaseStore) -> None:
         with self._lock:
