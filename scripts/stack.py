@@ -95,7 +95,11 @@ def stack_env(s: dict, environ=os.environ) -> dict:
         "AWS_ACCESS_KEY_ID": environ.get("AWS_ACCESS_KEY_ID", "stack"),
         "AWS_SECRET_ACCESS_KEY": environ.get("AWS_SECRET_ACCESS_KEY", "stack"),
         "AWS_DEFAULT_REGION": environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
+        # the caller's own paths after ours: where a user's model family (`model.family: mypkg.ctr:Factory`)
+        # lives when it is not installed; every worker and the DAG processor must import it (once each: a shell
+        # that sourced `stack.py env` holds ours already)
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(REPO / "plugins"), str(REPO),
+                                                     *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))])),
         "PATH": f"{BIN}{os.pathsep}{environ.get('PATH', '')}",
     })
     return env

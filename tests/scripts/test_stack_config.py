@@ -66,6 +66,18 @@ def test_stack_env_is_the_production_topology(stack_mod, tmp_path):
     assert "--serve-artifacts" in mlflow_cmd and any(a.startswith("postgresql://") for a in mlflow_cmd)
 
 
+def test_stack_env_keeps_the_callers_pythonpath_after_the_projects(stack_mod, tmp_path):
+    """A user's own model family may live on their PYTHONPATH rather than in site-packages: the workers and
+    the DAG processor inherit it, after the project's own paths (which it cannot shadow)."""
+    s = stack_mod.settings({"STACK_DIR": str(tmp_path)})
+    paths = stack_mod.stack_env(s, {"PYTHONPATH": os.pathsep.join(["/opt/mine", "", "/opt/theirs"])})["PYTHONPATH"]
+    assert paths.split(os.pathsep) == [str(REPO / "plugins"), str(REPO), "/opt/mine", "/opt/theirs"]
+    ours = [str(REPO / "plugins"), str(REPO)]
+    assert stack_mod.stack_env(s, {})["PYTHONPATH"].split(os.pathsep) == ours
+    again = stack_mod.stack_env(s, {"PYTHONPATH": paths})["PYTHONPATH"]   # a shell that sourced `stack.py env`
+    assert again == paths
+
+
 def test_compose_uses_the_same_settings(stack_mod, compose, tmp_path):
     env = stack_mod.stack_env(stack_mod.settings({"STACK_DIR": str(tmp_path)}), {})
     common = compose["x-airflow-common"]["environment"]
