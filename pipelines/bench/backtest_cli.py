@@ -15,6 +15,9 @@ def add_parser(sub) -> None:
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
     bt.add_argument("--few-shot", type=int, metavar="K",
                     help="instead: new users scored after their first K labelled rows (the few-shot mode)")
+    bt.add_argument("--cold-items", type=int, metavar="K",
+                    help="instead: every scored row scored by a static base fitted without its item (the items in K "
+                         "folds): the new-item question asked of every row (--from/--to/--days, --base-cache, --scores)")
     bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule"),
                     help="instead: choose that LoRA option on the validation days, then replay it on the test days "
                          "(--from/--to; --only: a subset of its candidates)")
@@ -59,6 +62,14 @@ def cmd(a) -> int:
 
         out = backtest_fewshot.run(load_pipeline_config(a.config), shots=a.few_shot)
         print(json.dumps(out) if a.json else backtest_fewshot.table(out))
+        return 0
+    if a.cold_items is not None:
+        from pipelines.bench import backtest_cold_items
+
+        logging.getLogger(backtest_cold_items.__name__).setLevel(logging.INFO)
+        out = backtest_cold_items.run(load_pipeline_config(a.config), folds=a.cold_items, day_from=a.day_from,
+                                      day_to=a.day_to, max_days=a.days, base_cache=a.base_cache, scores=a.scores)
+        print(json.dumps(out) if a.json else backtest_cold_items.table(out))
         return 0
     if a.choose is not None:
         from pipelines.bench import backtest_choice

@@ -135,16 +135,11 @@ class Static(Comparator):
 
     def ensure(self, bt: Backtest):
         if self.model is None:
-            history = bt.history(bt.days[0])
-            path = Path(self.cache_dir) / f"{self.cfg.model.family}-{base_key(self.cfg, history)}.pt" \
-                if self.cache_dir else None
-            if path is not None and path.is_file():
-                self.model, self.loaded_from = _load_base(self.cfg, path), str(path)
-                log.info("backtest: static base loaded from %s", path)
-            else:
-                self.model = self._timed(fit_base, self.cfg, history, "backtest-static")
-                if path is not None:
-                    _save_base(self.model, path)
+            t = time.process_time()
+            self.model, self.loaded_from = cached_base(self.cfg, bt.history(bt.days[0]), self.cache_dir,
+                                                       "backtest-static")
+            if self.loaded_from is None:
+                self.cpu_s += time.process_time() - t
         return self.model
 
     def info(self) -> dict:
@@ -152,6 +147,19 @@ class Static(Comparator):
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
         return score(self.ensure(bt), self.cfg, bt.scored(day))
+
+
+def cached_base(cfg: PipelineConfig, history: pd.DataFrame, cache_dir: str | None, desc: str):
+    """(a base fitted on `history`, None), or with `cache_dir` holding one of the same settings and history
+    (`base_key`), (that base, its path). A base fitted with `cache_dir` is saved there."""
+    path = Path(cache_dir) / f"{cfg.model.family}-{base_key(cfg, history)}.pt" if cache_dir else None
+    if path is not None and path.is_file():
+        log.info("backtest: base loaded from %s", path)
+        return _load_base(cfg, path), str(path)
+    model = fit_base(cfg, history, desc)
+    if path is not None:
+        _save_base(model, path)
+    return model, None
 
 
 def _save_base(model, path: Path) -> None:

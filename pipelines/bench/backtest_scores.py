@@ -85,14 +85,25 @@ def compare(a: str, b: str, comparator_a: str = "static", comparator_b: str = "s
     if len(rows_a) != len(rows_b) or not rows_a[list(KEYS)].equals(rows_b[list(KEYS)]):
         raise ConfigError(f"backtest-compare: {a} and {b} did not score the same rows (same days, same log): "
                           f"{len(rows_a)} against {len(rows_b)} rows")
+    protocol_a, protocol_b = _protocol(meta_a), _protocol(meta_b)
+    if protocol_a != protocol_b:
+        raise ConfigError(f"backtest-compare: {a} is of the {protocol_a} protocol and {b} of the {protocol_b} one: "
+                          "the same rows, scored by models that saw different things")
     pa_, pb = _scores(rows_a, comparator_a, a), _scores(rows_b, comparator_b, b)
     y = rows_a["label"].to_numpy()
     masks = {"all": np.ones(len(y), dtype=bool), "warm": rows_a["warm"].to_numpy(dtype=bool),
              "cold": ~rows_a["warm"].to_numpy(dtype=bool), "new_item": rows_a["new_item"].to_numpy(dtype=bool)}
     return {"a": {"file": str(a), "comparator": comparator_a, "model_family": meta_a.get("model_family")},
             "b": {"file": str(b), "comparator": comparator_b, "model_family": meta_b.get("model_family")},
-            "from": rows_a["date"].iloc[0], "to": rows_a["date"].iloc[-1], "margin": margin,
+            "protocol": protocol_a, "from": rows_a["date"].iloc[0], "to": rows_a["date"].iloc[-1], "margin": margin,
             "parts": {name: part(y[m], pa_[m], pb[m], margin) for name, m in masks.items()}}
+
+
+def _protocol(meta: dict) -> str:
+    """How the file's rows were scored: `replay` (the daily replay; files written before the key existed
+    are its) or `cold_items` with its fold count (`backtest_cold_items`)."""
+    protocol = meta.get("protocol", "replay")
+    return f"{protocol} ({meta['folds']} folds)" if "folds" in meta else protocol
 
 
 def part(y: np.ndarray, p_a: np.ndarray, p_b: np.ndarray, margin: float | None) -> dict:
@@ -127,7 +138,8 @@ def rows_for_halfwidth(rows: int, se: float, halfwidth: float) -> int | None:
 def table(r: dict) -> str:
     """The comparison as a markdown table (the CLI's output without --json)."""
     a, b = r["a"], r["b"]
-    lines = [f"backtest-compare {r['from']}..{r['to']}: A = {a['model_family']} {a['comparator']}, "
+    lines = [f"backtest-compare {r['from']}..{r['to']} ({r.get('protocol', 'replay')}): "
+             f"A = {a['model_family']} {a['comparator']}, "
              f"B = {b['model_family']} {b['comparator']} (paired DeLong, 95% interval"
              + (f"; goal A - B >= {r['margin']})" if r["margin"] is not None else ")"), "",
              "| rows | n | positives | AUC A | AUC B | A - B | 95% interval | p | verdict | rows for a decision |",
@@ -164,8 +176,8 @@ def figure(r: dict, path) -> str:
     ax.set_ylim(-0.7, len(parts) - 0.3)
     a, b = r["a"], r["b"]
     ax.set(xlabel="AUC difference A - B (paired DeLong, 95% interval)",
-           title=f"A = {a['model_family']} {a['comparator']}, B = {b['model_family']} {b['comparator']}, "
-                 f"{r['from']}..{r['to']}")
+           title=f"A = {a['model_family']} {a['comparator']}, B = {b['model_family']} {b['comparator']}\n"
+                 f"{r['from']}..{r['to']}, {r.get('protocol', 'replay')}")
     ax.margins(x=0.1)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -191,7 +203,8 @@ def log_to_mlflow(r: dict) -> str:
             run_name=f"compare-{a['model_family']}-{a['comparator']}-vs-{b['model_family']}-{b['comparator']}") as run:
         mlflow.set_tags({"stage": "backtest-compare", "a.family": a["model_family"], "a.comparator": a["comparator"],
                          "b.family": b["model_family"], "b.comparator": b["comparator"], "data.from": r["from"],
-                         "data.to": r["to"], "code.version": mlflow_io.code_version()})
+                         "data.to": r["to"], "protocol": r.get("protocol", "replay"),
+                         "code.version": mlflow_io.code_version()})
         mlflow.log_metrics(metrics)
         if r["margin"] is not None:
             mlflow.log_param("margin", r["margin"])

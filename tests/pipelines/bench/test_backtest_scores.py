@@ -41,7 +41,8 @@ def two_days(tmp_path_factory):
 def test_the_scores_file_holds_every_scored_row_and_the_auc_the_backtest_reported(two_days):
     r, path = two_days
     rows, meta = backtest_scores.read(str(path))
-    assert r["scores"] == str(path) and meta == {"model_family": "feature_transformer", "from": r["from"], "to": r["to"]}
+    assert r["scores"] == str(path) and meta == {"protocol": "replay", "model_family": "feature_transformer", "from": r["from"],
+                                            "to": r["to"]}
     assert len(rows) == r["rows"] and int(rows["warm"].sum()) == r["warm_rows"]
     assert int(rows["new_item"].sum()) == r["new_item_rows"]
     assert sorted(rows["date"].unique()) == [d["date"] for d in r["per_day"]]
