@@ -35,8 +35,11 @@ class TextConfig:
         _check(isinstance(self.source, str) and bool(self.source), "model.text.source must name a package or a directory")
         _check(8 <= self.max_len <= 512, f"model.text.max_len must be in [8, 512], got {self.max_len}")
         _check(self.train_layers >= 0, f"model.text.train_layers must be >= 0, got {self.train_layers}")
-        _check(bool(self.fields) and len(set(self.fields)) == len(self.fields) and set(self.fields) <= set(TEXT_FIELDS),
-               f"model.text.fields must be distinct names from {list(TEXT_FIELDS)}, at least one, got {list(self.fields)}")
+        fields = list(self.fields)
+        _check(bool(fields), f"model.text.fields must name at least one of {list(TEXT_FIELDS)}, got []")
+        _check(set(fields) <= set(TEXT_FIELDS), f"model.text.fields must be names from {list(TEXT_FIELDS)}, got "
+                                                f"{fields}: {sorted(set(fields) - set(TEXT_FIELDS))} unknown")
+        _check(len(set(fields)) == len(fields), f"model.text.fields must name each field once, got {fields}")
         _check(self.tokenizer_sha256 == "" or (len(self.tokenizer_sha256) == 64 and all(
             c in "0123456789abcdef" for c in self.tokenizer_sha256)),
             f"model.text.tokenizer_sha256 must be empty or a sha256 hex digest, got {self.tokenizer_sha256!r}")

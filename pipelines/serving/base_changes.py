@@ -11,11 +11,9 @@ import logging
 from pipelines.errors import RegistryError
 from pipelines.serving import base_switch
 from pipelines.serving.base_store import BaseStore
-from pipelines.serving.loader import RETRYABLE, RefusedVersion, VersionRef
+from pipelines.serving.loader import RETRYABLE, RefusedVersion, Route, VersionRef
 
 log = logging.getLogger("pipelines.serving.router")
-
-Route = tuple[str, str]
 
 
 class BaseChanges:

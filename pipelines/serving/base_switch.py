@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipelines.serving.loader import CHAMPION, VersionRef
+from pipelines.serving.loader import CHAMPION, Route, VersionRef
 
 FINGERPRINT_TAG = "base.fingerprint"
-
-Route = tuple[str, str]   # (model, alias)
 
 
 @dataclass(frozen=True)

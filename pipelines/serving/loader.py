@@ -23,6 +23,7 @@ from pipelines.registry import integrity
 from pipelines.model.adapters import LAYERNORM_BIAS_FILE
 
 CHAMPION, CANARY = "champion", "canary"
+Route = tuple[str, str]   # (model, alias): what a routing table maps to a version
 RETRYABLE = frozenset({"download"})   # refusal reasons a later refresh tries again
 # MLflow's answers for "no such model" and "no such alias": the route is simply absent.
 _ABSENT_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"})

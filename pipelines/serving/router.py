@@ -67,7 +67,7 @@ from pipelines.model.inference import configure_threads
 from pipelines.serving import batched, loader, routing
 from pipelines.serving.base_store import BaseStore
 from pipelines.serving.base_changes import BaseChanges
-from pipelines.serving.loader import CANARY, CHAMPION, VersionRef
+from pipelines.serving.loader import CANARY, CHAMPION, Route, VersionRef
 from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import RoutingTable
 from pipelines.serving.version_loads import VersionLoads
@@ -84,8 +84,6 @@ warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now 
 _CHUNK = 4096
 DEFAULT_MAX_LOADED = 16
 DEFAULT_LOAD_BUDGET_MS = 100.0
-
-Route = tuple[str, str]
 
 
 class AdapterServer(BaseChanges, VersionLoads):

@@ -11,12 +11,10 @@ import tempfile
 import time
 
 from pipelines.serving.base_store import BaseStore
-from pipelines.serving.loader import RETRYABLE, RefusedVersion, VersionRef
+from pipelines.serving.loader import RETRYABLE, RefusedVersion, Route, VersionRef
 from pipelines.serving.routing import RoutingTable
 
 log = logging.getLogger("pipelines.serving.router")
-
-Route = tuple[str, str]
 
 
 class VersionLoads:
