@@ -5,6 +5,8 @@ import json
 import logging
 import tempfile
 
+from pipelines.errors import ConfigError
+
 
 def add_parser(sub) -> None:
     """Add `backtest` to the subparsers `sub` of `python -m pipelines`."""
@@ -51,11 +53,38 @@ def add_parser(sub) -> None:
     cp.set_defaults(fn=cmd_compare)
 
 
+# The options each mode other than the replay reads (besides --config and --json); any other one given
+# with it is refused rather than ignored: `--cold-items 5 --mlflow` would otherwise log nothing, silently.
+MODE_OPTIONS = {"few_shot": set(),
+                "choose": {"day_from", "day_to", "days", "only", "base_cache", "val_days"},
+                "cold_items": {"day_from", "day_to", "days", "base_cache", "scores"}}
+_FLAGS = {"day_from": "--from", "day_to": "--to", "days": "--days", "only": "--only", "few_shot": "--few-shot",
+          "choose": "--choose", "val_days": "--val-days", "quick": "--quick", "served_dir": "--served-dir",
+          "flip_labels": "--flip-labels", "ids_all_slots": "--ids-all-slots", "base_cache": "--base-cache",
+          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items"}
+
+
+def check_mode(a) -> None:
+    """At most one mode; a mode given an option it does not read is a ConfigError naming both."""
+    modes = [m for m in MODE_OPTIONS if getattr(a, m) is not None]
+    if len(modes) > 1:
+        raise ConfigError(f"backtest: {' and '.join(_FLAGS[m] for m in modes)} are separate modes; choose one")
+    if not modes:
+        if a.val_days is not None:
+            raise ConfigError("backtest: --val-days is an option of --choose")
+        return
+    unread = [_FLAGS[k] for k in _FLAGS if k not in MODE_OPTIONS[modes[0]] and k != modes[0]
+              and getattr(a, k) not in (None, False)]
+    if unread:
+        raise ConfigError(f"backtest {_FLAGS[modes[0]]}: it does not read {', '.join(unread)}")
+
+
 def cmd(a) -> int:
     """`python -m pipelines backtest`: the replay, the few-shot mode, the report, MLflow."""
     from pipelines.bench import backtest
     from pipelines.config import load_pipeline_config
 
+    check_mode(a)
     logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
     if a.few_shot is not None:
         from pipelines.bench import backtest_fewshot
