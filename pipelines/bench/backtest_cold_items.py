@@ -71,6 +71,10 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, folds: int = 
     preds = np.full(len(scored), np.nan)
     per_fold, cpu = [], 0.0
     for k, (train_rows, mask) in enumerate(parts):
+        if not mask.any():   # more folds than scored items: this fold has nothing to score, so no base
+            per_fold.append({"fold": k, "items": 0, "train_rows": int(len(train_rows)), "scored_rows": 0, "auc": None,
+                             "cpu_s": 0.0, "base_loaded_from": None})
+            continue
         t = time.process_time()
         model, loaded = cached_base(cfg, train_rows, base_cache, f"cold-items-{k + 1}/{folds}")
         fit_s = 0.0 if loaded else time.process_time() - t

@@ -112,3 +112,20 @@ def _config(tmp_path, over: dict) -> str:
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
+
+
+
+@pytest.mark.slow
+def test_a_fold_without_scored_items_fits_no_base(frame):
+    """More folds than scored items: a fold with nothing to score is reported empty and fits no base."""
+    day = frame["event_ts"].dt.strftime("%Y-%m-%d")
+    first = frame[day == "1998-03-07"]
+    two = first["item_id"].value_counts().index[:2]
+    small = pd.concat([frame[day < "1998-03-07"], first[first["item_id"].isin(two)]])
+    r = ci.run(load_pipeline_config(overrides={"base_training": {"epochs": 1}}), small, folds=8,
+               day_from="1998-03-07", max_days=1)
+    assert len(r["per_fold"]) == 8 and r["rows"] == int(first["item_id"].isin(two).sum())
+    scoring = [f for f in r["per_fold"] if f["scored_rows"]]
+    assert 1 <= len(scoring) <= 2 and sum(f["scored_rows"] for f in scoring) == r["rows"]
+    assert all(f["cpu_s"] > 0 for f in scoring)
+    assert all(f["auc"] is None and f["cpu_s"] == 0.0 and f["items"] == 0 for f in r["per_fold"] if not f["scored_rows"])
