@@ -88,7 +88,8 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
             preds[n], models[n] = future.result()
     out = {"model_family": cfg.model.family, **_result(bt, models, preds, time.perf_counter() - t0)}
     if scores:
-        out["scores"] = backtest_scores.write(scores, bt, preds, {"protocol": "replay", **{k: out[k] for k in ("model_family", "from", "to")}})
+        meta = {"protocol": "replay", **{k: out[k] for k in ("model_family", "from", "to")}}
+        out["scores"] = backtest_scores.write(scores, bt, preds, meta)
     return out
 
 

@@ -64,10 +64,10 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, folds: int = 
         frame = movielens.load()
     bt = build(frame, day_from, day_to, max_days)
     parts = split(bt, folds)   # a bad fold count fails here, before any base is fitted
+    scored, y, warm = bt.frame.iloc[bt.first:bt.last], bt.labels(), bt.warm[bt.first:bt.last]
     log.info("backtest --cold-items %d: %d days %s..%s, %d scored rows of %d items", folds, len(bt.days),
-             bt.days[0].date, bt.days[-1].date, bt.last - bt.first, bt.frame["item_id"].iloc[bt.first:bt.last].nunique())
+             bt.days[0].date, bt.days[-1].date, len(scored), scored["item_id"].nunique())
     t0 = time.perf_counter()
-    scored = bt.frame.iloc[bt.first:bt.last]
     preds = np.full(len(scored), np.nan)
     per_fold, cpu = [], 0.0
     for k, (train_rows, mask) in enumerate(parts):
@@ -81,8 +81,7 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, folds: int = 
         cpu += fit_s
         preds[mask] = score(model, cfg, scored[mask])
         per_fold.append({"fold": k, "items": int(scored["item_id"][mask].nunique()), "train_rows": int(len(train_rows)),
-                         "scored_rows": int(mask.sum()), "auc": summary(bt.labels()[mask], preds[mask],
-                                                                        bt.warm[bt.first:bt.last][mask])["auc"],
+                         "scored_rows": int(mask.sum()), "auc": summary(y[mask], preds[mask], warm[mask])["auc"],
                          "cpu_s": round(fit_s, 1), "base_loaded_from": loaded})
         log.info("backtest --cold-items: fold %d/%d: %d scored rows, AUC %s", k + 1, folds, mask.sum(),
                  per_fold[-1]["auc"])
