@@ -102,9 +102,15 @@ class BaseTrainConfig:
     warmup_steps: int = 20
     holdout_fraction: float = 0.1
     seed: int = 7
+    # > 0: the wide term (model.wide) is first fitted alone as a one-hot logistic regression with this L2
+    # (1 / C of sklearn's LogisticRegression), then frozen while the rest trains `epochs` (training.wide).
+    wide_l2: float = 0.0
+    wide_fields: tuple[str, ...] = ()   # the fields that LR reads; () = every field
 
     def __post_init__(self):
-        _check(self.epochs >= 1 and self.batch_size >= 1, "base_training.epochs and batch_size must be >= 1")
+        _check(self.wide_l2 >= 0, f"base_training.wide_l2 must be >= 0, got {self.wide_l2}")
+        _check(self.batch_size >= 1 and (self.epochs >= 1 or (self.epochs == 0 and self.wide_l2 > 0)),
+               "base_training.batch_size must be >= 1 and epochs >= 1 (0 only with wide_l2 > 0: the LR alone)")
         _check(self.lr > 0, f"base_training.lr must be > 0, got {self.lr}")
         _check(self.warmup_steps >= 0 and self.weight_decay >= 0,
                "base_training.warmup_steps and weight_decay must be >= 0")
@@ -174,6 +180,17 @@ class LoraTrainConfig(LoraShape):
     # lambda of the orthogonality penalty: the loss gains lambda * sum_j ||dW^T dW_j||_F over the target
     # modules and the serving champions j of the other slots (training.orthogonality). 0: off.
     orthogonality_lambda: float = 0.0
+    # What the adapter changes (docs/architecture.md, "Where freshness lives"). lora: low-rank updates of
+    # target_modules (and the id rows of trainable_tokens). delta: per-id additive offsets of the logit, the
+    # rows of the base's wide term (model.wide) for the window's ids of trainable_tokens, anchored to zero by
+    # delta_l2 (its penalty is delta_l2 / 2 * ||offsets||^2 over the sum of the rows' log-losses: 1 / C of an
+    # LR) and trained with per-coordinate adaptive steps (Adagrad); the LoRA matrices stay at zero.
+    kind: Literal["lora", "delta"] = "lora"
+    delta_l2: float = 10.0
+    # The rows a slot's adapter trains on (and is held out and evaluated on): its slot's, or every slot's rows
+    # of the window (each slot's adapter then learns the same per-id offsets; chosen on the validation days for
+    # the delta kind, docs/benchmarks.md).
+    train_rows: Literal["slot", "all"] = "slot"
 
     @property
     def max_rank(self) -> int:
@@ -186,8 +203,9 @@ class LoraTrainConfig(LoraShape):
         return self.lr * self.max_rank / self.batch_size ** 0.5
 
     def stable_lr(self) -> float:
-        """The lr that training uses: `lr`, or the largest lr that satisfies the rule ("rescale")."""
-        if self.stability <= self.stability_max:
+        """The lr that training uses: `lr`, or the largest lr that satisfies the rule ("rescale"). The rule
+        bounds LoRA updates: a `delta` adapter trains no LoRA matrix, so its lr is `lr`."""
+        if self.kind == "delta" or self.stability <= self.stability_max:
             return self.lr
         return self.stability_max * self.batch_size ** 0.5 / self.max_rank
 
@@ -205,6 +223,11 @@ class LoraTrainConfig(LoraShape):
                f"and cannot be combined with LoRA on the embeddings, got {list(self.trainable_tokens)}")
         _check(not self.tokens_only or bool(self.trainable_tokens),
                "lora.tokens_only needs lora.trainable_tokens: with no id rows an adapter would train nothing")
+        _check(self.kind in ("lora", "delta"), f"lora.kind must be lora or delta, got {self.kind!r}")
+        _check(self.train_rows in ("slot", "all"), f"lora.train_rows must be slot or all, got {self.train_rows!r}")
+        _check(self.kind != "delta" or bool(self.trainable_tokens),
+               "lora.kind delta needs lora.trainable_tokens: the id tables whose per-id offsets train")
+        _check(self.delta_l2 >= 0, f"lora.delta_l2 must be >= 0, got {self.delta_l2}")
         _check(self.early_stopping_patience >= 0,
                f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
         _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")
@@ -216,7 +239,7 @@ class LoraTrainConfig(LoraShape):
                f"lora.orthogonality_lambda must be >= 0, got {self.orthogonality_lambda}")
         import math  # local: this class is the only user
 
-        _check(self.stability_action != "reject" or self.stability <= self.stability_max,
+        _check(self.stability_action != "reject" or self.kind == "delta" or self.stability <= self.stability_max,
                f"lora: lr * r / sqrt(batch_size) = {self.lr:g} * {self.max_rank} / sqrt({self.batch_size}) = "
                f"{self.stability:.6g} exceeds stability_max = {self.stability_max:g} (LoRA training was measured "
                f"to collapse above it). Fix: lower lora.lr to <= {self.stable_lr():.6g}, or raise "

@@ -9,6 +9,12 @@ Consequence: `disable_adapter()` switches the LoRA matrices off but not those bi
 With `lora.trainable_tokens` an adapter also trains the rows of chosen ids in the id tables (PEFT's
 `trainable_token_indices`: the rows are stored in the adapter, the tables stay frozen): LoRA on
 q/v cannot give a user the base never saw a representation of its own, and these rows can.
+
+`lora.kind: delta` is the per-id adapter (docs/architecture.md, "Where freshness lives"): the same PEFT
+mechanism on the wide term's rows only (`wide.user_id`, `wide.item_id`: one first-order weight per id,
+what a daily LR refit moves), the LoRA matrices frozen at zero. Its trained rows minus the base's are
+additive offsets of the logit; `training.delta` anchors them to zero and trains them with Adagrad. It is
+stored, registered, loaded and served exactly as any adapter with token rows.
 """
 from __future__ import annotations
 
@@ -48,8 +54,9 @@ def target_names(cfg: LoraTrainConfig) -> list[str]:
 def token_targets(base: nn.Module, cfg: LoraTrainConfig, rows: dict[str, list[int]] | None) -> dict[str, list[int]]:
     """PEFT `trainable_token_indices`: for each table of `cfg.trainable_tokens`, the rows in `rows` (table
     -> bucket indices, `features.id_buckets`), on `embeddings.<table>` and, when the base has a wide
-    term, on `wide.<table>` too (an id's first-order bias is what a daily refit mostly learns). A table
-    without rows is left out; rows for a table the config does not name are refused."""
+    term, on `wide.<table>` too (an id's first-order bias is what a daily refit mostly learns); a `delta`
+    adapter on `wide.<table>` alone (a base without a wide term is refused). A table without rows is left
+    out; rows for a table the config does not name are refused."""
     if cfg.trainable_tokens and rows is None:   # never a silent LoRA-only adapter when rows were asked for
         raise ConfigError(f"lora.trainable_tokens is {list(cfg.trainable_tokens)} but no token rows were given: "
                          "the caller picks the ids whose rows train (features.id_buckets)")
@@ -58,11 +65,15 @@ def token_targets(base: nn.Module, cfg: LoraTrainConfig, rows: dict[str, list[in
     if extra:
         raise ConfigError(f"token rows for {extra}, but lora.trainable_tokens is {list(cfg.trainable_tokens)}")
     wide = getattr(base, "wide", None) is not None
+    if cfg.kind == "delta" and not wide:
+        raise ConfigError("lora.kind delta moves the per-id rows of the base's wide term, and this base has none "
+                          "(model.wide: false); train the base with model.wide: true")
     out = {}
     for table in cfg.trainable_tokens:
         picked = sorted({int(i) for i in rows.get(table, ())})
         if picked:
-            out[f"embeddings.{table}"] = picked
+            if cfg.kind != "delta":
+                out[f"embeddings.{table}"] = picked
             if wide:
                 out[f"wide.{table}"] = picked
     return out
@@ -157,7 +168,7 @@ def attach(base: nn.Module, cfg: LoraTrainConfig, adapter_name: str = "default",
     model = get_peft_model(base, peft_config(cfg, tokens, layers), adapter_name=adapter_name)
     check_rank_pattern(model, cfg, adapter_name)
     check_layers(model, layers, cfg, adapter_name)
-    if cfg.tokens_only:   # PEFT wants a LoRA target; its B matrices start at zero and stay there
+    if cfg.tokens_only or cfg.kind == "delta":   # PEFT wants a LoRA target; its B matrices start at zero and stay there
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.requires_grad_(False)

@@ -34,9 +34,10 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
 
     from pipelines.model import adapters
     from pipelines.model.stream import holdout_streams
+    from pipelines.training import delta
     from pipelines.registry import mlflow_io
     from pipelines.training import checkpoint
-    from pipelines.training.loop import LoopSettings
+    from pipelines.training.delta import loop_settings
 
     if slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)})")
@@ -49,8 +50,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     regularizer = sibling_regularizer(cfg, slot, base_ref)
     data_lineage = streams["index"].lineage()
     sizes = adapters.trainable_fraction(model)
-    settings = LoopSettings(lc.epochs, lc.batch_size, stab["effective_lr"], lc.weight_decay, lc.warmup_steps, lc.seed,
-                            patience=lc.early_stopping_patience, start_is_candidate=lc.keep_base_if_no_gain)
+    settings = loop_settings(lc)
     model_name = cfg.adapter_model_name(slot)
     chash = config_hash(lc)
     store = checkpoint.CheckpointStore(checkpoint_uri or checkpoint.default_uri(
@@ -62,7 +62,8 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
                           run_name=f"{model_name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
         _log_inputs(lc, slot, end_day, base_ref, stab, streams, store, sizes, model_name)
-        result = _fit_logged(model, streams, settings, store, run_key, model_name, progress, regularizer)
+        result = _fit_logged(model, streams, settings, store, run_key, model_name, progress,
+                             delta.regularizer(lc, streams["train"].rows, regularizer))
         ortho = _log_orthogonality(model, regularizer)
         metrics = score_stream(model, streams["holdout"])
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})

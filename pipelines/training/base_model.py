@@ -22,7 +22,8 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     from pipelines.registry import mlflow_io
     from pipelines.data.splits import load_split
     from pipelines.model.inference import predict
-    from pipelines.training.loop import LoopSettings, seed_everything, train as train_loop
+    from pipelines.training.base_fit import fit_base
+    from pipelines.training.loop import seed_everything
 
     bt = cfg.base_training
     split = load_split(lake_uri, cutoff_day, bt.holdout_fraction, start_day=bt.train_start, min_rows=100)
@@ -32,15 +33,16 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     seed_everything(bt.seed)
     model = fam.build(cfg.model)
     fam.load_pretrained(model, cfg.model)
-    settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
 
     with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
                           run_name=f"base-{cutoff_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
         mlflow.set_tags({"stage": "base_model", "data.cutoff": cutoff_day, "code.version": mlflow_io.code_version()})
         mlflow.log_params({f"model.{k}": v for k, v in to_dict(cfg.model).items()})
         mlflow.log_params({f"train.{k}": v for k, v in to_dict(bt).items()})
-        train_loop(model, x_tr, y_tr, settings, val=(x_ho, y_ho), desc="base",
-                   on_epoch=lambda m: mlflow.log_metrics({k: v for k, v in m.items() if k != "epoch"}, step=m["epoch"]))
+        fitted = fit_base(model, x_tr, y_tr, bt, val=(x_ho, y_ho), desc="base", on_epoch=lambda m: mlflow.log_metrics(
+            {k: v for k, v in m.items() if k != "epoch"}, step=m["epoch"]))
+        if fitted["wide"]:
+            mlflow.log_metrics({f"wide_lr_{k}": v for k, v in fitted["wide"].items()})
         metrics = summary(y_ho, predict(model, x_ho))
         mlflow.log_metrics({f"holdout_{k}": v for k, v in metrics.items() if v is not None})
         evaluation = _against_serving_base(cfg, split.holdout, y_ho, metrics)

@@ -57,6 +57,9 @@ class LoopSettings:
     # With early stopping: the weights before the first epoch are a candidate too (epoch 0). For an adapter
     # (LoRA B starts at zero) that is the base itself: when no epoch beats it on the val rows, none is kept.
     start_is_candidate: bool = False
+    # adamw for dense weights; adagrad (per-coordinate steps that shrink with each row's own gradient history, as
+    # FTRL's) for sparse per-id rows, whose ids appear a few times each (training.delta)
+    optimizer: str = "adamw"
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -122,7 +125,8 @@ def _select(st: dict, metrics: dict, named, patience: int, desc: str) -> None:
 
 def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "train", on_epoch=None, *,
         checkpoint=None, run_key: dict | None = None, progress: bool = False, regularizer=None) -> dict:
-    """Train the parameters of `model` that require grad with AdamW (warm-up + cosine decay).
+    """Train the parameters of `model` that require grad with AdamW or Adagrad (`settings.optimizer`;
+    warm-up + cosine decay).
 
     `data` / `val`: (tokens, labels) arrays or batch sources. With `val`, every epoch is evaluated
     on it. With `settings.patience` > 0 too, training stops after that many epochs without a lower
@@ -151,7 +155,7 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
     val_src = as_source(val) if val is not None else None
     if val_src is not None and val_src.rows == 0:
         val_src = None
-    opt = torch.optim.AdamW([p for _, p in named], lr=settings.lr, weight_decay=settings.weight_decay)
+    opt = _optimizer(settings, [p for _, p in named])
     total = math.ceil(src.rows / settings.batch_size) * settings.epochs
     gen = torch.Generator().manual_seed(settings.seed)
     key = _checkpoint_key(settings, src, val_src, named, run_key)
@@ -171,6 +175,14 @@ def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "t
         if on_epoch:
             on_epoch(metrics)
     return _finish(model, named, st, resumed_from, desc)
+
+
+def _optimizer(settings: LoopSettings, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if settings.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    if settings.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    raise ValueError(f"LoopSettings.optimizer must be adamw or adagrad, got {settings.optimizer!r}")
 
 
 def _checkpoint_key(settings: LoopSettings, src, val_src, named, run_key: dict | None) -> dict:

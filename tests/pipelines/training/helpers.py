@@ -32,11 +32,12 @@ def out(model, x: np.ndarray) -> torch.Tensor:
         return model(torch.from_numpy(x))
 
 
-def registered_base_config(lake: str, registry=None, model=None, cold_start=None, **lora_overrides):
+def registered_base_config(lake: str, registry=None, model=None, cold_start=None, base_training=None, **lora_overrides):
     """A PipelineConfig on the synthetic `lake` (2024-01-02 onwards) whose base is trained on its first
     two days and registered as <base>@champion in the current MLflow store (the caller points MLflow at
     a fresh one, see tests.conftest.use_store_copy, or gives model names of its own in `registry`, a
-    RegistryConfig, on a shared server). `model` / `cold_start`: other sections than the small defaults."""
+    RegistryConfig, on a shared server). `model` / `cold_start` / `base_training`: other sections than the small
+    defaults."""
     from pipelines.config import BaseTrainConfig, DataConfig, LoraTrainConfig, PipelineConfig, RegistryConfig
     from pipelines.data.synthetic import SLOTS
     from pipelines.flows.base import register_base
@@ -48,7 +49,7 @@ def registered_base_config(lake: str, registry=None, model=None, cold_start=None
             "warmup_steps": 2, **lora_overrides}
     extra = {"cold_start": cold_start} if cold_start is not None else {}
     c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=model or CFG,
-                       base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+                       base_training=base_training or BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
                        lora=LoraTrainConfig(**lora), registry=registry or RegistryConfig(), **extra)
     out = register_base(c, base_model.train(c, lake, "2024-01-03"), actor="test", policy=any_base_policy())
     # serving it: moved now, or already (the same weights trained before on a shared server are one version)
