@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from pipelines.bench import backtest_lr
 from pipelines.bench import backtest_models as bm
 from pipelines.bench import backtest_scores
 from pipelines.bench.backtest_protocol import Backtest, auc_within, build, summary
@@ -28,11 +29,13 @@ from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-COMPARATORS = ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily", "served")
+COMPARATORS = ("static", "adapter", "adapter_lora", "adapter_ids", "full_retrain", "lr_static", "lr_daily", "lr_delta", "served")
 # Each in a process of its own when `parallel`: the slow ones (full_retrain: a base a day; served: the
 # pipeline's stages, MLflow included); the others run in this process meanwhile.
 SEPARATE = ("full_retrain", "served")
 QUICK_DAYS = 7
+# Scored by the `served` replay beside what it served (backtest_served): gating nothing, and never releasing.
+POLICIES = ("always_release", "never_release")
 
 
 def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = True, policy: GatePolicy | None = None,
@@ -47,11 +50,14 @@ def comparators(cfg: PipelineConfig, names=COMPARATORS, *, ids_per_slot: bool = 
     _check_names(names)
     static = bm.Static(cfg, base_cache)
     made = {"static": static,
-            "adapter": bm.SlotAdapters("adapter", cfg, bm.lora_only_config(cfg.lora), static),
+            "adapter": bm.SlotAdapters("adapter", cfg, cfg.lora, static, per_slot=cfg.lora.train_rows == "slot"),
+            "adapter_lora": bm.SlotAdapters("adapter_lora", cfg, bm.lora_only_config(cfg.lora), static),
             "adapter_ids": bm.SlotAdapters("adapter_ids", cfg, bm.id_token_config(cfg.lora), static,
                                            per_slot=ids_per_slot),
             "full_retrain": bm.FullRetrain(cfg),
-            "lr_daily": bm.LrDaily()}
+            "lr_static": backtest_lr.LrStatic(),
+            "lr_daily": backtest_lr.LrDaily(),
+            "lr_delta": backtest_lr.LrDelta()}
     if "served" in names:
         made["served"] = Served(cfg, policy or load_gate_policy(), served_dir, flip_labels=flip_labels)
     return {n: made[n] for n in COMPARATORS if n in names}
@@ -86,7 +92,9 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
         preds = replay(models, bt) if models else {}
         for n, future in remote.items():
             preds[n], models[n] = future.result()
-    out = {"model_family": cfg.model.family, **_result(bt, models, preds, time.perf_counter() - t0)}
+    if "served" in models:
+        preds.update(models["served"].policy_scores())
+    out = {"model_family": cfg.model.family, "adapter_kind": cfg.lora.kind, **_result(bt, models, preds, time.perf_counter() - t0)}
     if scores:
         meta = {"protocol": "replay", **{k: out[k] for k in ("model_family", "from", "to")}}
         out["scores"] = backtest_scores.write(scores, bt, preds, meta)
@@ -125,22 +133,23 @@ def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.
     groups = bt.slot_days()
     out: dict = {"from": bt.days[0].date, "to": bt.days[-1].date, "days": len(bt.days), "rows": int(len(y)),
                  "warm_rows": int(warm.sum()), "cold_rows": int((~warm).sum()), "new_item_rows": int(new_item.sum())}
-    for name in COMPARATORS:
+    for name in (*COMPARATORS, *POLICIES):
         if name not in preds:
             continue
         s = summary(y, preds[name], warm, new_item)
         out.update({f"{name}_auc": s["auc"], f"{name}_auc_warm": s["auc_warm"], f"{name}_auc_cold": s["auc_cold"],
                     f"{name}_auc_new_item": s["auc_new_item"],
-                    f"{name}_auc_within_slot_day": auc_within(y, preds[name], groups),
-                    f"{name}_cpu_s": round(models[name].cpu_s, 1)})
-    for name in ("adapter", "adapter_ids"):
+                    f"{name}_auc_within_slot_day": auc_within(y, preds[name], groups)})
+        if name in models:   # a policy's models are the replay's: it costs no training of its own
+            out[f"{name}_cpu_s"] = round(models[name].cpu_s, 1)
+    for name in ("adapter", "adapter_lora", "adapter_ids"):
         if name in models:
             out[f"{name}_bytes"] = models[name].info()["adapter_bytes"]
     if "served" in models:
         served = models["served"].info()
         out.update({k: served[k] for k in ("gate_releases", "gate_rejections", "gate_held", "canary_promotions",
                                            "canary_withdrawals", "reverts", "days_not_validated")})
-        out.update(gate_trust=served["trust"], fault=served["fault"])
+        out.update(gate_trust=served["trust"], gate_precision=served["gate_precision"], fault=served["fault"])
     out.update(_goals(out))
     out["per_day"] = _per_day(bt, preds)
     out["comparators"] = {n: m.info() for n, m in models.items() if m.info()}
@@ -157,11 +166,13 @@ def _goals(r: dict) -> dict:
         out["adapter_ids_gain_share"] = round((r["adapter_ids_auc"] - r["static_auc"]) / gain, 3) if gain else None
     if r.get("adapter_ids_cpu_s") is not None and r.get("full_retrain_cpu_s"):
         out["adapter_ids_cost_share"] = round(r["adapter_ids_cpu_s"] / r["full_retrain_cpu_s"], 3)
-    daily = {n: r[f"{n}_auc"] for n in ("adapter", "adapter_ids", "full_retrain", "lr_daily")
+    daily = {n: r[f"{n}_auc"] for n in ("adapter", "adapter_lora", "adapter_ids", "full_retrain", "lr_daily", "lr_delta")
              if r.get(f"{n}_auc") is not None}
     if r.get("served_auc") is not None and daily:
         best = max(daily, key=daily.get)
         out.update(served_best_daily=best, served_minus_best_daily=round(r["served_auc"] - daily[best], 4))
+        out.update({f"served_minus_{p}": round(r["served_auc"] - r[f"{p}_auc"], 4) for p in POLICIES
+                    if r.get(f"{p}_auc") is not None})
     return out
 
 
@@ -179,23 +190,28 @@ def _per_day(bt: Backtest, preds: dict[str, np.ndarray]) -> list[dict]:
     return rows
 
 
+def _share(s: dict) -> str:
+    return "-" if s["value"] is None else f"{s['value']} [{s['lo']}, {s['hi']}] of {s['n']}"
+
+
 def table(r: dict) -> str:
     """The result as a small markdown table (the CLI's output without --json)."""
     lines = [f"backtest {r['from']}..{r['to']} (model family {r.get('model_family')}): {r['days']} days, {r['rows']} "
              f"rows ({r['warm_rows']} warm, {r['cold_rows']} cold at scoring, {r.get('new_item_rows')} of new items)", "",
              "| comparator | AUC | AUC warm | AUC cold | AUC new items | AUC within slot-day | training CPU s |",
              "|---|---|---|---|---|---|---|"]
-    for name in COMPARATORS:
+    for name in (*COMPARATORS, *POLICIES):
         if f"{name}_auc" in r:
             lines.append(f"| {name} | {r[f'{name}_auc']} | {r[f'{name}_auc_warm']} | {r[f'{name}_auc_cold']} | "
                          f"{r.get(f'{name}_auc_new_item')} | {r.get(f'{name}_auc_within_slot_day')} | "
-                         f"{r[f'{name}_cpu_s']} |")
+                         f"{r.get(f'{name}_cpu_s', '-')} |")
     if "gate_releases" in r:
         t = r["gate_trust"]
         lines += ["", f"served: {r['gate_releases']} releases, {r['gate_rejections']} rejections, {r['gate_held']} held; "
                       f"canaries {r['canary_promotions']} promoted, {r['canary_withdrawals']} withdrawn; "
                       f"{r['reverts']} reverts; released then worse next day {t['released_worse']}/{t['released_judged']}, "
-                      f"rejected then better {t['rejected_better']}/{t['rejected_judged']}"]
+                      f"rejected then better {t['rejected_better']}/{t['rejected_judged']}; gate precision "
+                      f"{_share(r['gate_precision'])}"]
         if r.get("fault"):
             lines.append(f"fault (flipped labels on {r['fault']['day']}): caught by {r['fault']['caught_by']}")
     return "\n".join(lines)

@@ -18,6 +18,10 @@ layer only (`lora.layers`, for the families with one numbered layer list), at th
 and at lr / 5 on a window 4 times as long (the backward pass stops at the top layer, so that window costs
 less than it would on every layer). It was added for the text family, whose adapters of the earlier recipe
 lowered its base (docs/benchmarks.md, Model families side by side).
+`delta` (a config whose `lora.kind` is delta): the shipped delta recipe and each of its settings changed
+once (`DELTA_VARIANTS`: per slot instead of every slot's rows, the window, Adagrad's lr, the anchor, epochs,
+early stopping on the newest rows). A delta's bytes follow its window's ids, so this choice keeps the
+earliest candidate within the margin: the shipped recipe unless a variant beats it by more.
 `ranks`: r in {2, 4, 8, 16} for every module, and per-layer patterns (PEFT `rank_pattern`: q against v,
 lower blocks against upper blocks). `orthogonality`: lambda in {0, 0.1, 1, 10} for the penalty against
 the other slots' newest adapters (`lora.orthogonality_lambda`). Each candidate also reports its
@@ -39,7 +43,12 @@ log = logging.getLogger(__name__)
 
 VALIDATION = ("1998-01-20", "1998-03-06")   # the 46 days before the test period (as adapter_ids was chosen)
 MARGIN = 0.003
-DEFAULT = {"ranks": "r8", "orthogonality": "lambda_0", "schedule": "all_layers"}
+DEFAULT = {"ranks": "r8", "orthogonality": "lambda_0", "schedule": "all_layers", "delta": "shipped"}
+# The variations of the shipped delta recipe `--choose delta` replays (one setting changed each).
+DELTA_VARIANTS = {"shipped": {}, "per_slot": {"train_rows": "slot"}, "window_4": {"window_days": 4},
+                  "window_14": {"window_days": 14}, "window_28": {"window_days": 28}, "lr_0.1": {"lr": 0.1},
+                  "lr_1": {"lr": 1.0}, "l2_3": {"delta_l2": 3.0}, "l2_30": {"delta_l2": 30.0},
+                  "epochs_5": {"epochs": 5}, "early_stopping": {"val_fraction": 0.1}}
 
 
 def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
@@ -50,6 +59,10 @@ def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
                 "lambda_10": {"orthogonality_lambda": 10.0}}
     if choice == "schedule":
         return _schedule(cfg)
+    if choice == "delta":
+        if cfg.lora.kind != "delta":
+            raise ConfigError("backtest --choose delta varies the config's delta recipe: set lora.kind: delta")
+        return dict(DELTA_VARIANTS)
     if choice != "ranks":
         raise ConfigError(f"backtest --choose: unknown choice {choice!r}; choose from {sorted(DEFAULT)}")
     out = {"r8": {"r": 8}, "r2": {"r": 2}, "r4": {"r": 4}, "r16": {"r": 16}}
@@ -66,7 +79,8 @@ def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
 
 
 def _schedule(cfg: PipelineConfig) -> dict[str, dict]:
-    lr, window = cfg.lora.lr, cfg.lora.window_days
+    lora = bm.lora_only_config(cfg.lora)   # a LoRA recipe's schedule, whatever kind the config ships
+    lr, window = lora.lr, lora.window_days
     out = {"all_layers": {}, "lr_div5": {"lr": lr / 5}, "lr_div25": {"lr": lr / 25}, "keep_base": {"keep_base_if_no_gain": True}}
     top = top_layer(cfg)
     if top is not None:
@@ -89,29 +103,33 @@ def top_layer(cfg: PipelineConfig) -> int | None:
     return -1
 
 
-def choose(rows: dict[str, dict], margin: float = MARGIN) -> str:
-    """The rule above, on {name: {"auc", "adapter_bytes"}} in preference order. Pure."""
+def choose(rows: dict[str, dict], margin: float = MARGIN, by_bytes: bool = True) -> str:
+    """The rule above, on {name: {"auc", "adapter_bytes"}} in preference order. Pure. `by_bytes` False: the
+    earliest candidate within the margin (a delta's bytes follow its window's ids, not its recipe's cost)."""
     scored = {n: r for n, r in rows.items() if r.get("auc") is not None}
     if not scored:
         raise ConfigError("backtest --choose: no candidate has a validation AUC")
     best = max(r["auc"] for r in scored.values())
     order = list(rows)
     near = [n for n, r in scored.items() if r["auc"] >= best - margin]
-    return min(near, key=lambda n: (scored[n].get("adapter_bytes") or float("inf"), order.index(n)))
+    return min(near, key=lambda n: ((scored[n].get("adapter_bytes") or float("inf")) if by_bytes else 0,
+                                    order.index(n)))
 
 
 def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: str | None, day_to: str | None,
-             max_days: int | None, base_cache: str | None = None) -> dict:
+             max_days: int | None, base_cache: str | None = None, choice: str = "") -> dict:
     """One replay of `static` and every candidate over the days: AUC (warm / cold), CPU, bytes, |cos|."""
     bt = build(frame, day_from, day_to, max_days)
     static = bm.Static(cfg, base_cache)
     models: dict[str, bm.Comparator] = {"static": static}
     for name, over in overrides.items():
-        # from the config's lora with both options off, so a candidate is exactly what its name says
-        plain = dataclasses.replace(bm.lora_only_config(cfg.lora), rank_pattern={}, orthogonality_lambda=0.0,
-                                    layers=(), keep_base_if_no_gain=False)
+        # from the config's lora with both options off, so a candidate is exactly what its name says (a
+        # delta recipe: the config's, one setting changed)
+        plain = cfg.lora if cfg.lora.kind == "delta" and choice == "delta" else dataclasses.replace(
+            bm.lora_only_config(cfg.lora), rank_pattern={}, orthogonality_lambda=0.0, layers=(),
+            keep_base_if_no_gain=False)
         lora = dataclasses.replace(plain, **over)
-        models[name] = bm.SlotAdapters(name, cfg, lora, static)
+        models[name] = bm.SlotAdapters(name, cfg, lora, static, per_slot=lora.train_rows == "slot")
     t0 = time.perf_counter()
     preds = replay(models, bt)
     y, warm, groups = bt.labels(), bt.warm[bt.first:bt.last], bt.slot_days()
@@ -148,14 +166,16 @@ def run(cfg: PipelineConfig, frame=None, *, choice: str, validation: tuple[str, 
     default = DEFAULT[choice]
     picked = {n: o for n, o in every.items() if not only or n in only or n == default}
     limits = [d for d in (max_days, val_days) if d is not None]
-    val = _measure(cfg, frame, picked, *validation, min(limits) if limits else None, base_cache)
-    chosen = choose({n: r for n, r in val["candidates"].items() if n != "static"})
+    val = _measure(cfg, frame, picked, *validation, min(limits) if limits else None, base_cache, choice)
+    by_bytes = choice != "delta"
+    chosen = choose({n: r for n, r in val["candidates"].items() if n != "static"}, by_bytes=by_bytes)
     log.info("backtest --choose %s: %s chosen on %s..%s", choice, chosen, val["from"], val["to"])
     final = {n: picked[n] for n in dict.fromkeys((default, chosen))}
-    return {"choice": choice, "rule": f"fewest adapter bytes within {MARGIN} of the best validation AUC, "
-                                      "then the earlier candidate (the default first)",
-            "default": default, "chosen": chosen, "validation": val,
-            "test": _measure(cfg, frame, final, *test, max_days, base_cache)}
+    rule = (f"fewest adapter bytes within {MARGIN} of the best validation AUC, then the earlier candidate (the "
+            "default first)" if by_bytes else f"the earliest candidate (the default first) within {MARGIN} of the best "
+            "validation AUC")
+    return {"choice": choice, "rule": rule, "default": default, "chosen": chosen, "validation": val,
+            "test": _measure(cfg, frame, final, *test, max_days, base_cache, choice)}
 
 
 def table(r: dict) -> str:

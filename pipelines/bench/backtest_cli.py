@@ -17,10 +17,12 @@ def add_parser(sub) -> None:
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
     bt.add_argument("--few-shot", type=int, metavar="K",
                     help="instead: new users scored after their first K labelled rows (the few-shot mode)")
+    bt.add_argument("--cut", choices=("test", "validation"),
+                    help="--few-shot: the protocol on the test period (default) or on the rows before it (to choose on)")
     bt.add_argument("--cold-items", type=int, metavar="K",
                     help="instead: every scored row scored by a static base fitted without its item (the items in K "
                          "folds): the new-item question asked of every row (--from/--to/--days, --base-cache, --scores)")
-    bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule"),
+    bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule", "delta"),
                     help="instead: choose that LoRA option on the validation days, then replay it on the test days "
                          "(--from/--to; --only: a subset of its candidates)")
     bt.add_argument("--val-days", type=int, help="--choose: at most this many validation days (the first ones)")
@@ -55,13 +57,13 @@ def add_parser(sub) -> None:
 
 # The options each mode other than the replay reads (besides --config and --json); any other one given
 # with it is refused rather than ignored: `--cold-items 5 --mlflow` would otherwise log nothing, silently.
-MODE_OPTIONS = {"few_shot": set(),
+MODE_OPTIONS = {"few_shot": {"cut"},
                 "choose": {"day_from", "day_to", "days", "only", "base_cache", "val_days"},
                 "cold_items": {"day_from", "day_to", "days", "base_cache", "scores"}}
 _FLAGS = {"day_from": "--from", "day_to": "--to", "days": "--days", "only": "--only", "few_shot": "--few-shot",
           "choose": "--choose", "val_days": "--val-days", "quick": "--quick", "served_dir": "--served-dir",
           "flip_labels": "--flip-labels", "ids_all_slots": "--ids-all-slots", "base_cache": "--base-cache",
-          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items"}
+          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items", "cut": "--cut"}
 
 
 def check_mode(a) -> None:
@@ -72,6 +74,8 @@ def check_mode(a) -> None:
     if not modes:
         if a.val_days is not None:
             raise ConfigError("backtest: --val-days is an option of --choose")
+        if a.cut is not None:
+            raise ConfigError("backtest: --cut is an option of --few-shot")
         return
     unread = [_FLAGS[k] for k in _FLAGS if k not in MODE_OPTIONS[modes[0]] and k != modes[0]
               and getattr(a, k) not in (None, False)]
@@ -89,7 +93,7 @@ def cmd(a) -> int:
     if a.few_shot is not None:
         from pipelines.bench import backtest_fewshot
 
-        out = backtest_fewshot.run(load_pipeline_config(a.config), shots=a.few_shot)
+        out = backtest_fewshot.run(load_pipeline_config(a.config), shots=a.few_shot, cut=a.cut or "test")
         print(json.dumps(out) if a.json else backtest_fewshot.table(out))
         return 0
     if a.cold_items is not None:

@@ -6,8 +6,7 @@
 * ``adapter_ids``: daily adapters that learn ids: the config's `lora` if it names `trainable_tokens`,
   otherwise the choice validated on the 46 days before the default range (docs/benchmarks.md): the
   rows of the window's user ids only (`trainable_tokens: [user_id]`, `tokens_only: true`);
-* ``lr_daily``: the one-hot logistic regression of `quality_protocol`, refitted every day on all earlier
-  rows (C chosen once, on the latest 10% of the first day's history).
+* the logistic regressions (``lr_static``, ``lr_daily``, ``lr_delta``): `backtest_lr`.
 
 Bases train as `training.base_model` trains them (`base_training` settings, the config's `model`), on
 every history row: the base stage's holdout only monitors the last epoch, it selects nothing, so the
@@ -63,35 +62,13 @@ class Comparator:
             self.cpu_s += time.process_time() - t
 
 
-# ------------------------------------------------------------------------------------------ LR
-class LrDaily(Comparator):
-    name = "lr_daily"
-
-    def __init__(self, C: float | None = None) -> None:
-        super().__init__()
-        self.C = C
-        self.val_auc: dict | None = None
-
-    def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
-        from pipelines.bench import quality_protocol as qp
-
-        history = bt.history(day)
-        if self.C is None:   # chosen once, before the first scored day, as the static benchmark chooses it
-            fit, val = qp.temporal_split(history, 1.0 - qp.VAL_FRACTION)
-            self.C, self.val_auc = qp.tune_lr(fit, val)
-        model = self._timed(qp.fit_lr, history, self.C)
-        return qp.predict_lr(model, bt.scored(day))
-
-    def info(self) -> dict:
-        return {"C": self.C, "val_auc_by_C": self.val_auc}
-
-
 # ----------------------------------------------------------------------------------- base model
 def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base"):
     """A base of the configured family, trained on `rows` as the base stage trains one (settings, seed,
-    schedule), in eval mode."""
+    schedule, the wide LR first when `base_training.wide_l2` > 0), in eval mode."""
     from pipelines.model import family, features
-    from pipelines.training.loop import LoopSettings, seed_everything, train
+    from pipelines.training.base_fit import fit_base as fit
+    from pipelines.training.loop import seed_everything
 
     bt = cfg.base_training
     rows = rows[rows["event_ts"] >= pd.Timestamp(bt.train_start, tz="UTC")]   # the base window starts there
@@ -99,8 +76,7 @@ def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base
     fam = family.resolve(cfg.model.family)
     model = fam.build(cfg.model)
     fam.load_pretrained(model, cfg.model)
-    settings = LoopSettings(bt.epochs, bt.batch_size, bt.lr, bt.weight_decay, bt.warmup_steps, bt.seed)
-    train(model, fam.encode(rows, cfg.model), features.labels(rows), settings, desc=desc)
+    fit(model, fam.encode(rows, cfg.model), features.labels(rows), bt, desc=desc)
     return model.eval()
 
 
@@ -195,13 +171,20 @@ class FullRetrain(Comparator):
 
 # -------------------------------------------------------------------------------------- adapters
 def lora_only_config(lc: LoraTrainConfig) -> LoraTrainConfig:
-    """`lc` with its id rows off: LoRA on the configured projections only."""
-    return dataclasses.replace(lc, trainable_tokens=(), tokens_only=False)
+    """The LoRA recipe (`lora.kind: lora`, the settings' defaults: q/v LoRA per slot on a 28-day window) with
+    `lc`'s shape, id rows off: what `adapter_lora` trains whatever kind the config ships."""
+    if lc.kind == "lora":
+        return dataclasses.replace(lc, trainable_tokens=(), tokens_only=False)
+    return LoraTrainConfig(r=lc.r, alpha=lc.alpha, target_modules=lc.target_modules, rank_pattern=lc.rank_pattern,
+                           layers=lc.layers, min_rows=lc.min_rows, seed=lc.seed)
 
 
 def id_token_config(lc: LoraTrainConfig) -> LoraTrainConfig:
-    """`lc` if it names `trainable_tokens`, otherwise `lc` with the validated id-row choice (ID_TOKENS)."""
-    return lc if lc.trainable_tokens else dataclasses.replace(lc, **ID_TOKENS)
+    """`lc` if it is a LoRA recipe naming `trainable_tokens`, otherwise the LoRA recipe with the validated
+    id-row choice (ID_TOKENS)."""
+    if lc.kind == "lora" and lc.trainable_tokens:
+        return lc
+    return dataclasses.replace(lora_only_config(lc), **ID_TOKENS)
 
 
 class SlotAdapters(Comparator):
@@ -253,7 +236,8 @@ class SlotAdapters(Comparator):
     def _fit(self, base, rows: pd.DataFrame, label: str, siblings: dict | None = None):
         from pipelines.data.splits import time_split
         from pipelines.model import adapters, family, features
-        from pipelines.training.loop import LoopSettings, seed_everything, train
+        from pipelines.training import delta
+        from pipelines.training.loop import seed_everything, train
         from pipelines.training.orthogonality import Regularizer
 
         lc = self.lora
@@ -264,10 +248,10 @@ class SlotAdapters(Comparator):
         seed_everything(lc.seed)
         model = adapters.attach(copy.deepcopy(base), lc, token_rows=token_rows)
         fit, val = time_split(rows, lc.val_fraction)
-        settings = LoopSettings(lc.epochs, lc.batch_size, lc.stable_lr(), lc.weight_decay, lc.warmup_steps, lc.seed,
-                                patience=lc.early_stopping_patience, start_is_candidate=lc.keep_base_if_no_gain)
+        settings = delta.loop_settings(lc)
         enc = self.cfg.model
-        reg = Regularizer(lc.orthogonality_lambda, siblings) if lc.orthogonality_lambda > 0 and siblings else None
+        ortho = Regularizer(lc.orthogonality_lambda, siblings) if lc.orthogonality_lambda > 0 and siblings else None
+        reg = delta.regularizer(lc, len(fit), ortho)
         train(model, family.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
               val=(family.encode(val, enc), features.labels(val)) if len(val) else None, regularizer=reg)
         self.trained += 1
@@ -284,7 +268,8 @@ class SlotAdapters(Comparator):
                          "tokens_only": self.lora.tokens_only, "window_days": self.lora.window_days,
                          "rank_pattern": dict(self.lora.rank_pattern), "layers": list(self.lora.layers),
                          "lr": self.lora.stable_lr(), "keep_base_if_no_gain": self.lora.keep_base_if_no_gain,
-                         "orthogonality_lambda": self.lora.orthogonality_lambda},
+                         "orthogonality_lambda": self.lora.orthogonality_lambda, "kind": self.lora.kind,
+                         "delta_l2": self.lora.delta_l2},
                 "max_abs_cos": _spread(self.cos), "update_norm": _spread(self.norms)}
 
 

@@ -20,6 +20,13 @@ Gate trust: a candidate gated on day D is scored on the next scored day's rows o
 champion it was gated against; `trust` reports the share of released candidates that were worse than
 it by more than the gate's `auc_tolerance`, and of rejected ones that were better by more than it.
 
+The trivial policies, from the same replay: `always_release` serves each slot's newest candidate from the
+morning after it was trained, whatever its gate said; `never_release` keeps each slot's first champion for
+good. Each morning both are scored on the day's rows next to `served` (a slot with no such version yet is
+served as `served` serves it), so the gate is measured against doing nothing and against gating nothing on
+the same rows. `gate_precision`: of the releases judged the next day, the share that beat the champion they
+were gated against there, with a Wilson 95% interval.
+
 Fault injection (`flip_labels`): that day lands with every label flipped (the served AUC is still
 measured on the true labels); the result says what stopped it: validation, the gate or a revert.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import tempfile
 import time
@@ -89,6 +97,9 @@ class Served(Comparator):
         self.pending: list[dict] = []     # yesterday's gate decisions, judged on today's rows
         self.judged: list[dict] = []
         self.base: dict | None = None
+        self.newest: dict[str, str] = {}          # slot -> its newest candidate (always_release serves it)
+        self.first_champion: dict[str, str] = {}  # slot -> its first champion (never_release keeps it)
+        self.policies: dict[str, list[np.ndarray]] = {"always_release": [], "never_release": []}
 
     # ------------------------------------------------------------------ the comparator
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
@@ -101,6 +112,8 @@ class Served(Comparator):
             record = {"date": day.date, "routes": routes, "scored_by": _counts(keys),
                       "slots": per_slot(rows, scores, routes, self.cfg)}
             self.judged += [self._judge(p, rows) for p in self.pending]
+            for policy, versions in (("always_release", self.newest), ("never_release", self.first_champion)):
+                self.policies[policy].append(self._score_policy(rows, np.asarray(scores, dtype=np.float64), versions))
             record.update(self._timed(self._evening, bt, day))
             self.days.append(record)
         return np.asarray(scores, dtype=np.float64)
@@ -110,9 +123,13 @@ class Served(Comparator):
         # loaded models) stay there; the decisions are in `days`.
         return {**self.__dict__, "server": None, "scorer": None}
 
+    def policy_scores(self) -> dict[str, np.ndarray]:
+        """{always_release, never_release: every scored row's score under that policy, in row order}."""
+        return {k: np.concatenate(v) for k, v in self.policies.items() if v}
+
     def info(self) -> dict:
         return {"workdir": str(self.workdir), "base": self.base, **counts(self.days),
-                "trust": trust(self.judged, self.policy.auc_tolerance),
+                "trust": trust(self.judged, self.policy.auc_tolerance), "gate_precision": gate_precision(self.judged),
                 "fault": fault_outcome(self.days, self.flip_labels, self.policy.revert_windows), "days": self.days}
 
     # ------------------------------------------------------------------ the stages
@@ -176,9 +193,25 @@ class Served(Comparator):
                 continue
             gate = _gate_summary(decision)
             out["gate"][slot] = gate
+            self.newest[slot] = gate["version"]
+            first = mlflow_io.version_by_alias(model, "champion")
+            if first is not None:
+                self.first_champion.setdefault(slot, str(first.version))
             self.pending.append({"day": day.date, "slot": slot, "model": model, "version": gate["version"],
                                  "against": str(champion.version) if champion else None,
                                  "passed": gate["passed"], "released": gate["released"]})
+        return out
+
+    def _score_policy(self, rows: pd.DataFrame, served: np.ndarray, versions: dict[str, str]) -> np.ndarray:
+        """`served`, with each slot that has a version in `versions` scored by it instead."""
+        from pipelines.promotion.monitor import Scorer
+
+        self.scorer = self.scorer or Scorer()
+        out = served.copy()
+        for slot, version in versions.items():
+            at = (rows["slot"] == slot).to_numpy()
+            if at.any():
+                out[at] = self.scorer.predict(self.cfg.adapter_model_name(slot), version, rows[at])
         return out
 
     def _judge(self, pending: dict, rows: pd.DataFrame) -> dict:
@@ -265,6 +298,24 @@ def trust(judged: list[dict], tolerance: float) -> dict:
             "released_worse_share": round(len(worse) / len(released), 3) if released else None,
             "rejected_judged": len(rejected), "rejected_better": len(better),
             "rejected_better_share": round(len(better) / len(rejected), 3) if rejected else None}
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> dict:
+    """{"value", "lo", "hi", "n"}: a share and its Wilson score interval (None where n is 0)."""
+    if n == 0:
+        return {"value": None, "lo": None, "hi": None, "n": 0}
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return {"value": round(p, 4), "lo": round(max(0.0, centre - half), 4), "hi": round(min(1.0, centre + half), 4),
+            "n": n}
+
+
+def gate_precision(judged: list[dict]) -> dict:
+    """Of the released candidates judged on the next day's rows of their slot (first champions have nothing
+    to beat and are left out), the share whose AUC beat the champion they were gated against."""
+    released = [j for j in judged if j["released"] and j["candidate_auc"] is not None and j["against_auc"] is not None]
+    return wilson(sum(j["candidate_auc"] > j["against_auc"] for j in released), len(released))
 
 
 def fault_outcome(days: list[dict], fault_day: str | None, revert_windows: int) -> dict | None:

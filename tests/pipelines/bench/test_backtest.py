@@ -37,14 +37,19 @@ def test_two_days_of_every_comparator_and_the_report_on_an_mlflow_server(frame, 
     # full_retrain's first day is the static base: same rows, same seed, trained in the other process
     assert r["per_day"][0]["full_retrain"] == r["per_day"][0]["static"]
     assert r["per_day"][1]["full_retrain"] != r["per_day"][1]["static"]
-    # adapters: three slots a day, trained and stored; the id adapter carries its rows too
-    ids, plain = r["comparators"]["adapter_ids"], r["comparators"]["adapter"]
-    assert plain["adapters_trained"] == ids["adapters_trained"] == 6
+    # adapters: the shipped kind (a delta on every slot's rows: one a day), LoRA and id rows per slot
+    shipped, ids, plain = (r["comparators"][n] for n in ("adapter", "adapter_ids", "adapter_lora"))
+    assert r["adapter_kind"] == "delta" and shipped["lora"]["kind"] == "delta" and shipped["per_slot"] is False
+    assert shipped["adapters_trained"] == 2 and plain["adapters_trained"] == ids["adapters_trained"] == 6
+    assert shipped["token_rows_mean"] > 20 and shipped["lora"]["trainable_tokens"] == ["user_id", "item_id"]
     assert ids["token_rows_mean"] > 20 and plain["token_rows_mean"] is None
-    assert r["adapter_ids_bytes"] > r["adapter_bytes"] > 0
+    assert r["adapter_ids_bytes"] > r["adapter_lora_bytes"] > 0 and r["adapter_bytes"] > 0
     assert ids["lora"]["trainable_tokens"] == ["user_id"] and ids["lora"]["tokens_only"]
-    assert plain["lora"]["trainable_tokens"] == [] and not plain["lora"]["tokens_only"]
-    assert all(r[f"{n}_cpu_s"] > 0 for n in ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily"))
+    assert plain["lora"]["trainable_tokens"] == [] and plain["lora"]["kind"] == "lora"
+    assert plain["lora"]["window_days"] == 28 and plain["lora"]["lr"] == 0.005   # the LoRA recipe, as before
+    assert all(r[f"{n}_cpu_s"] > 0 for n in ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily", "lr_delta"))
+    # the LR fitted at the cut is the daily LR of the first day; the delta moves it from the first day on
+    assert r["per_day"][0]["lr_static"] == r["per_day"][0]["lr_daily"] != r["per_day"][0]["lr_delta"]
     assert 0 < r["adapter_ids_cost_share"] < 1
     assert set(r["comparators"]["lr_daily"]["val_auc_by_C"]) == {str(c) for c in qp.LR_C_GRID}
     assert r["per_day"][-1]["cum_lr_daily"] == r["lr_daily_auc"]   # cumulative up to the last day = overall
@@ -122,8 +127,11 @@ def test_the_backtest_replays_a_users_own_network_named_in_the_config(frame):
     from tests.pipelines.model.user_family import HashedMLP
 
     targets = list(HashedMLP.default_targets)
-    cfg = load_pipeline_config(overrides={"model": {"family": HashedMLP.name}, "base_training": {"epochs": 1},
-                                          "lora": {"epochs": 1, "target_modules": targets},
+    # a delta needs the default family's wide term: this network has none, so its adapters are LoRA
+    cfg = load_pipeline_config(overrides={"model": {"family": HashedMLP.name},
+                                          "base_training": {"epochs": 1, "wide_l2": 0.0},
+                                          "lora": {"epochs": 1, "target_modules": targets, "kind": "lora",
+                                                   "trainable_tokens": []},
                                           "cold_start": {"target_modules": targets, "init": "default"}})
     r = backtest.run(cfg, frame, max_days=2, names=("static", "adapter"), quick=True)
     assert r["model_family"] == HashedMLP.name and 0.5 < r["static_auc"] < 1.0 and 0.0 < r["adapter_auc"] < 1.0

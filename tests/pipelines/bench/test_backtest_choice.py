@@ -24,6 +24,19 @@ def test_the_rule_takes_the_smallest_adapter_within_the_margin_of_the_best():
         bc.choose({"r8": {"auc": None, "adapter_bytes": 1}})
 
 
+def test_a_delta_choice_keeps_the_shipped_recipe_unless_a_variant_beats_it_by_the_margin():
+    rows = {"shipped": {"auc": 0.7150, "adapter_bytes": 31_000}, "window_4": {"auc": 0.7143, "adapter_bytes": 27_000},
+            "window_14": {"auc": 0.7159, "adapter_bytes": 35_000}}
+    assert bc.choose(rows) == "window_4"                      # by bytes: the shortest window's fewer ids
+    assert bc.choose(rows, by_bytes=False) == "shipped"       # by order: within 0.003 of the best
+    assert bc.choose({**rows, "l2_3": {"auc": 0.7190, "adapter_bytes": 31_000}}, by_bytes=False) == "l2_3"
+    delta = bc.candidates(load_pipeline_config(), "delta")
+    assert list(delta)[0] == bc.DEFAULT["delta"] == "shipped" and delta["per_slot"] == {"train_rows": "slot"}
+    lora = load_pipeline_config(overrides={"lora": {"kind": "lora", "trainable_tokens": []}})
+    with pytest.raises(ConfigError, match="set lora.kind: delta"):
+        bc.candidates(lora, "delta")
+
+
 def test_candidates_follow_the_configs_targets_and_blocks():
     cfg = load_pipeline_config()
     ranks = bc.candidates(cfg, "ranks")
@@ -37,7 +50,8 @@ def test_candidates_follow_the_configs_targets_and_blocks():
 
 
 def test_schedule_candidates_scale_the_configs_lr_and_name_the_top_layer_where_the_model_has_one(text_source):
-    cfg = load_pipeline_config(overrides={"lora": {"lr": 0.005, "window_days": 7}})
+    cfg = load_pipeline_config(overrides={"lora": {"kind": "lora", "trainable_tokens": [], "lr": 0.005,
+                                                   "window_days": 7}})
     sched = bc.candidates(cfg, "schedule")
     assert list(sched)[0] == bc.DEFAULT["schedule"] == "all_layers" and sched["all_layers"] == {}
     assert sched["lr_div5"] == {"lr": 0.001} and sched["lr_div25"] == {"lr": 0.0002}
@@ -88,3 +102,15 @@ def test_schedule_through_the_cli_on_fewer_validation_days_with_a_cached_base(tm
     assert top["adapter_bytes"] < every["adapter_bytes"]
     assert r["chosen"] == ("top_layer_lr_div5" if top["auc"] >= every["auc"] - bc.MARGIN else "all_layers")
     assert len(list(cache.glob("feature_transformer-*.pt"))) == 2   # one base per cutoff: validation and test
+
+
+@pytest.mark.slow
+def test_a_delta_choice_through_the_cli_varies_the_shipped_delta(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "backtest", "--choose", "delta", "--only", "per_slot",
+                           "--days", "2", "--json"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    val = r["validation"]["candidates"]
+    assert list(val) == ["static", "shipped", "per_slot"] and val["per_slot"]["lora"] == {"train_rows": "slot"}
+    assert "earliest candidate" in r["rule"] and r["chosen"] in ("shipped", "per_slot")
+    assert all(0.5 < c["auc"] < 0.9 for c in val.values())

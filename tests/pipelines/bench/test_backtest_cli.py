@@ -17,6 +17,8 @@ def _args(*argv: str):
     (("--choose", "ranks", "--report", "out"), r"--choose: it does not read --report"),
     (("--few-shot", "10", "--cold-items", "5"), r"--few-shot and --cold-items are separate modes"),
     (("--val-days", "3",), r"--val-days is an option of --choose"),
+    (("--cut", "validation",), r"--cut is an option of --few-shot"),
+    (("--cold-items", "5", "--cut", "test"), r"--cold-items: it does not read --cut"),
 ])
 def test_an_option_the_mode_does_not_read_is_refused(argv, refusal):
     with pytest.raises(ConfigError, match=refusal):
@@ -30,6 +32,7 @@ def test_an_option_the_mode_does_not_read_is_refused(argv, refusal):
      "--scores", "f.parquet", "--json", "--config", "c.yaml"),
     ("--choose", "schedule", "--only", "a", "--val-days", "1", "--days", "2", "--base-cache", "d"),
     ("--few-shot", "10", "--json"),
+    ("--few-shot", "10", "--cut", "validation", "--json"),
 ])
 def test_each_mode_takes_the_options_it_reads(argv):
     check_mode(_args(*argv))

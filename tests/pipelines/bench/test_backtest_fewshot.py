@@ -28,7 +28,7 @@ def test_split_reveals_each_new_users_first_rows_and_scores_the_rest():
 
 
 @pytest.mark.slow
-def test_movielens_few_shot_rows_match_the_issue_and_the_user_rows_adapter_moves_only_new_users():
+def test_movielens_few_shot_rows_match_the_issue_and_the_shipped_delta_moves_only_the_revealed_ids():
     frame = movielens.load()
     before, revealed, scored = fs.split(frame, shots=10)
     assert len(scored) == 15_128                     # the issue's reference rows for K = 10
@@ -36,16 +36,33 @@ def test_movielens_few_shot_rows_match_the_issue_and_the_user_rows_adapter_moves
     assert not set(revealed["user_id"]) & set(before["user_id"])
 
     cfg = load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 2}})
+    assert cfg.lora.kind == "delta"
     base = fit_base(cfg, before)
-    adapted = fs._user_rows_adapter(cfg, base, revealed)
-    new_rows = set(features.id_buckets(revealed["user_id"], "user_id", cfg.model))
+    adapted = fs._shipped_adapter(cfg, base, revealed)
+
+    def revealed_ids(rows, table):
+        seen = set(features.id_buckets(revealed[table], table, cfg.model))
+        return rows[table].map(lambda v: features.id_buckets(pd.Series([v]), table, cfg.model)[0] in seen).to_numpy()
+
     old = before.tail(2000)
-    untouched = ~old["user_id"].map(lambda u: features.id_buckets(pd.Series([u]), "user_id", cfg.model)[0]
-                                    in new_rows).to_numpy()
-    assert untouched.sum() > 1000
+    untouched = ~revealed_ids(old, "user_id") & ~revealed_ids(old, "item_id")
+    assert untouched.sum() > 100 and (~untouched).sum() > 100
     np.testing.assert_allclose(score(adapted, cfg, old[untouched]), score(base, cfg, old[untouched]), rtol=1e-6)
     moved = score(adapted, cfg, scored.head(500)) - score(base, cfg, scored.head(500))
     assert np.abs(moved).max() > 1e-4                # the new users' rows did train
+
+
+@pytest.mark.slow
+def test_the_validation_cut_asks_the_same_question_of_the_rows_before_the_test_period():
+    frame = movielens.load()
+    test_cut = qp.temporal_split(frame, qp.TRAIN_FRACTION)[1]["event_ts"].min()
+    r = fs.run(load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}}), frame,
+               shots=10, cut="validation")
+    before, revealed, scored = fs.split(qp.temporal_split(frame, qp.TRAIN_FRACTION)[0], shots=10)
+    assert scored["event_ts"].max() < test_cut and r["rows"] == len(scored) > 1000 and r["cut"] == "validation"
+    assert r["adapter_kind"] == "delta" and all(0.5 < r[f"{n}_auc"] < 0.85 for n in fs.COMPARATORS)
+    with pytest.raises(ConfigError, match="--cut must be one of"):
+        fs.run(load_pipeline_config(), frame, cut="future")
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.bench import backtest
-from pipelines.bench.backtest_served import counts, fault_outcome, trust
+from pipelines.bench.backtest_served import counts, fault_outcome, gate_precision, trust, wilson
 from pipelines.config import load_pipeline_config
 from tests.conftest import use_store_copy
 
@@ -74,6 +74,18 @@ def test_a_quick_replay_serves_what_its_gates_released_and_leaves_the_callers_re
     assert r["gate_releases"] >= 2 and r["reverts"] == 0 and r["days_not_validated"] == []
     trusted = r["gate_trust"]
     assert trusted["released_judged"] + trusted["rejected_judged"] <= 6   # the last evening's is judged by nobody
+    precision = r["gate_precision"]
+    assert precision["n"] == trusted["released_judged"] and (precision["n"] == 0 or
+                                                             precision["lo"] <= precision["value"] <= precision["hi"])
+
+    # the trivial policies on the same rows: the first morning all three serve the base; the second morning
+    # always_release serves the first evening's candidate and never_release the first champion, which is it
+    first, second = r["per_day"][0], r["per_day"][1]
+    assert first["always_release"] == first["never_release"] == first["served"]
+    assert second["always_release"] == second["never_release"] == second["served"]   # gates[0] became champion
+    assert 0.55 < r["always_release_auc"] < 0.9 and 0.55 < r["never_release_auc"] < 0.9
+    assert "always_release_cpu_s" not in r and r["served_minus_never_release"] == round(
+        r["served_auc"] - r["never_release_auc"], 4)
 
     # the replay's own store holds what was decided
     replay = MlflowClient(tracking_uri=f"sqlite:///{replay_dir / 'mlflow.db'}",
@@ -131,6 +143,18 @@ def test_trust_counts_released_worse_and_rejected_better_beyond_the_tolerance():
     assert trust([], 0.005)["released_worse_share"] is None
 
 
+def test_gate_precision_is_the_share_of_judged_releases_that_beat_their_champion_with_a_wilson_interval():
+    def j(released, cand, against):
+        return {"released": released, "passed": released, "candidate_auc": cand, "against_auc": against}
+    judged = [j(True, 0.72, 0.71), j(True, 0.70, 0.71), j(True, 0.73, 0.71), j(True, 0.74, 0.71),
+              j(True, 0.75, None), j(False, 0.80, 0.71)]      # a first champion and a rejection do not count
+    assert gate_precision(judged) == wilson(3, 4)
+    w = wilson(3, 4)
+    assert w["value"] == 0.75 and w["n"] == 4 and (w["lo"], w["hi"]) == (0.3006, 0.9544)   # Wilson's 95% bounds
+    assert wilson(0, 0) == {"value": None, "lo": None, "hi": None, "n": 0}
+    assert wilson(10, 10)["hi"] == 1.0 and wilson(0, 10)["lo"] == 0.0
+
+
 def test_the_fault_outcome_names_what_stopped_the_flipped_day():
     released = {"a": {"version": "3", "passed": True, "released": True}}
     rejected = {"a": {"version": "3", "passed": False, "released": False}}
@@ -155,7 +179,10 @@ def test_the_table_says_what_the_pipeline_decided():
          "served_auc_within_slot_day": 0.66, "served_cpu_s": 1.0,
          "gate_releases": 2, "gate_rejections": 1,
          "gate_held": 1, "canary_promotions": 1, "canary_withdrawals": 0, "reverts": 0,
-         "gate_trust": trust([], 0.0015), "fault": {"day": "d1", "caught_by": "gate"}}
+         "gate_trust": trust([], 0.0015), "gate_precision": wilson(2, 3), "fault": {"day": "d1", "caught_by": "gate"},
+         "never_release_auc": 0.69, "never_release_auc_warm": 0.79, "never_release_auc_cold": 0.59}
     text = backtest.table(r)
+    assert "| never_release | 0.69 | 0.79 | 0.59 | None | None | - |" in text
+    assert "gate precision 0.6667 [0.2077, 0.9385] of 3" in text
     assert "| served | 0.7 | 0.8 | 0.6 | 0.65 | 0.66 | 1.0 |" in text
     assert "2 releases, 1 rejections, 1 held; canaries 1 promoted" in text and "caught by gate" in text
