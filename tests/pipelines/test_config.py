@@ -39,13 +39,23 @@ def test_pipeline_defaults_load_from_the_repo_yaml():
 
 def test_repo_yaml_agrees_with_dataclass_defaults():
     """The shipped YAML restates the code defaults, except the validation bands that MovieLens needs
-    wider (documented in the YAML); a silent drift between them would be confusing."""
+    wider and the recipe chosen on the backtest's validation days (a wide LR base, a delta adapter), both
+    documented in the YAML; a silent drift between them would be confusing."""
     import dataclasses
 
     from pipelines.config import ValidationConfig
 
     cfg = load_pipeline_config()
-    assert dataclasses.replace(cfg, validation=ValidationConfig()) == PipelineConfig()
+    recipe = {"model": {"wide": True}, "base_training": {"wide_l2": 3.33},
+              "lora": {"kind": "delta", "train_rows": "all", "lr": 0.3, "window_days": 7, "val_fraction": 0.0,
+                       "trainable_tokens": ("user_id", "item_id")}}
+    defaults = PipelineConfig()
+    assert {s: {k: getattr(getattr(cfg, s), k) for k in keys} for s, keys in recipe.items()} == recipe
+    assert {s: {k: getattr(getattr(defaults, s), k) for k in keys} for s, keys in recipe.items()} != recipe
+    restated = dataclasses.replace(cfg, validation=ValidationConfig(), **{
+        s: dataclasses.replace(getattr(cfg, s), **{k: getattr(getattr(defaults, s), k) for k in keys})
+        for s, keys in recipe.items()})
+    assert restated == defaults
     assert cfg.validation.drift_action == "warn" and ValidationConfig().drift_action == "fail"
     assert load_gate_policy() == GatePolicy(optional_checks=("fairness_dp", "fairness_eo"))
 

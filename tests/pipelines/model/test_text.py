@@ -149,13 +149,16 @@ def test_a_head_only_fit_runs_each_row_through_the_transformer_once(text_source)
 
 def test_the_config_refuses_what_the_text_family_lacks():
     text_targets = {"target_modules": ["query", "value"]}
+    text_targets = {**text_targets, "kind": "lora", "trainable_tokens": []}   # the text family has no id tables
     base = {"model": {"family": "minilm_text"}, "lora": text_targets,
-            "cold_start": {**text_targets, "init": "default"}}
+            "cold_start": {"target_modules": ["query", "value"], "init": "default"}}
     assert load_pipeline_config(overrides=base).model.family == "minilm_text"
     with pytest.raises(ConfigError, match="trainable_tokens names id tables"):
         load_pipeline_config(overrides={**base, "lora": {**text_targets, "trainable_tokens": ["user_id"]}})
     with pytest.raises(ConfigError, match=r"\['embeddings'\] are not modules of model.family 'minilm_text'"):
-        load_pipeline_config(overrides={**base, "lora": {"target_modules": ["query", "embeddings"]}})
+        load_pipeline_config(overrides={**base, "lora": {**text_targets, "target_modules": ["query", "embeddings"]}})
+    with pytest.raises(ConfigError, match="trainable_tokens names id tables"):   # a delta moves id rows
+        load_pipeline_config(overrides={**base, "lora": {**text_targets, "kind": "delta", "trainable_tokens": ["user_id"]}})
 
 
 def _stream(lake, cfg, slot="feed"):
