@@ -152,3 +152,19 @@ def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_p
     rows = pd.concat(list(generate_day(SPEC, "2024-01-10", 64)), ignore_index=True)
     p = student.predict(rows)
     assert len(p) == 64 and ((0 < p) & (p < 1)).all()
+
+
+@pytest.mark.slow
+def test_delta_champions_teach_the_cold_start_student(template_db, tmp_path, monkeypatch, lake):
+    """With the shipped recipe's shape (a wide LR base, delta slot adapters), the slot champions that teach the
+    cold-start student are delta adapters: they are loaded, scored on the cold rows and distilled from."""
+    from tests.pipelines.training.cold_start_helpers import serving_base_config
+
+    for cfg in serving_base_config(template_db, tmp_path, monkeypatch, lake, delta=True):
+        assert cfg.lora.kind == "delta"
+        promote_teacher(cfg, lake, "feed")
+        out = cold_start_flow.run_all(cfg, lake, END_DAY, policy=load_gate_policy(), actor="test")
+        mv = MlflowClient().get_model_version("ctr_lora_cold_start", out["version"])
+        assert json.loads(mv.tags["cold_start.teachers"])["feed"] == "ctr_lora_feed v1"
+        champions = out["evaluation"]["cold_slice"]["champions"]
+        assert 0.0 < champions["auc"] < 1.0 and champions["rows"] == out["detected"]["rows"]["holdout"]

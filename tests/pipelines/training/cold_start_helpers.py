@@ -2,6 +2,8 @@
 synthetic days, a serving base trained up to BASE_DAY, and a slot champion trained the real way."""
 from __future__ import annotations
 
+import dataclasses
+
 import mlflow
 import pytest
 
@@ -22,25 +24,28 @@ def write_lake(tmp_path_factory) -> str:
     return uri
 
 
-def tiny_config(lake: str, **cold) -> PipelineConfig:
+def tiny_config(lake: str, *, delta: bool = False, **cold) -> PipelineConfig:
+    """`delta`: the shipped recipe's shape, small: a wide LR base and delta slot adapters (the teachers)."""
+    lora = dict(kind="delta", lr=0.3, trainable_tokens=("user_id", "item_id"), train_rows="all") if delta else {}
     return PipelineConfig(
-        data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
-        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
-        lora=LoraTrainConfig(r=4, alpha=8, epochs=2, batch_size=64, window_days=3, min_rows=100, warmup_steps=2),
+        data=DataConfig(lake_uri=lake, slots=SLOTS), model=dataclasses.replace(CFG, wide=delta),
+        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256, wide_l2=3.0 if delta else 0.0),
+        lora=LoraTrainConfig(**{**dict(r=4, alpha=8, epochs=2, batch_size=64, window_days=3, min_rows=100,
+                                       warmup_steps=2), **lora}),
         cold_start=ColdStartConfig(**{**dict(window_days=5, history_days=3, min_impressions=3, r=4, alpha=8, epochs=3,
                                              batch_size=64, transfer_batch_size=128, min_labelled_rows=50,
                                              min_holdout_rows=50), **cold}))
 
 
-def serving_base_config(template_db, tmp_path, monkeypatch, lake):
-    """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store."""
+def serving_base_config(template_db, tmp_path, monkeypatch, lake, delta: bool = False):
+    """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store (`tiny_config`'s `delta`)."""
     from pipelines.flows.base import register_base
     from tests.conftest import any_base_policy
     from pipelines.training import base_model
 
     use_store_copy(template_db, tmp_path, monkeypatch)
     monkeypatch.setenv("CTR_CODE_VERSION", "test")
-    c = tiny_config(lake)
+    c = tiny_config(lake, delta=delta)
     register_base(c, base_model.train(c, lake, BASE_DAY), actor="test", policy=any_base_policy())
     try:
         yield c
