@@ -171,6 +171,7 @@ def _goals(r: dict) -> dict:
     if r.get("served_auc") is not None and daily:
         best = max(daily, key=daily.get)
         out.update(served_best_daily=best, served_minus_best_daily=round(r["served_auc"] - daily[best], 4))
+    if r.get("served_auc") is not None:
         out.update({f"served_minus_{p}": round(r["served_auc"] - r[f"{p}_auc"], 4) for p in POLICIES
                     if r.get(f"{p}_auc") is not None})
     return out

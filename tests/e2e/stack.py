@@ -119,6 +119,22 @@ def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, a
     return env
 
 
+# What the e2e tests of the lifecycle ask of the gate: pass a day-2 candidate no worse than its champion by
+# 0.05, so the canary, promotion and revert paths a pass opens run every time. On two MovieLens days the
+# shipped policy's verdicts are noise (docs/benchmarks.md: gate precision 0.45 [0.21, 0.72]); they are
+# tested on their own in tests/pipelines/promotion, and the gate's every check still runs here.
+PATH_TOLERANCES = {"auc_tolerance": 0.05, "logloss_tolerance": 0.05, "slot_auc_tolerance": 0.05}
+
+
+def paths_policy(path: Path, **overrides) -> Path:
+    """The shipped gate policy with `PATH_TOLERANCES` (and `overrides`), written to `path`."""
+    import yaml
+
+    policy = {**yaml.safe_load((REPO / "configs" / "gate_policy.yaml").read_text()), **PATH_TOLERANCES, **overrides}
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
 def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> tuple[str, Path]:
     """MovieLens partitions 1997-11-01..last_day in s3://<bucket>/clicks (a fresh bucket), and a copy of
     the shipped pipeline config pointing at it, smaller only where just the run time changes (shorter
@@ -137,7 +153,7 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
     cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
     cfg["data"]["lake_uri"] = lake.uri
     cfg["base_training"].update(train_start="1997-11-01", epochs=2)
-    cfg["lora"].update(epochs=2, window_days=21)
+    cfg["lora"].update(epochs=2)
     for section, values in overrides.items():
         cfg[section].update(values)
     path = tmp / "pipeline.yaml"
@@ -146,14 +162,18 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
 
 
 @contextlib.contextmanager
-def movielens_stack(tmp: Path, bucket: str, last_day: str):
+def movielens_stack(tmp: Path, bucket: str, last_day: str, paths: bool = False):
     """The MovieLens e2e modules' set-up: `movielens_lake` up to `last_day` in s3://<bucket>/clicks, fresh
-    metadata stores with Airflow initialised, and this process's MLflow pointed at the stack's store."""
+    metadata stores with Airflow initialised, and this process's MLflow pointed at the stack's store.
+    `paths`: the DAGs run under `paths_policy` instead of the shipped gate policy."""
     import mlflow
 
     _, config_path = movielens_lake(tmp, bucket, last_day)
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
-        st = Stack(make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow"), kind, tmp)
+        env = make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow")
+        if paths:
+            env["CTR_GATE_POLICY"] = str(paths_policy(tmp / "gate_policy.yaml"))
+        st = Stack(env, kind, tmp)
         st.init_airflow()
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(mlflow_uri)

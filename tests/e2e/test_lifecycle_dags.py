@@ -22,7 +22,7 @@ LINEAGE_TAGS = ("data.first", "data.last", "data.partitions", "data.sha256", "co
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    with movielens_stack(tmp_path_factory.mktemp("e2e"), "e2e-lake", DAY2) as st:
+    with movielens_stack(tmp_path_factory.mktemp("e2e"), "e2e-lake", DAY2, paths=True) as st:
         yield st
 
 
@@ -81,7 +81,7 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
 
     proc = stack.airflow("dags", "test", "ctr_lora_retrain", DAY2)
     out = proc.stdout + proc.stderr
-    assert "validated 21 partitions" in out and f"dt={DAY2}/_validation_report.html" in out
+    assert "validated 7 partitions" in out and f"dt={DAY2}/_validation_report.html" in out
     base = versions("ctr_base")[0]
     for slot in SLOTS:
         name = f"ctr_lora_{slot}"
@@ -97,8 +97,8 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
         assert v2.tags["gate.first_run"] == "false"
         assert v2.description.startswith(f"# {name} v2") and "## Gate" in v2.description   # the model card
         passed = v2.tags["gate.passed"] == "true"
-        # promotion: canary (configs/gate_policy.yaml): a passing day-2 candidate takes a share of the
-        # users next to the day-1 champion; the champion itself does not move.
+        # promotion: canary (the shipped policy's; tests/e2e/stack.py: paths_policy): a passing day-2 candidate
+        # takes a share of the users next to the day-1 champion; the champion itself does not move.
         assert champion(name) == "1" and current(name, "canary") == ("2" if passed else None)
         kinds = [(h["kind"], h["from_version"], h["to_version"]) for h in history(name)]
         assert kinds == [("promote", "", "1")]

@@ -23,11 +23,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
-from tests.e2e.stack import REPO, movielens_lake, this_process_on
+from tests.e2e.stack import REPO, movielens_lake, paths_policy, this_process_on
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +63,8 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     name = f"ctr_e2e_{uuid.uuid4().hex[:8]}"
     bucket = name.replace("_", "-")
-    policy = yaml.safe_load((REPO / "configs" / "gate_policy.yaml").read_text())
-    policy["approval"] = True  # every release waits for a person (answered through the REST API below)
-    (tmp / "gate_policy.yaml").write_text(yaml.safe_dump(policy))
+    # every release waits for a person (answered through the REST API below); the day-2 canary paths run
+    paths_policy(tmp / "gate_policy.yaml", approval=True)
     env = {**os.environ, "STACK_NAME": name, "STACK_DIR": str(tmp / "stack"), "STACK_BUCKET": bucket,
            "STACK_S3_PORT": str(free_port()), "STACK_MLFLOW_PORT": str(free_port()),
            "STACK_API_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
