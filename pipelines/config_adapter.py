@@ -71,7 +71,7 @@ class LoraTrainConfig(LoraShape):
     # lambda of the orthogonality penalty: the loss gains lambda * sum_j ||dW^T dW_j||_F over the target
     # modules and the serving champions j of the other slots (training.orthogonality). 0: off.
     orthogonality_lambda: float = 0.0
-    # What the adapter changes (docs/architecture.md, "Where freshness lives"). lora: low-rank updates of
+    # What the adapter changes (docs/architecture.md, "Model"). lora: low-rank updates of
     # target_modules (and the id rows of trainable_tokens). delta: per-id additive offsets of the logit, the
     # rows of the base's wide term (model.wide) for the window's ids of trainable_tokens, anchored to zero by
     # delta_l2 (its penalty is delta_l2 / 2 * ||offsets||^2 over the sum of the rows' log-losses: 1 / C of an

@@ -29,7 +29,8 @@ from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-COMPARATORS = ("static", "adapter", "adapter_lora", "adapter_ids", "full_retrain", "lr_static", "lr_daily", "lr_delta", "served")
+COMPARATORS = ("static", "adapter", "adapter_lora", "adapter_ids", "full_retrain", "lr_static", "lr_daily", "lr_delta",
+               "served")
 # Each in a process of its own when `parallel`: the slow ones (full_retrain: a base a day; served: the
 # pipeline's stages, MLflow included); the others run in this process meanwhile.
 SEPARATE = ("full_retrain", "served")
@@ -94,7 +95,8 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
             preds[n], models[n] = future.result()
     if "served" in models:
         preds.update(models["served"].policy_scores())
-    out = {"model_family": cfg.model.family, "adapter_kind": cfg.lora.kind, **_result(bt, models, preds, time.perf_counter() - t0)}
+    out = {"model_family": cfg.model.family, "adapter_kind": cfg.lora.kind,
+           **_result(bt, models, preds, time.perf_counter() - t0)}
     if scores:
         meta = {"protocol": "replay", **{k: out[k] for k in ("model_family", "from", "to")}}
         out["scores"] = backtest_scores.write(scores, bt, preds, meta)

@@ -115,6 +115,7 @@ def _shipped_adapter(cfg: PipelineConfig, base, revealed: pd.DataFrame):
 
 def table(r: dict) -> str:
     lines = [f"backtest --few-shot {r['shots']} ({r['cut']} cut, adapter kind {r['adapter_kind']}): {r['rows']} scored "
-             f"rows of {r['new_users']} new users ({r['revealed_rows']} revealed rows)", "", "| comparator | AUC |", "|---|---|"]
+             f"rows of {r['new_users']} new users ({r['revealed_rows']} revealed rows)", "",
+             "| comparator | AUC |", "|---|---|"]
     lines += [f"| {n} | {r[f'{n}_auc']} |" for n in COMPARATORS]
     return "\n".join(lines)

@@ -10,7 +10,7 @@ With `lora.trainable_tokens` an adapter also trains the rows of chosen ids in th
 `trainable_token_indices`: the rows are stored in the adapter, the tables stay frozen): LoRA on
 q/v cannot give a user the base never saw a representation of its own, and these rows can.
 
-`lora.kind: delta` is the per-id adapter (docs/architecture.md, "Where freshness lives"): the same PEFT
+`lora.kind: delta` is the per-id adapter (docs/architecture.md, "Model"): the same PEFT
 mechanism on the wide term's rows only (`wide.user_id`, `wide.item_id`: one first-order weight per id,
 what a daily LR refit moves), the LoRA matrices frozen at zero. Its trained rows minus the base's are
 additive offsets of the logit; `training.delta` anchors them to zero and trains them with Adagrad. It is

@@ -292,5 +292,6 @@ def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str,
     """train / val / holdout streams of a slot's window (every slot's rows with `lora.train_rows: all`): the one
     definition that training and the evaluation stage share, so both see exactly the same holdout rows."""
     lc = cfg.lora
-    return stream_split(lake_uri, end_day, model_cfg, days=lc.window_days, slot=slot if lc.train_rows == "slot" else None,
+    rows_of = slot if lc.train_rows == "slot" else None
+    return stream_split(lake_uri, end_day, model_cfg, days=lc.window_days, slot=rows_of,
                         holdout_fraction=lc.holdout_fraction, val_fraction=lc.val_fraction, min_rows=lc.min_rows)
