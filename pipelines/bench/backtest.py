@@ -160,14 +160,15 @@ def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.
 
 
 def _goals(r: dict) -> dict:
-    """The issue's ratios: the share of full retraining's AUC gain over static the id adapters capture, and
-    their training cost as a share of full retraining's."""
+    """The issues' ratios: the share of full retraining's AUC gain over static the shipped adapter (and the id
+    adapters) capture, and their training cost as a share of full retraining's."""
     out = {}
-    if all(r.get(k) is not None for k in ("adapter_ids_auc", "full_retrain_auc", "static_auc")):
-        gain = r["full_retrain_auc"] - r["static_auc"]
-        out["adapter_ids_gain_share"] = round((r["adapter_ids_auc"] - r["static_auc"]) / gain, 3) if gain else None
-    if r.get("adapter_ids_cpu_s") is not None and r.get("full_retrain_cpu_s"):
-        out["adapter_ids_cost_share"] = round(r["adapter_ids_cpu_s"] / r["full_retrain_cpu_s"], 3)
+    for name in ("adapter", "adapter_ids"):   # the shipped adapter, and issue 14's id rows
+        if all(r.get(k) is not None for k in (f"{name}_auc", "full_retrain_auc", "static_auc")):
+            gain = r["full_retrain_auc"] - r["static_auc"]
+            out[f"{name}_gain_share"] = round((r[f"{name}_auc"] - r["static_auc"]) / gain, 3) if gain else None
+        if r.get(f"{name}_cpu_s") is not None and r.get("full_retrain_cpu_s"):
+            out[f"{name}_cost_share"] = round(r[f"{name}_cpu_s"] / r["full_retrain_cpu_s"], 3)
     daily = {n: r[f"{n}_auc"] for n in ("adapter", "adapter_lora", "adapter_ids", "full_retrain", "lr_daily", "lr_delta")
              if r.get(f"{n}_auc") is not None}
     if r.get("served_auc") is not None and daily:

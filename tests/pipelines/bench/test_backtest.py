@@ -50,7 +50,7 @@ def test_two_days_of_every_comparator_and_the_report_on_an_mlflow_server(frame, 
     assert all(r[f"{n}_cpu_s"] > 0 for n in ("static", "adapter", "adapter_ids", "full_retrain", "lr_daily", "lr_delta"))
     # the LR fitted at the cut is the daily LR of the first day; the delta moves it from the first day on
     assert r["per_day"][0]["lr_static"] == r["per_day"][0]["lr_daily"] != r["per_day"][0]["lr_delta"]
-    assert 0 < r["adapter_ids_cost_share"] < 1
+    assert 0 < r["adapter_ids_cost_share"] < 1 and 0 < r["adapter_cost_share"] < 1
     assert set(r["comparators"]["lr_daily"]["val_auc_by_C"]) == {str(c) for c in qp.LR_C_GRID}
     assert r["per_day"][-1]["cum_lr_daily"] == r["lr_daily_auc"]   # cumulative up to the last day = overall
 
