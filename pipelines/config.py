@@ -73,6 +73,12 @@ class ValidationConfig:
     drift_numeric_psi_max: float = 0.2
     drift_min_rows: int = 500
     drift_action: Literal["fail", "warn"] = "fail"
+    # the partition's meaning (validation.consistency): faults that pass the schema and event-time checks
+    max_item_category_mismatch: float = 0.05   # rows whose item has another category than in the reference
+    max_replayed_fraction: float = 0.01        # rows repeating a reference impression at the same time of day
+    stuck_column_p: float = 1e-4               # below: one value all day / a slot missing is a fault
+    max_single_column_auc: float = 0.95        # one column's click rate separating the labels: a leak
+    label_leak_min_rows: int = 50              # smaller partitions: the leak check does not run
 
     def __post_init__(self):
         _check(0.0 <= self.label_rate_min < self.label_rate_max <= 1.0,
@@ -91,6 +97,11 @@ class ValidationConfig:
         _check(self.label_rate_z >= 0.0, "validation.label_rate_z must be >= 0")
         _check(self.drift_psi_max > 0 and self.drift_numeric_psi_max > 0, "validation.drift_*_max must be > 0")
         _check(self.drift_min_rows >= 0, "validation.drift_min_rows must be >= 0")
+        _check(0.0 <= self.max_item_category_mismatch <= 1.0 and 0.0 <= self.max_replayed_fraction <= 1.0,
+               "validation.max_item_category_mismatch and max_replayed_fraction must be in [0, 1]")
+        _check(0.0 <= self.stuck_column_p < 1.0, "validation.stuck_column_p must be in [0, 1)")
+        _check(0.5 < self.max_single_column_auc <= 1.0, "validation.max_single_column_auc must be in (0.5, 1]")
+        _check(self.label_leak_min_rows >= 1, "validation.label_leak_min_rows must be >= 1")
 
 
 @dataclass(frozen=True)

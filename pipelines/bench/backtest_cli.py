@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     bt.add_argument("--quick", action="store_true", help="7 days of one slot's rows (a smoke run, minutes)")
     bt.add_argument("--served-dir", help="served: the replay's lake and MLflow store (default: a new temp folder)")
     bt.add_argument("--flip-labels", metavar="DAY", help="served: that day lands with its labels flipped (a fault)")
+    bt.add_argument("--faults", action="store_const", const=True,
+                    help="instead: the fault suite, six faults injected into the served replay of the --quick days "
+                         "(every slot); prints what stopped each (--served-dir)")
     bt.add_argument("--ids-all-slots", action="store_true",
                     help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)")
     bt.add_argument("--base-cache", metavar="DIR",
@@ -57,13 +60,14 @@ def add_parser(sub) -> None:
 
 # The options each mode other than the replay reads (besides --config and --json); any other one given
 # with it is refused rather than ignored: `--cold-items 5 --mlflow` would otherwise log nothing, silently.
-MODE_OPTIONS = {"few_shot": {"cut"},
+MODE_OPTIONS = {"few_shot": {"cut"}, "faults": {"served_dir"},
                 "choose": {"day_from", "day_to", "days", "only", "base_cache", "val_days"},
                 "cold_items": {"day_from", "day_to", "days", "base_cache", "scores"}}
 _FLAGS = {"day_from": "--from", "day_to": "--to", "days": "--days", "only": "--only", "few_shot": "--few-shot",
           "choose": "--choose", "val_days": "--val-days", "quick": "--quick", "served_dir": "--served-dir",
           "flip_labels": "--flip-labels", "ids_all_slots": "--ids-all-slots", "base_cache": "--base-cache",
-          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items", "cut": "--cut"}
+          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items", "cut": "--cut",
+          "faults": "--faults"}
 
 
 def check_mode(a) -> None:
@@ -95,6 +99,12 @@ def cmd(a) -> int:
 
         out = backtest_fewshot.run(load_pipeline_config(a.config), shots=a.few_shot, cut=a.cut or "test")
         print(json.dumps(out) if a.json else backtest_fewshot.table(out))
+        return 0
+    if a.faults is not None:
+        from pipelines.bench import backtest_faults
+
+        out = backtest_faults.run(load_pipeline_config(a.config), served_dir=a.served_dir)
+        print(json.dumps(out) if a.json else backtest_faults.table(out))
         return 0
     if a.cold_items is not None:
         from pipelines.bench import backtest_cold_items

@@ -27,8 +27,10 @@ served as `served` serves it), so the gate is measured against doing nothing and
 the same rows. `gate_precision`: of the releases judged the next day, the share that beat the champion they
 were gated against there, with a Wilson 95% interval.
 
-Fault injection (`flip_labels`): that day lands with every label flipped (the served AUC is still
-measured on the true labels); the result says what stopped it: validation, the gate or a revert.
+Fault injection (`faults`: {day: a fault of `bench.faults`}): that day lands with the fault (the served AUC
+is still measured on the true rows); the result says what stopped each: validation, the gate, a revert, or
+nothing (`fault_outcome`). `flip_labels` DAY is `faults={DAY: "flip_labels"}`. `repair_faults`: after its
+evening, a faulty day's true rows land over it (an operator's fix), so each fault meets a clean lake.
 """
 from __future__ import annotations
 
@@ -86,9 +88,11 @@ class Served(Comparator):
     name = "served"
 
     def __init__(self, cfg: PipelineConfig, policy: GatePolicy, workdir: str | os.PathLike | None = None, *,
-                 flip_labels: str | None = None) -> None:
+                 flip_labels: str | None = None, faults: dict[str, str] | None = None,
+                 repair_faults: bool = False) -> None:
         super().__init__()
-        self.cfg, self.policy, self.flip_labels = cfg, policy, flip_labels
+        self.cfg, self.policy, self.repair_faults = cfg, policy, repair_faults
+        self.faults = {**({flip_labels: "flip_labels"} if flip_labels else {}), **(faults or {})}
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ctr-backtest-served-")).resolve()
         self.lake_uri = str(self.workdir / "lake")
         self.server = None
@@ -115,6 +119,8 @@ class Served(Comparator):
             for policy, versions in (("always_release", self.newest), ("never_release", self.first_champion)):
                 self.policies[policy].append(self._score_policy(rows, np.asarray(scores, dtype=np.float64), versions))
             record.update(self._timed(self._evening, bt, day))
+            if day.date in self.faults and self.repair_faults:
+                self._repair(bt, day)
             self.days.append(record)
         return np.asarray(scores, dtype=np.float64)
 
@@ -128,9 +134,11 @@ class Served(Comparator):
         return {k: np.concatenate(v) for k, v in self.policies.items() if v}
 
     def info(self) -> dict:
+        outcomes = {day: {"fault": name, **fault_outcome(self.days, day, self.policy.revert_windows)}
+                    for day, name in self.faults.items()}
         return {"workdir": str(self.workdir), "base": self.base, **counts(self.days),
                 "trust": trust(self.judged, self.policy.auc_tolerance), "gate_precision": gate_precision(self.judged),
-                "fault": fault_outcome(self.days, self.flip_labels, self.policy.revert_windows), "days": self.days}
+                "fault": next(iter(outcomes.values()), None), "faults": outcomes, "days": self.days}
 
     # ------------------------------------------------------------------ the stages
     def _start(self, bt: Backtest, first: Day) -> None:
@@ -170,8 +178,8 @@ class Served(Comparator):
         from pipelines.registry import mlflow_io
 
         part = bt.frame.iloc[(bt.dates == day.date).nonzero()[0]]
-        if day.date == self.flip_labels:
-            part = part.assign(label=(1 - part["label"]).astype(part["label"].dtype))
+        if day.date in self.faults:
+            part = self._inject(bt, day, part)
         self._land(day.date, part)
         self.pending = []   # judged this morning; tonight's candidates are judged tomorrow
         out: dict = {"validated": True, "monitor": {}, "gate": {}}
@@ -179,7 +187,8 @@ class Served(Comparator):
             windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
         except DataValidationError as exc:
             log.warning("backtest served dt=%s: validation failed, nothing trains on it: %s", day.date, exc)
-            return {**out, "validated": False, "validation_error": str(exc)[:500]}
+            return {**out, "validated": False, "validation_error": str(exc)[:500],
+                    "failed_checks": [f["check"].partition(" @ ")[0] for f in exc.failures]}
         watched = monitor.monitor_day(self.cfg, self.policy, self.lake_uri, day.date, actor="backtest",
                                       apply_reverts=True)
         out["monitor"] = _monitor_summary(watched)
@@ -201,6 +210,26 @@ class Served(Comparator):
                                  "against": str(champion.version) if champion else None,
                                  "passed": gate["passed"], "released": gate["released"]})
         return out
+
+    def _repair(self, bt: Backtest, day: Day) -> None:
+        """The faulty day's true rows land over it and are validated, as an operator fixes a quarantined
+        partition: the next fault meets the pipeline as it would alone (what was released stays released)."""
+        from pipelines.flows import windows
+
+        self._land(day.date, bt.frame.iloc[(bt.dates == day.date).nonzero()[0]])
+        try:
+            windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
+        except DataValidationError as exc:
+            log.warning("backtest served dt=%s: the repaired day does not validate either: %s", day.date, exc)
+
+    def _inject(self, bt: Backtest, day: Day, part: pd.DataFrame) -> pd.DataFrame:
+        """The day's rows with its fault; the day before's rows (in the log) are what a replay re-sends."""
+        from pipelines.bench.faults import inject
+
+        before = bt.dates < day.date
+        previous = bt.frame[before & (bt.dates == (bt.dates[before].max() if before.any() else ""))]
+        log.warning("backtest served dt=%s: injecting the fault %s", day.date, self.faults[day.date])
+        return inject(self.faults[day.date], part, previous)
 
     def _score_policy(self, rows: pd.DataFrame, served: np.ndarray, versions: dict[str, str]) -> np.ndarray:
         """`served`, with each slot that has a version in `versions` scored by it instead."""
@@ -318,26 +347,33 @@ def gate_precision(judged: list[dict]) -> dict:
     return wilson(sum(j["candidate_auc"] > j["against_auc"] for j in released), len(released))
 
 
-def fault_outcome(days: list[dict], fault_day: str | None, revert_windows: int) -> dict | None:
-    """What stopped the flipped-label day: `validation` (it never validated), `gate` (no candidate
-    trained on it was released), `monitor` (each released one was withdrawn as a canary or reverted as a
-    champion within `revert_windows` days), or `not_stopped`."""
-    if fault_day is None:
-        return None
+def fault_outcome(days: list[dict], fault_day: str, revert_windows: int) -> dict:
+    """What stopped the faulty day: `validation` (it never validated; `failed_checks` says which), `gate`
+    (no candidate trained on it was released), `monitor` (each released one was withdrawn as a canary or
+    reverted as a champion within `revert_windows` days), or `not_stopped`."""
     at = next((i for i, d in enumerate(days) if d["date"] == fault_day), None)
     if at is None:
         return {"day": fault_day, "caught_by": None, "why": "the day is not in the replayed range"}
     if not days[at].get("validated", True):
-        return {"day": fault_day, "caught_by": "validation", "why": days[at].get("validation_error", "")[:200]}
-    released = {s: g["version"] for s, g in days[at]["gate"].items() if g.get("released")}
+        return {"day": fault_day, "caught_by": "validation", "failed_checks": days[at].get("failed_checks", []),
+                "why": days[at].get("validation_error", "")[:200]}
+    gates = days[at]["gate"]
+    released = {s: g["version"] for s, g in gates.items() if g.get("released")}
     if not released:
-        failed = sorted({c for g in days[at]["gate"].values() for c in g.get("failed_checks", [])})
-        return {"day": fault_day, "caught_by": "gate",
-                "why": f"no candidate trained on it was released; failed {failed}"}
+        passed = sorted(s for s, g in gates.items() if g.get("passed"))
+        if passed or not gates or any("error" in g for g in gates.values()):
+            return {"day": fault_day, "caught_by": None, "gate": gates,
+                    "why": "nothing trained on it was released, but the gate did not stop it: "
+                           + (f"{passed} passed and were held" if passed else "no candidate was gated")}
+        failed = sorted({c for g in gates.values() for c in g.get("failed_checks", [])})
+        return {"day": fault_day, "caught_by": "gate", "failed_checks": failed,
+                "why": f"every candidate trained on it was rejected; failed {failed}"}
     later = days[at + 1:at + 1 + revert_windows]
     removed = {(m["model"], m.get("to_version")) for d in later for m in d.get("monitor", {}).get("moves", [])
                if m["kind"] == "withdraw"} | {(r["model"], "revert") for d in later
                                                for r in d.get("monitor", {}).get("reverts", [])}
     caught = all(any(model.endswith(slot) for model, _ in removed) for slot in released)
     return {"day": fault_day, "caught_by": "monitor" if caught else "not_stopped", "released": released,
+            "why": f"released {released}; " + ("withdrawn or reverted" if caught else "still serving")
+                   + f" {revert_windows} days later",
             "removed": sorted(f"{m} {v or ''}".strip() for m, v in removed)}

@@ -26,11 +26,13 @@ from pipelines.errors import DataValidationError, LakeError
 
 log = logging.getLogger(__name__)
 
+_SCHEMA_CHECKS = ("expect_column_to_exist", "expect_column_values_to_be_of_type", "expect_column_values_to_be_in_type_list")
 REPORT_HTML = "_validation_report.html"   # the marker's name (MARKER) is data.validated's: training reads it
 
 
 def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict | None:
     """What the relative checks and drift need from the reference window (None: no reference yet)."""
+    from pipelines.validation import consistency
     from pipelines.validation.drift import profile
 
     if not frames:
@@ -41,7 +43,7 @@ def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict |
             "label_rate": float(ref["label"].mean()),
             "label_rate_by_slot": {str(k): float(r["mean"]) for k, r in by_slot.iterrows()},
             "rows_by_slot": {str(k): int(r["size"]) for k, r in by_slot.iterrows()},
-            "profile": profile(frames)}
+            "profile": profile(frames), "consistency": consistency.reference(frames)}
 
 
 def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | None) -> dict:
@@ -56,9 +58,8 @@ def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | 
                             day=None if part.dt == "-" else part.dt, reference=ref_public)
     report.update(dt=part.dt, sha256=part.sha256, drift=None,
                   reference=None if reference is None else {"partitions": reference["dates"], "rows": reference["rows"]})
-    # Drift reads every drift column as its contract type: not run once the suite found one missing or mistyped.
-    if reference is not None and not any(f["check"].startswith(("expect_column_to_exist", "expect_column_values_to_be_of_type",
-                                                                "expect_column_values_to_be_in_type_list")) for f in report["failures"]):
+    # Drift and consistency read columns as their contract types: not run once the suite found one missing or mistyped.
+    if reference is not None and not any(f["check"].startswith(_SCHEMA_CHECKS) for f in report["failures"]):
         drift = drift_checks(part.frame, reference["profile"], psi_max=v.drift_psi_max,
                              numeric_psi_max=v.drift_numeric_psi_max)
         report["drift"] = drift
@@ -67,7 +68,22 @@ def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | 
         target = report["failures"] if judged else report["warnings"]
         target += [{k: c[k] for k in ("check", "observed", "expected")} for c in drift["checks"] if not c["passed"]]
         report["success"] = not report["failures"]
+    if not any(f["check"].startswith(_SCHEMA_CHECKS) for f in report["failures"]):
+        report["consistency"] = _consistency(cfg, part.frame, reference)
+        report["failures"] += [{k: c[k] for k in ("check", "observed", "expected")}
+                               for c in report["consistency"] if not c["passed"]]
+        report["success"] = not report["failures"]
     return report
+
+
+def _consistency(cfg: PipelineConfig, frame: pd.DataFrame, reference: dict | None) -> list[dict]:
+    from pipelines.validation.consistency import consistency_checks
+
+    v = cfg.validation
+    return consistency_checks(frame, None if reference is None else reference["consistency"], slots=cfg.data.slots,
+                              max_item_category_mismatch=v.max_item_category_mismatch,
+                              max_replayed_fraction=v.max_replayed_fraction, stuck_column_p=v.stuck_column_p,
+                              max_single_column_auc=v.max_single_column_auc, leak_min_rows=v.label_leak_min_rows)
 
 
 def unreadable_report(where: str, day: str, exc: Exception) -> dict:

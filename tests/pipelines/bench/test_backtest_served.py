@@ -155,14 +155,19 @@ def test_gate_precision_is_the_share_of_judged_releases_that_beat_their_champion
     assert wilson(10, 10)["hi"] == 1.0 and wilson(0, 10)["lo"] == 0.0
 
 
-def test_the_fault_outcome_names_what_stopped_the_flipped_day():
+def test_the_fault_outcome_names_what_stopped_the_faulty_day():
     released = {"a": {"version": "3", "passed": True, "released": True}}
-    rejected = {"a": {"version": "3", "passed": False, "released": False}}
+    rejected = {"a": {"version": "3", "passed": False, "released": False, "failed_checks": ["auc_floor_every_run"]}}
+    held = {"a": {"version": "3", "passed": True, "released": False, "held": True}}
     revert = {"model": "ctr_lora_a", "to_version": "2", "reason": "auto-revert"}
-    assert fault_outcome([_day("d1")], None, 3) is None
     assert fault_outcome([_day("d1")], "d9", 3)["caught_by"] is None
-    assert fault_outcome([_day("d1", validated=False)], "d1", 3)["caught_by"] == "validation"
-    assert fault_outcome([_day("d1", rejected)], "d1", 3)["caught_by"] == "gate"
+    stopped = fault_outcome([{**_day("d1", validated=False), "failed_checks": ["label_leak"]}], "d1", 3)
+    assert stopped["caught_by"] == "validation" and stopped["failed_checks"] == ["label_leak"]
+    gate = fault_outcome([_day("d1", rejected)], "d1", 3)
+    assert gate["caught_by"] == "gate" and gate["failed_checks"] == ["auc_floor_every_run"]
+    # not released, but not stopped by judgement: it passed and waits behind a canary, or nothing was gated
+    assert fault_outcome([_day("d1", held)], "d1", 3)["caught_by"] is None
+    assert fault_outcome([_day("d1", {"a": {"error": "too few rows"}})], "d1", 3)["caught_by"] is None
     caught = [_day("d1", released), _day("d2"), _day("d3", reverts=[revert])]
     assert fault_outcome(caught, "d1", 3)["caught_by"] == "monitor"
     assert fault_outcome(caught, "d1", 1)["caught_by"] == "not_stopped"   # the revert came after the window

@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
+from pipelines.bench import faults
 from pipelines.data import schema
 from pipelines.data.lake import Lake
 from pipelines.errors import DataValidationError
@@ -162,6 +163,13 @@ def _uncommitted(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
     lk.put_bytes(f"dt={day}/part-00000-killed.parquet", parquet_bytes(schema.to_arrow(healthy)))
 
 
+def fault_case(name: str):
+    """A fault of the backtest's fault suite (`bench.faults`: it keeps the contract), on the day's rows."""
+    def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
+        put_frame(lk, day, schema.to_arrow(faults.inject(name, healthy.copy(), lk.read_partition(HEALTHY[-1]).frame)))
+    return corrupt
+
+
 def _mixed_schemas(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
     """Two writers: part 0 follows the contract, part 1 wrote hour/weekday as int64 and no advertiser_id."""
     half = len(healthy) // 2
@@ -211,6 +219,12 @@ CASES = [
     Case("weekday_convention_bug", frame_case(_weekday_sunday0), ("drift_psi(weekday)",)),
     Case("catalogue_swap_other_seed", _other_world, ("drift_psi(category)",)),
     Case("search_clicks_lost", frame_case(_search_clicks_lost), ("label_rate_vs_reference(search)",)),
+    # -- meaning: faults that keep the contract (the backtest's fault suite; flipped labels are the gate's)
+    Case("fault_shuffle_items", fault_case("shuffle_items"), ("item_category_consistency",)),
+    Case("fault_constant_feature", fault_case("constant_feature"), ("stuck_column[category]",)),
+    Case("fault_restamped_yesterday", fault_case("restamped_yesterday"), ("replayed_rows",)),
+    Case("fault_label_leak", fault_case("label_leak"), ("label_leak",)),
+    Case("fault_single_slot", fault_case("single_slot"), ("stuck_column[slot]", "missing_slot[search]")),
     # -- unreadable input
     Case("missing_partition", _missing_partition, ("readable_partition",), readable=False),
     Case("empty_partition", _empty_partition, ("readable_partition",), readable=False),
