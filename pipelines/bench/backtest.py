@@ -5,8 +5,8 @@ test-then-train) with models fitted only on earlier rows; the result is one JSON
 and on warm / cold-at-scoring rows per comparator, training CPU seconds, adapter bytes, the share of
 full retraining's gain the id adapters capture and at what share of its cost, and a row per day.
 
-`full_retrain` (a base trained from scratch every day: the slow one) runs in a second process while
-this one runs the others, each process on one torch thread.
+`full_retrain` (a base trained from scratch every day: the slow one) runs in two more processes, every other
+day each, and `served` in one of its own, while this one runs the others; each process on one torch thread.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ COMPARATORS = ("static", "adapter", "adapter_lora", "adapter_ids", "full_retrain
 # Each in a process of its own when `parallel`: the slow ones (full_retrain: a base a day; served: the
 # pipeline's stages, MLflow included); the others run in this process meanwhile.
 SEPARATE = ("full_retrain", "served")
+# Comparators whose days are independent of each other (each fitted from scratch on its history): split
+# over this many processes, every k-th day each, so the two cores are both busy to the end.
+SHARDS = {"full_retrain": 2}
 QUICK_DAYS = 7
 # Scored by the `served` replay beside what it served (backtest_served): gating nothing, and never releasing.
 POLICIES = ("always_release", "never_release")
@@ -72,6 +75,7 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
     rows of the config's first slot (that slot alone in the config). `scores`: also write every scored
     row's scores to this parquet file (`backtest_scores`: what `backtest-compare` pairs)."""
     _check_names(names)   # before the data is read: a typo is a usage error at once
+    _one_thread()
     if frame is None:
         from pipelines.data import movielens
 
@@ -87,12 +91,13 @@ def run(cfg: PipelineConfig, frame=None, *, day_from: str | None = None, day_to:
              bt.days[-1].date, bt.last - bt.first, int(bt.warm[bt.first:bt.last].sum()), list(models))
     t0 = time.perf_counter()
     alone = {n: models.pop(n) for n in SEPARATE if n in models} if parallel else {}
-    others = cf.ProcessPoolExecutor(len(alone), mp_context=multiprocessing.get_context("spawn")) if alone else None
+    jobs = [(n, m, bt.days[i::SHARDS.get(n, 1)]) for n, m in alone.items() for i in range(SHARDS.get(n, 1))]
+    others = cf.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) if jobs else None
     with others or contextlib.nullcontext() as pool:
-        remote = {n: pool.submit(_replay_alone, m, bt) for n, m in alone.items()}
+        remote = [(n, pool.submit(_replay_alone, m, bt, days)) for n, m, days in jobs]
         preds = replay(models, bt) if models else {}
-        for n, future in remote.items():
-            preds[n], models[n] = future.result()
+        for n, future in remote:
+            _merge(preds, models, n, *future.result())
     if "served" in models:
         preds.update(models["served"].policy_scores())
     out = {"model_family": cfg.model.family, "adapter_kind": cfg.lora.kind,
@@ -109,25 +114,49 @@ def _check_names(names) -> None:
         raise ConfigError(f"backtest: unknown comparators {unknown}; choose from {list(COMPARATORS)}")
 
 
-def replay(models: dict[str, bm.Comparator], bt: Backtest) -> dict[str, np.ndarray]:
-    """Every comparator's scores of every scored row, day by day (test, then the next day's training)."""
+def replay(models: dict[str, bm.Comparator], bt: Backtest, days=None) -> dict[str, np.ndarray]:
+    """Every comparator's scores of every scored row of `days` (default: every scored day), day by day
+    (test, then the next day's training); the rows of other days stay NaN."""
+    days = bt.days if days is None else days
     preds = {n: np.full(bt.last - bt.first, np.nan) for n in models}
-    y = bt.labels()
-    for k, day in enumerate(bt.days):
+    y, warm = bt.labels(), bt.warm[bt.first:bt.last]
+    for k, day in enumerate(days):
         at = slice(day.start - bt.first, day.stop - bt.first)
         for name, model in models.items():
             preds[name][at] = model.predict_day(bt, day)
-        done = slice(0, day.stop - bt.first)
-        so_far = {n: summary(y[done], p[done], bt.warm[bt.first:day.stop])["auc"] for n, p in preds.items()}
-        log.info("backtest day %d/%d %s (%d rows): AUC so far %s", k + 1, len(bt.days), day.date, day.rows,
+        done = ~np.isnan(next(iter(preds.values())))
+        so_far = {n: summary(y[done], p[done], warm[done])["auc"] for n, p in preds.items()}
+        log.info("backtest day %d/%d %s (%d rows): AUC so far %s", k + 1, len(days), day.date, day.rows,
                  ", ".join(f"{n} {a}" for n, a in so_far.items()))
     return preds
 
 
-def _replay_alone(model: bm.Comparator, bt: Backtest) -> tuple[np.ndarray, bm.Comparator]:
-    """`replay` of one comparator (the body of the second process)."""
+def _replay_alone(model: bm.Comparator, bt: Backtest, days) -> tuple[np.ndarray, bm.Comparator]:
+    """`replay` of one comparator on `days` (the body of another process)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    return replay({model.name: model}, bt)[model.name], model
+    _one_thread()
+    return replay({model.name: model}, bt, days)[model.name], model
+
+
+def _one_thread() -> None:
+    """Torch's intra-op threads (CTR_TORCH_THREADS, default 1) before the first fit, not at the first
+    scoring: a fit's float sums depend on them, and the processes share two cores."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("CTR_TORCH_THREADS", "1")))
+
+
+def _merge(preds: dict, models: dict, name: str, scores: np.ndarray, model: bm.Comparator) -> None:
+    """A process's scores of `name` into `preds` (its days only) and its model into `models` (the CPU
+    seconds of a comparator's shards add up)."""
+    if name not in preds:
+        preds[name], models[name] = scores, model
+        return
+    at = ~np.isnan(scores)
+    preds[name][at] = scores[at]
+    models[name].cpu_s += model.cpu_s
 
 
 def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.ndarray], wall_s: float) -> dict:
