@@ -66,8 +66,8 @@ MODE_OPTIONS = {"few_shot": {"cut"}, "faults": {"served_dir"},
 _FLAGS = {"day_from": "--from", "day_to": "--to", "days": "--days", "only": "--only", "few_shot": "--few-shot",
           "choose": "--choose", "val_days": "--val-days", "quick": "--quick", "served_dir": "--served-dir",
           "flip_labels": "--flip-labels", "ids_all_slots": "--ids-all-slots", "base_cache": "--base-cache",
-          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items", "cut": "--cut",
-          "faults": "--faults"}
+          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items",
+          "cut": "--cut", "faults": "--faults"}
 
 
 def check_mode(a) -> None:

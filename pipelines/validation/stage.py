@@ -26,7 +26,8 @@ from pipelines.errors import DataValidationError, LakeError
 
 log = logging.getLogger(__name__)
 
-_SCHEMA_CHECKS = ("expect_column_to_exist", "expect_column_values_to_be_of_type", "expect_column_values_to_be_in_type_list")
+_SCHEMA_CHECKS = ("expect_column_to_exist", "expect_column_values_to_be_of_type",
+                  "expect_column_values_to_be_in_type_list")
 REPORT_HTML = "_validation_report.html"   # the marker's name (MARKER) is data.validated's: training reads it
 
 

@@ -1,0 +1,116 @@
+"""Evidence that stays valid when it is looked at every day: the decision core of the prequential gate
+(issue 31, item 3: a candidate judged on the days after it was trained, beside the champion, on the same rows).
+
+Evidence is per judged row: the paired logloss difference `d = logloss(champion) - logloss(candidate)` on the
+same row (positive: the candidate predicts the row better). Logloss is a proper score and adds up over rows,
+so the days a candidate waits simply add rows; AUC does not add up. `Evidence` keeps the count, the sum and the
+sum of squares: mergeable in any order, small enough for a registry tag.
+
+The interval is the asymptotic confidence sequence of Waudby-Smith, Arbour, Sinha, Kennedy and Ramdas
+("Time-uniform central limit theory and asymptotic confidence sequences", Annals of Statistics, 2024): with
+the running mean and standard deviation of the differences,
+
+    mean_t +/- sd_t * sqrt(2 (t rho^2 + 1) / (t^2 rho^2) * log(sqrt(t rho^2 + 1) / alpha)),
+
+rho chosen to be tightest at `planned_rows` (rho^2 = (-2 log alpha + log(-2 log alpha + 1)) / planned_rows).
+It covers the true mean at every t at once (asymptotically, with probability >= 1 - alpha): a gate may look at
+a waiting candidate every day, and stop at any of them, without the repeated-looks inflation that a daily
+fixed-sample test has (tests/pipelines/promotion/test_sequential.py measures both).
+
+`decide` is pure: release when the lower bound clears `-margin` (non-inferior: a fresher model no worse than
+the margin serves) and, with `min_effect` set, also `min_effect` (superiority); reject when the upper bound is
+below `-margin` (worse beyond the margin, at any look); otherwise wait for more rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Paired per-row differences accumulated so far: their count, sum and sum of squares."""
+
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, diffs) -> "Evidence":
+        d = np.asarray(diffs, dtype=np.float64)
+        if d.ndim != 1 or not np.isfinite(d).all():
+            raise ValueError("evidence: the differences must be a 1-d array of finite numbers")
+        return Evidence(self.n + len(d), self.total + float(d.sum()), self.total_sq + float((d * d).sum()))
+
+    def merge(self, other: "Evidence") -> "Evidence":
+        return Evidence(self.n + other.n, self.total + other.total, self.total_sq + other.total_sq)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+    @property
+    def sd(self) -> float | None:
+        """The sample standard deviation (None below two rows)."""
+        if self.n < 2:
+            return None
+        var = (self.total_sq - self.total * self.total / self.n) / (self.n - 1)
+        return math.sqrt(max(var, 0.0))
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "total": self.total, "total_sq": self.total_sq}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Evidence":
+        return cls(int(d["n"]), float(d["total"]), float(d["total_sq"]))
+
+
+def radius(n: int, sd: float, alpha: float, planned_rows: int) -> float:
+    """The confidence sequence's half-width after `n` rows of standard deviation `sd`."""
+    if n < 1 or not 0 < alpha < 1 or planned_rows < 1:
+        raise ValueError(f"radius: needs n >= 1, 0 < alpha < 1, planned_rows >= 1 (got {n}, {alpha}, {planned_rows})")
+    rho2 = (-2 * math.log(alpha) + math.log(-2 * math.log(alpha) + 1)) / planned_rows
+    return sd * math.sqrt(2 * (n * rho2 + 1) / (n * n * rho2) * math.log(math.sqrt(n * rho2 + 1) / alpha))
+
+
+def interval(ev: Evidence, alpha: float, planned_rows: int) -> tuple[float, float] | None:
+    """(lower, upper) bound on the mean difference, valid at every look; None below two rows."""
+    if ev.sd is None:
+        return None
+    r = radius(ev.n, ev.sd, alpha, planned_rows)
+    return ev.mean - r, ev.mean + r
+
+
+def decide(ev: Evidence, *, alpha: float, margin: float, planned_rows: int, min_rows: int = 100,
+           min_effect: float | None = None) -> dict:
+    """{"verdict": "release" | "reject" | "wait", "lower", "upper", "mean", "n", "reason"}."""
+    if margin < 0 or (min_effect is not None and min_effect < -margin):
+        raise ValueError(f"decide: margin must be >= 0 and min_effect >= -margin (got {margin}, {min_effect})")
+    bounds = interval(ev, alpha, planned_rows) if ev.n >= min_rows else None
+    out = {"n": ev.n, "mean": ev.mean, "lower": None, "upper": None, "alpha": alpha, "margin": margin,
+           "min_effect": min_effect}
+    if bounds is None:
+        return {**out, "verdict": "wait", "reason": f"{ev.n} judged rows, fewer than {min_rows}"}
+    lo, hi = bounds
+    out.update(lower=lo, upper=hi)
+    bar = -margin if min_effect is None else max(-margin, min_effect)
+    if hi < -margin:
+        return {**out, "verdict": "reject",
+                "reason": f"worse than the champion beyond the margin: upper bound {hi:.5f} < -{margin}"}
+    if lo > bar:
+        return {**out, "verdict": "release", "reason": f"lower bound {lo:.5f} > {bar:g}"
+                + (" (non-inferior)" if min_effect is None else " (the minimum effect)")}
+    return {**out, "verdict": "wait", "reason": f"undecided: [{lo:.5f}, {hi:.5f}] straddles {bar:g}"}
+
+
+def row_logloss(y, p, eps: float = 1e-7) -> np.ndarray:
+    """Each row's logloss of the predicted click probability `p` for the label `y`."""
+    p = np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
+    y = np.asarray(y, dtype=np.float64)
+    return -(y * np.log(p) + (1 - y) * np.log1p(-p))
+
+
+def paired_differences(y, champion, candidate) -> np.ndarray:
+    """logloss(champion) - logloss(candidate) per row: positive where the candidate predicts the row better."""
+    return row_logloss(y, champion) - row_logloss(y, candidate)
