@@ -177,7 +177,7 @@ class Served(Comparator):
         from pipelines.promotion import monitor
         from pipelines.registry import mlflow_io
 
-        part = bt.frame.iloc[(bt.dates == day.date).nonzero()[0]]
+        part = _day_rows(bt, day.date)
         if day.date in self.faults:
             part = self._inject(bt, day, part)
         self._land(day.date, part)
@@ -216,7 +216,7 @@ class Served(Comparator):
         partition: the next fault meets the pipeline as it would alone (what was released stays released)."""
         from pipelines.flows import windows
 
-        self._land(day.date, bt.frame.iloc[(bt.dates == day.date).nonzero()[0]])
+        self._land(day.date, _day_rows(bt, day.date))
         try:
             windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
         except DataValidationError as exc:
@@ -226,8 +226,8 @@ class Served(Comparator):
         """The day's rows with its fault; the day before's rows (in the log) are what a replay re-sends."""
         from pipelines.bench.faults import inject
 
-        before = bt.dates < day.date
-        previous = bt.frame[before & (bt.dates == (bt.dates[before].max() if before.any() else ""))]
+        before = bt.dates[bt.dates < day.date]
+        previous = _day_rows(bt, before.max() if len(before) else "")
         log.warning("backtest served dt=%s: injecting the fault %s", day.date, self.faults[day.date])
         return inject(self.faults[day.date], part, previous)
 
@@ -261,6 +261,11 @@ class Served(Comparator):
 
 
 # ---------------------------------------------------------------------------------- pure summaries
+def _day_rows(bt: Backtest, date: str) -> pd.DataFrame:
+    """Every row of the log's UTC day `date` (the first scored day's early rows included): what lands."""
+    return bt.frame.iloc[(bt.dates == date).nonzero()[0]]
+
+
 def _counts(keys) -> dict[str, int]:
     values, n = np.unique(np.asarray(keys, dtype=str), return_counts=True)
     return {str(v): int(c) for v, c in zip(values, n)}
@@ -349,8 +354,9 @@ def gate_precision(judged: list[dict]) -> dict:
 
 def fault_outcome(days: list[dict], fault_day: str, revert_windows: int) -> dict:
     """What stopped the faulty day: `validation` (it never validated; `failed_checks` says which), `gate`
-    (no candidate trained on it was released), `monitor` (each released one was withdrawn as a canary or
-    reverted as a champion within `revert_windows` days), or `not_stopped`."""
+    (every candidate trained on it was rejected), `monitor` (each released one was withdrawn as a canary or
+    reverted as a champion within `revert_windows` days), `not_stopped`, or None (nothing was released, but
+    not by the gate: a candidate passed and was held, or none was gated)."""
     at = next((i for i, d in enumerate(days) if d["date"] == fault_day), None)
     if at is None:
         return {"day": fault_day, "caught_by": None, "why": "the day is not in the replayed range"}
