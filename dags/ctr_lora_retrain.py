@@ -27,6 +27,14 @@ when several days were queued into one run, else the logical date of `airflow da
    this DAG (shown in the UI), never a DAG without its approval step. The release enforces the policy
    again when it runs (no approval, a person's rejection, a stale gate: refused).
 
+**Judged on the next days** (`lora.judged_on: next_day` in the pipeline config; read when this file is
+parsed): the order is judge, release, train. **judge** (mapped per slot) scores the slot's waiting candidates
+and `@champion` on `D`'s rows of the slot and adds the paired per-row logloss differences to each candidate's
+evidence (`promotion.prequential`, a confidence sequence valid at every daily look); a safety check or the
+test rejects at once, a candidate the evidence lets go goes to **gate_and_promote** (or **approval**), the rest
+wait. Then **train_adapter** trains `D`'s candidate on its whole window, `D` included, and **register**
+registers it waiting (nothing is gated after registration). Training never waits for an approval.
+
 Every alias move is recorded in the alias history and emits the Asset event
 `mlflow://<model>/<alias>`. Registry writes run in the one-slot pool `ctr_registry`.
 """
@@ -39,7 +47,7 @@ from ctr_airflow.approval import gate_approve_release
 from ctr_airflow.assets import VALIDATED
 from ctr_airflow.dag_defaults import ctr_dag, ctr_task, day_param, lake_uri_param
 from ctr_airflow.operators import GatedPromotionOperator, registry_write
-from ctr_airflow.runtime import approval_required, pipeline_config, run_day
+from ctr_airflow.runtime import actor, approval_required, judged_next_day, pipeline_config, run_day
 
 
 # Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is retrained by hand
@@ -77,13 +85,27 @@ def ctr_lora_retrain():
         cfg = pipeline_config(context)
         return {"candidate": candidate, "evaluation": run_eval(cfg, cfg.data.lake_uri, candidate)}
 
+    # Writes the verdicts (evidence, rejections) on the versions: a registry write, in the registry pool.
+    @ctr_task(**registry_write(moves=False))
+    def judge(slot: str, **context) -> dict:
+        from pipelines.config import load_gate_policy
+        from pipelines.promotion import prequential
+
+        cfg = pipeline_config(context)
+        return prequential.for_gate(prequential.judge_slot(cfg, load_gate_policy(), cfg.data.lake_uri,
+                                                           run_day(context), slot, actor=actor(context)))
+
     @ctr_task(**registry_write(moves=False))
     def register(evaluated: dict, **context) -> dict:
         from pipelines.registry.register import register as run_register
 
         return run_register(pipeline_config(context), evaluated["candidate"], evaluated["evaluation"])
 
-    trained = train_adapter.expand(slot=slots(validate()))
+    slot_list = slots(validate())
+    if judged_next_day():
+        _prequential(slot_list, judge, train_adapter, evaluate, register)
+        return
+    trained = train_adapter.expand(slot=slot_list)
     registered = register.expand(evaluated=evaluate.expand(candidate=trained))
     if approval_required():
         # gate >> approval >> release per candidate, paired by map index (see ctr_airflow.approval)
@@ -96,6 +118,24 @@ def ctr_lora_retrain():
         # .partial() does not run __init__, so the pool and the asset alias are named here as well
         GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(
             registered=registered)
+
+
+def _prequential(slot_list, judge, train_adapter, evaluate, register) -> None:
+    """lora.judged_on next_day: judge the waiting candidates >> gate and release the ready one >> train today's,
+    which registers waiting (nothing to gate). Training never waits for a person's approval."""
+    judged = judge.expand(slot=slot_list)
+    trained = train_adapter.override(trigger_rule="none_failed").expand(slot=slot_list)
+    if approval_required():
+        @task_group(group_id=APPROVAL_GROUP)
+        def approval(registered: dict):
+            gate_approve_release(registered, subject="Release a CTR adapter its next days let go?")
+
+        approval.expand(registered=judged)
+        judged >> trained
+    else:
+        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(
+            registered=judged) >> trained
+    register.expand(evaluated=evaluate.expand(candidate=trained))
 
 
 ctr_lora_retrain()

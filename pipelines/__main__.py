@@ -86,6 +86,13 @@ def cmd_train_adapter(a) -> int:
         _print(adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty()))
         return 0
     decision = retrain.run(cfg, load_gate_policy(a.policy), lake, a.end_day, a.slot, progress=sys.stderr.isatty())
+    if decision.get("judged_on") == "next_day":   # judged the waiting ones, then trained one that waits
+        for j in decision["judged"]["judged"]:
+            print(f"{decision['model']} v{j['version']} on {a.end_day}: {j['verdict']} ({j.get('reason')})")
+        if decision["decision"]:
+            print(gate.format_table(decision["decision"]))
+        print(f"{decision['model']} v{decision['version']}: registered, waits to be judged on the next validated day")
+        return 1 if decision["release_refused"] else 0
     print(gate.format_table(decision))
     return 0 if decision["passed"] else 1
 

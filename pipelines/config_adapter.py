@@ -82,6 +82,12 @@ class LoraTrainConfig(LoraShape):
     # of the window (each slot's adapter then learns the same per-id offsets; chosen on the validation days for
     # the delta kind, docs/benchmarks.md).
     train_rows: Literal["slot", "all"] = "slot"
+    # Where a candidate is judged (docs/architecture.md, "The prequential gate"). holdout: its window's newest
+    # `holdout_fraction` of rows is held out and the gate decides as soon as it is registered. next_day: it
+    # trains on every row of its window, the newest day included, and waits: each later validated day's rows
+    # of its slot judge it beside the champion (promotion.prequential), until the policy's sequential test
+    # decides. holdout_fraction is not used then.
+    judged_on: Literal["holdout", "next_day"] = "holdout"
 
     @property
     def max_rank(self) -> int:
@@ -116,6 +122,8 @@ class LoraTrainConfig(LoraShape):
                "lora.tokens_only needs lora.trainable_tokens: with no id rows an adapter would train nothing")
         _check(self.kind in ("lora", "delta"), f"lora.kind must be lora or delta, got {self.kind!r}")
         _check(self.train_rows in ("slot", "all"), f"lora.train_rows must be slot or all, got {self.train_rows!r}")
+        _check(self.judged_on in ("holdout", "next_day"),
+               f"lora.judged_on must be holdout or next_day, got {self.judged_on!r}")
         _check(self.kind != "delta" or bool(self.trainable_tokens),
                "lora.kind delta needs lora.trainable_tokens: the id tables whose per-id offsets train")
         _check(self.delta_l2 >= 0, f"lora.delta_l2 must be >= 0, got {self.delta_l2}")

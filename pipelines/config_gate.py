@@ -57,6 +57,16 @@ class GatePolicy:
     revert_drop: float = 0.15                  # relative drop of the champion's metric vs its reference ...
     revert_windows: int = 3                    # ... for this many consecutive windows => auto-revert
     live_metrics_url: str = ""                 # Prometheus HTTP API base URL ("" = labelled partitions only)
+    # The prequential gate (lora.judged_on: next_day; promotion.sequential): a waiting candidate's evidence is the
+    # paired per-row logloss difference champion - candidate over the days it waits, bounded by a confidence
+    # sequence valid at every daily look. release: lower bound > -judge_margin (and > judge_min_effect when set);
+    # reject: upper bound < -judge_margin, or still undecided after judge_max_wait_days judged days.
+    judge_alpha: float = 0.1
+    judge_margin: float = 0.0                  # logloss per row: how much worse a fresher candidate may be
+    judge_min_effect: float | None = None      # None: non-inferiority; a number: the lower bound must clear it too
+    judge_planned_rows: int = 1000             # the confidence sequence is tightest near this many judged rows
+    judge_min_rows: int = 100                  # fewer judged rows than this: no decision yet
+    judge_max_wait_days: int = 2               # judged days before an undecided candidate is retired
 
     # The gate checks that can go unmeasured (promotion.gate): only these may be listed as optional.
     # Base compatibility, the AUC / logloss checks and DeLong superiority fail when unmeasured, always.
@@ -94,6 +104,13 @@ class GatePolicy:
                "gate.canary_healthy_windows and revert_windows must be >= 1")
         _check(0 <= self.canary_auc_tolerance < 0.5, "gate.canary_auc_tolerance must be in [0, 0.5)")
         _check(0 < self.revert_drop < 1, f"gate.revert_drop must be in (0, 1), got {self.revert_drop}")
+        _check(0 < self.judge_alpha < 1, f"gate.judge_alpha must be in (0, 1), got {self.judge_alpha}")
+        _check(self.judge_margin >= 0, f"gate.judge_margin must be >= 0, got {self.judge_margin}")
+        _check(self.judge_min_effect is None or isinstance(self.judge_min_effect, (int, float))
+               and not isinstance(self.judge_min_effect, bool) and self.judge_min_effect >= -self.judge_margin,
+               f"gate.judge_min_effect must be null or >= -judge_margin, got {self.judge_min_effect!r}")
+        _check(self.judge_planned_rows >= 1 and self.judge_min_rows >= 2 and self.judge_max_wait_days >= 1,
+               "gate.judge_planned_rows >= 1, judge_min_rows >= 2 and judge_max_wait_days >= 1 are required")
         _check(self.live_metrics_url == "" or self.live_metrics_url.startswith(("http://", "https://")),
                f"gate.live_metrics_url must be empty or an http(s) URL, got {self.live_metrics_url!r}")
 

@@ -172,3 +172,15 @@ def summary(y: np.ndarray, p: np.ndarray) -> dict:
 def sigmoid(logits: np.ndarray) -> np.ndarray:
     """Probabilities from logits, in float64 (what the metrics above take)."""
     return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
+
+
+def row_logloss(y, p, eps: float = 1e-7) -> np.ndarray:
+    """Each row's logloss of the predicted click probability `p` for the label `y`."""
+    p = np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
+    y = np.asarray(y, dtype=np.float64)
+    return -(y * np.log(p) + (1 - y) * np.log1p(-p))
+
+
+def paired_differences(y, champion, candidate) -> np.ndarray:
+    """logloss(champion) - logloss(candidate) per row: positive where the candidate predicts the row better."""
+    return row_logloss(y, champion) - row_logloss(y, candidate)

@@ -178,8 +178,8 @@ def _result(bt: Backtest, models: dict[str, bm.Comparator], preds: dict[str, np.
             out[f"{name}_bytes"] = models[name].info()["adapter_bytes"]
     if "served" in models:
         served = models["served"].info()
-        out.update({k: served[k] for k in ("gate_releases", "gate_rejections", "gate_held", "canary_promotions",
-                                           "canary_withdrawals", "reverts", "days_not_validated")})
+        out.update({k: served[k] for k in ("gate_releases", "gate_rejections", "judge_waits", "gate_held",
+                                           "canary_promotions", "canary_withdrawals", "reverts", "days_not_validated")})
         out.update(gate_trust=served["trust"], gate_precision=served["gate_precision"], fault=served["fault"])
     out.update(_goals(out))
     out["per_day"] = _per_day(bt, preds)
@@ -240,7 +240,8 @@ def table(r: dict) -> str:
                          f"{r.get(f'{name}_cpu_s', '-')} |")
     if "gate_releases" in r:
         t = r["gate_trust"]
-        lines += ["", f"served: {r['gate_releases']} releases, {r['gate_rejections']} rejections, {r['gate_held']} held; "
+        lines += ["", f"served: {r['gate_releases']} releases, {r['gate_rejections']} rejections, {r['gate_held']} held, "
+                      f"{r.get('judge_waits', 0)} waits (judged on the next days); "
                       f"canaries {r['canary_promotions']} promoted, {r['canary_withdrawals']} withdrawn; "
                       f"{r['reverts']} reverts; released then worse next day {t['released_worse']}/{t['released_judged']}, "
                       f"rejected then better {t['rejected_better']}/{t['rejected_judged']}; gate precision "

@@ -1,7 +1,7 @@
 """`python -m pipelines backtest --faults`: what stops a broken day before it serves (issue 31).
 
 One `served` replay (the pipeline itself: validation, monitor, retrain, gate, release; `backtest_served`)
-over the `--quick` days with every slot's rows. Its first day lands clean (the first champions), and each
+over the `--quick` days and the day after them, with every slot's rows. Its first day lands clean (the first champions), and each
 later day lands with one fault of `bench.faults`, in their order. Each fault keeps the contract (columns,
 types, domains, event times inside the day), so what stops it is judgement: validation's consistency
 checks, or the gate. `faults_caught` names the stage that stopped each fault before it served, or None
@@ -44,7 +44,9 @@ def run(cfg: PipelineConfig, frame=None, *, served_dir: str | None = None, polic
         from pipelines.data import movielens
 
         frame = movielens.load()
-    bt = build(frame, None, None, QUICK_DAYS)
+    # One day more than --quick: a candidate judged on the next days (lora.judged_on: next_day) trained on
+    # the last faulty day is judged on the day after it.
+    bt = build(frame, None, None, QUICK_DAYS + 1)
     faults = plan([d.date for d in bt.days])
     served = Served(cfg, policy or load_gate_policy(), served_dir, faults=faults, repair_faults=True)
     t0 = time.perf_counter()

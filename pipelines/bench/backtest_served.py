@@ -11,7 +11,10 @@ the cutoff (`flows.base.run`). Then every scored day, in order:
 * evening: the day lands in the lake and is validated (`flows.windows.validate_first`); the champion
   monitor scores `@champion`/`@canary` on it, promotes or withdraws canaries and makes the reverts
   due (`monitor.monitor_day(apply_reverts=True)`); then each slot's retrain trains, evaluates,
-  registers, gates and releases a candidate (`flows.retrain.run`).
+  registers, gates and releases a candidate (`flows.retrain.run`). With `lora.judged_on: next_day`
+  the retrain first judges the slot's waiting candidates on the day's rows and releases the ready one,
+  then trains the day's candidate on its whole window, which waits (`flows.retrain.judge_then_train`);
+  a day's `gate` entry then also lists each waiting candidate's verdict (`judged`) and what it trained.
 
 A day that fails validation stays out of the lake's validated days: nothing trains or is monitored
 on it (the stages refuse it), which is what the DAGs do. Every decision is recorded per day.
@@ -196,19 +199,26 @@ class Served(Comparator):
             model = self.cfg.adapter_model_name(slot)
             champion = mlflow_io.version_by_alias(model, "champion")
             try:
-                decision = retrain.run(self.cfg, self.policy, self.lake_uri, day.date, slot, actor="backtest")
+                result = retrain.run(self.cfg, self.policy, self.lake_uri, day.date, slot, actor="backtest")
             except PipelineError as exc:   # e.g. too few rows in the window: the slot keeps what it serves
                 out["gate"][slot] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 continue
-            gate = _gate_summary(decision)
+            against = str(champion.version) if champion else None
+            if "judged_on" in result:   # lora.judged_on next_day: tonight judged the waiting ones, then trained
+                gate, decided = _judged_summary(result), [
+                    {"version": j["version"], "against": j["against"], "passed": j["verdict"] == "release",
+                     "released": j["verdict"] == "release" and _released(result, j["version"])}
+                    for j in result["judged"]["judged"] if j["verdict"] in ("release", "reject")]
+            else:
+                gate = _gate_summary(result)
+                decided = [{"version": gate["version"], "against": against, "passed": gate["passed"],
+                            "released": gate["released"]}]
             out["gate"][slot] = gate
-            self.newest[slot] = gate["version"]
+            self.newest[slot] = gate.get("trained", gate.get("version"))
             first = mlflow_io.version_by_alias(model, "champion")
             if first is not None:
                 self.first_champion.setdefault(slot, str(first.version))
-            self.pending.append({"day": day.date, "slot": slot, "model": model, "version": gate["version"],
-                                 "against": str(champion.version) if champion else None,
-                                 "passed": gate["passed"], "released": gate["released"]})
+            self.pending += [{"day": day.date, "slot": slot, "model": model, **d} for d in decided]
         return out
 
     def _repair(self, bt: Backtest, day: Day) -> None:
@@ -296,6 +306,29 @@ def _gate_summary(decision: dict) -> dict:
             "failed_checks": failed, "interference": cos}
 
 
+def _released(result: dict, version: str) -> bool:
+    d = result.get("decision") or {}
+    return str(d.get("version")) == str(version) and bool((d.get("release") or {}).get("moved"))
+
+
+def _judged_summary(result: dict) -> dict:
+    """A prequential evening of a slot (flows.retrain.judge_then_train): the candidate it trained (`trained`),
+    each waiting one's verdict (`judged`), and, as `_gate_summary`, the decision it made: the release, else
+    the newest rejection (`rejections` counts them all), else none (every waiting one waits on)."""
+    judged = [{k: j.get(k) for k in ("version", "verdict", "n", "lower", "upper", "candidate_auc", "champion_auc",
+                                     "against", "failed", "reason")} for j in result["judged"]["judged"]]
+    out = {"trained": str(result["version"]), "judged": judged,
+           "rejections": sum(j["verdict"] == "reject" for j in judged)}
+    if result.get("decision"):
+        return {**out, **_gate_summary(result["decision"])}
+    rejected = [j for j in judged if j["verdict"] == "reject"]
+    if rejected:
+        return {**out, "version": rejected[-1]["version"], "passed": False, "released": False, "held": False,
+                "alias": None, "failed_checks": rejected[-1].get("failed") or ["sequential_non_inferiority"],
+                "interference": None}
+    return out
+
+
 def _monitor_summary(result: dict) -> dict:
     moves = [{"model": m.get("model"), "kind": m.get("kind"), "to_version": m.get("to_version")}
              for entry in result["models"] for m in entry["moves"] if m.get("moved")]
@@ -311,7 +344,9 @@ def counts(days: list[dict]) -> dict:
     gates = [g for d in days for g in d.get("gate", {}).values() if "passed" in g]
     moves = [m for d in days for m in d.get("monitor", {}).get("moves", [])]
     return {"gate_releases": sum(g["released"] for g in gates),
-            "gate_rejections": sum(not g["passed"] for g in gates),
+            "gate_rejections": sum(g.get("rejections", int(not g["passed"])) for g in gates),
+            "judge_waits": sum(j["verdict"] == "wait" for d in days for g in d.get("gate", {}).values()
+                               for j in g.get("judged", ())),
             "gate_held": sum(bool(g.get("held")) for g in gates),
             "canary_promotions": sum(m["kind"] == "promote" for m in moves),
             "canary_withdrawals": sum(m["kind"] == "withdraw" for m in moves),
@@ -354,27 +389,30 @@ def gate_precision(judged: list[dict]) -> dict:
 
 def fault_outcome(days: list[dict], fault_day: str, revert_windows: int) -> dict:
     """What stopped the faulty day: `validation` (it never validated; `failed_checks` says which), `gate`
-    (every candidate trained on it was rejected), `monitor` (each released one was withdrawn as a canary or
-    reverted as a champion within `revert_windows` days), `not_stopped`, or None (nothing was released, but
-    not by the gate: a candidate passed and was held, or none was gated)."""
+    (every candidate trained on it was rejected: on its holdout, or by the prequential judge on a later day),
+    `monitor` (each released one was withdrawn as a canary or reverted as a champion within `revert_windows`
+    days), `not_stopped`, or None (nothing was released, but not by the gate: a candidate passed and was held,
+    was still waiting when the replay ended, or none was gated)."""
     at = next((i for i, d in enumerate(days) if d["date"] == fault_day), None)
     if at is None:
         return {"day": fault_day, "caught_by": None, "why": "the day is not in the replayed range"}
     if not days[at].get("validated", True):
         return {"day": fault_day, "caught_by": "validation", "failed_checks": days[at].get("failed_checks", []),
                 "why": days[at].get("validation_error", "")[:200]}
-    gates = days[at]["gate"]
-    released = {s: g["version"] for s, g in gates.items() if g.get("released")}
+    fates = _fates(days, at)
+    released = {s: f["version"] for s, f in fates.items() if f.get("released")}
     if not released:
-        passed = sorted(s for s, g in gates.items() if g.get("passed"))
-        if passed or not gates or any("error" in g for g in gates.values()):
-            return {"day": fault_day, "caught_by": None, "gate": gates,
+        passed = sorted(s for s, f in fates.items() if f.get("passed") is not False)
+        if passed or not fates:
+            return {"day": fault_day, "caught_by": None, "gate": fates,
                     "why": "nothing trained on it was released, but the gate did not stop it: "
-                           + (f"{passed} passed and were held" if passed else "no candidate was gated")}
-        failed = sorted({c for g in gates.values() for c in g.get("failed_checks", [])})
+                           + (f"{passed} passed and were held, still waited or failed to train" if passed
+                              else "no candidate was gated")}
+        failed = sorted({c for f in fates.values() for c in f.get("failed_checks", [])})
         return {"day": fault_day, "caught_by": "gate", "failed_checks": failed,
                 "why": f"every candidate trained on it was rejected; failed {failed}"}
-    later = days[at + 1:at + 1 + revert_windows]
+    went = min(f["at"] for f in fates.values() if f.get("released"))
+    later = days[went + 1:went + 1 + revert_windows]
     removed = {(m["model"], m.get("to_version")) for d in later for m in d.get("monitor", {}).get("moves", [])
                if m["kind"] == "withdraw"} | {(r["model"], "revert") for d in later
                                                for r in d.get("monitor", {}).get("reverts", [])}
@@ -383,3 +421,32 @@ def fault_outcome(days: list[dict], fault_day: str, revert_windows: int) -> dict
             "why": f"released {released}; " + ("withdrawn or reverted" if caught else "still serving")
                    + f" {revert_windows} days later",
             "removed": sorted(f"{m} {v or ''}".strip() for m, v in removed)}
+
+
+def _fates(days: list[dict], at: int) -> dict[str, dict]:
+    """slot -> what became of the candidate trained on `days[at]`: {"version", "passed" (None: undecided),
+    "released", "failed_checks", "at": the day it was decided}; {"error", "passed": None} where none trained."""
+    out = {}
+    for slot, g in days[at].get("gate", {}).items():
+        if "error" in g:
+            out[slot] = {"error": g["error"], "passed": None}
+        elif "trained" not in g:   # judged on its holdout the evening it trained
+            out[slot] = {"version": g["version"], "passed": g["passed"], "released": g["released"],
+                         "failed_checks": g.get("failed_checks", []), "at": at}
+        else:
+            out[slot] = _judged_fate(days, at, slot, g["trained"])
+    return out
+
+
+def _judged_fate(days: list[dict], at: int, slot: str, version: str) -> dict:
+    fate = {"version": version, "passed": None, "released": False, "failed_checks": [], "at": at}
+    for k in range(at + 1, len(days)):
+        gate = days[k].get("gate", {}).get(slot, {})
+        j = next((x for x in gate.get("judged", ()) if x["version"] == version), None)
+        if j is None or j["verdict"] == "wait":
+            continue
+        rejected = j["verdict"] == "reject"
+        return {**fate, "at": k, "passed": not rejected,
+                "released": not rejected and gate.get("version") == version and bool(gate.get("released")),
+                "failed_checks": (j.get("failed") or ["sequential_non_inferiority"]) if rejected else []}
+    return fate

@@ -76,6 +76,11 @@ def _compact(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def evaluate(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
+    """The candidate against the serving champion on its holdout; for a candidate judged on the next days
+    (`lora.judged_on: next_day`, no holdout) a `waiting` evaluation: `evaluation.next_day` scores it later."""
+    if candidate.get("judged_on") == "next_day":
+        return {"model_name": candidate["model_name"], "slot": candidate["slot"], "waiting": True, "candidate": None,
+                "champion": None, "champion_version": None}
     from pipelines.evaluation import report
     from pipelines.evaluation.judge import judge
     from pipelines.registry import mlflow_io, pyfunc

@@ -26,13 +26,16 @@ FAIRNESS_MIN_ROWS = 200
 
 
 def judge(cfg: PipelineConfig, candidate: dict, rows: pd.DataFrame, preds: dict, cold: np.ndarray,
-          sample: pd.DataFrame, *, served, champion_mv, title: str) -> tuple[dict, dict]:
+          sample: pd.DataFrame, *, served, champion_mv, title: str, artifact_dir: str = "evaluation",
+          metric_prefix: str = "eval", step: int | None = None) -> tuple[dict, dict]:
     """(summary for the gate, the full comparison) of the candidate scored on `rows`.
 
     `rows`: the slice columns (user_id, slot, gender, age_bucket, label) of the scored rows; `preds`:
     {"candidate": pCTRs, "champion": pCTRs (absent without a champion)}; `cold`: the cold-user mask;
     `sample`: rows with every column, what the latency is measured on; `served`: the candidate's
-    loaded pyfunc (timed as it serves); `champion_mv`: the champion's ModelVersion or None.
+    loaded pyfunc (timed as it serves); `champion_mv`: the champion's ModelVersion or None. The report goes
+    under `artifact_dir` of the training run, the metrics as `<metric_prefix>_*` at `step` (a judged day's:
+    the candidate's shadow metrics, one point per day it waits).
     """
     from pipelines.evaluation import report
     from pipelines.evaluation.latency import directory_bytes, pyfunc_latency
@@ -53,11 +56,11 @@ def judge(cfg: PipelineConfig, candidate: dict, rows: pd.DataFrame, preds: dict,
         paths = report.write_report(comparison, f"{tmp}/report", y=y, p_candidate=preds["candidate"],
                                     p_champion=preds.get("champion"), title=title)
         c = mlflow_io.client()
-        c.log_artifacts(candidate["run_id"], f"{tmp}/report", "evaluation")
-        c.log_dict(candidate["run_id"], _json_safe(comparison), "evaluation/comparison.json")
+        c.log_artifacts(candidate["run_id"], f"{tmp}/report", artifact_dir)
+        c.log_dict(candidate["run_id"], _json_safe(comparison), f"{artifact_dir}/comparison.json")
     result = _summary(candidate, comparison, champion_mv, int(len(rows)),
                       sorted(p.rsplit("/", 1)[-1] for p in paths.values() if p))
-    _log_metrics(candidate["run_id"], result)
+    _log_metrics(candidate["run_id"], result, metric_prefix, step)
     return result, comparison
 
 
@@ -121,7 +124,7 @@ def _json_safe(obj):
     return json.loads(json.dumps(obj, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
-def _log_metrics(run_id: str, result: dict) -> None:
+def _log_metrics(run_id: str, result: dict, prefix: str = "eval", step: int | None = None) -> None:
     from pipelines.registry import mlflow_io
 
     metrics = {}
@@ -142,4 +145,4 @@ def _log_metrics(run_id: str, result: dict) -> None:
                 metrics[f"eval_fairness_{col}_{k}"] = float(v)
     c = mlflow_io.client()
     for k, v in metrics.items():
-        c.log_metric(run_id, k, v)
+        c.log_metric(run_id, prefix + k[len("eval"):], v, step=step or 0)

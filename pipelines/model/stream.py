@@ -290,8 +290,10 @@ def stream_split(lake_uri: str, end_day: str, cfg: ModelConfig, *, days: int | N
 
 def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, model_cfg) -> dict:
     """train / val / holdout streams of a slot's window (every slot's rows with `lora.train_rows: all`): the one
-    definition that training and the evaluation stage share, so both see exactly the same holdout rows."""
+    definition that training and the evaluation stage share, so both see exactly the same holdout rows. A candidate
+    judged on the next day (`lora.judged_on: next_day`) holds nothing out: its holdout is empty."""
     lc = cfg.lora
     rows_of = slot if lc.train_rows == "slot" else None
     return stream_split(lake_uri, end_day, model_cfg, days=lc.window_days, slot=rows_of,
-                        holdout_fraction=lc.holdout_fraction, val_fraction=lc.val_fraction, min_rows=lc.min_rows)
+                        holdout_fraction=lc.holdout_fraction if lc.judged_on == "holdout" else 0.0,
+                        val_fraction=lc.val_fraction, min_rows=lc.min_rows)

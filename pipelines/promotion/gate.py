@@ -10,7 +10,9 @@ Checks (each: name, value, threshold, passed, one-line reason):
   calibration band; the latency budget; with no champion (first run) also an AUC floor and a
   logloss ceiling, and nothing else;
 * against the champion: AUC and logloss non-inferiority, per-slot AUC non-inferiority, and with
-  `superiority: true` a DeLong test (AUC difference > 0 at p < alpha);
+  `superiority: true` a DeLong test (AUC difference > 0 at p < alpha); for a candidate judged on the days
+  after its window (`lora.judged_on: next_day`), the sequential verdict over those days instead
+  (`promotion.prequential`), next to the AUC floor;
 * with `max_interference_cos` set: the largest |cos| between a slot adapter's LoRA update and those of
   the other slots' champions on its base stays under it (every run: a first champion may interfere too;
   the cold-start student, distilled from those champions, is not bounded).
@@ -70,7 +72,10 @@ def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
     if not rep.get("fairness"):   # no report, or one without a single attribute: nothing was measured
         out.append(_unmeasured(policy, "fairness", policy.max_demographic_parity_gap,
                                "no fairness report in this evaluation"))
-    out.append(_calibration(policy, cand))
+    # Judged on one later day, the day's own click rate moves both models out of the band alike: there the
+    # candidate fails only where the champion, on the same rows, stays in it (the logloss evidence weighs the rest).
+    judged_day = "sequential" in evaluation and evaluation.get("champion") is not None
+    out.append(_calibration(policy, cand, evaluation["champion"] if judged_day else None))
     # An empty latency sample gives no batch_32 entry (evaluation.latency.pyfunc_latency returns {}).
     p99 = ((evaluation.get("latency") or {}).get("batch_32") or {}).get("p99_ms")
     out.append(_unmeasured(policy, "latency_p99_batch32_ms", policy.latency_budget_ms,
@@ -81,12 +86,16 @@ def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
     return out
 
 
-def _calibration(policy: GatePolicy, cand: dict) -> dict:
+def _calibration(policy: GatePolicy, cand: dict, champion: dict | None = None) -> dict:
     ratio = cand.get("calibration_ratio")
     band = [policy.calibration_min, policy.calibration_max]
-    return (_unmeasured(policy, "calibration", band, "no clicks in the holdout") if ratio is None else
-            _check("calibration", ratio, band, band[0] <= ratio <= band[1],
-                   "mean pCTR / observed CTR must lie in the band"))
+    if ratio is None:
+        return _unmeasured(policy, "calibration", band, "no clicks in the holdout")
+    theirs = (champion or {}).get("calibration_ratio")
+    if champion is not None and theirs is not None and not band[0] <= theirs <= band[1]:
+        return _check("calibration", ratio, band, True, f"out of the band on this day for the champion as well "
+                      f"({theirs:.3f}): the day's click rate moved, not the candidate")
+    return _check("calibration", ratio, band, band[0] <= ratio <= band[1], "mean pCTR / observed CTR must lie in the band")
 
 
 def _first_run(policy: GatePolicy, cand: dict) -> list[dict]:
@@ -152,11 +161,24 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
     """`base` = {"candidate": fingerprint the adapter was trained on, "serving": ctr_base@champion's}."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
     checks = [base_check(base)] if base is not None else []
-    checks += _first_run(policy, cand) if champ is None else [_auc_floor(policy, cand), *_relative(policy, evaluation)]
+    if champ is None:
+        checks += _first_run(policy, cand)
+    elif "sequential" in evaluation:   # judged on the days after its window: the evidence replaces the tolerances
+        checks += [_auc_floor(policy, cand), _sequential(evaluation["sequential"])]
+    else:
+        checks += [_auc_floor(policy, cand), *_relative(policy, evaluation)]
     checks += _absolute(policy, evaluation)
     if policy.max_interference_cos is not None:
         checks.append(_interference(policy, evaluation))
     return _decision(policy, evaluation, checks)
+
+
+def _sequential(seq: dict) -> dict:
+    """The prequential verdict (promotion.sequential.decide over the days the candidate waited): passes on
+    `release` only; its value is the lower bound on the mean per-row logloss gain over the champion."""
+    return _check("sequential_non_inferiority", seq.get("lower"), seq.get("bar"), seq.get("verdict") == "release",
+                  f"{seq.get('verdict')} after {seq.get('n')} judged rows over {seq.get('days')} day(s): "
+                  f"{seq.get('reason')}")
 
 
 def _interference(policy: GatePolicy, evaluation: dict) -> dict:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.metrics import paired_differences, row_logloss  # noqa: F401  (the evidence's unit, re-exported)
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -95,6 +97,7 @@ def decide(ev: Evidence, *, alpha: float, margin: float, planned_rows: int, min_
     lo, hi = bounds
     out.update(lower=lo, upper=hi)
     bar = -margin if min_effect is None else max(-margin, min_effect)
+    out["bar"] = bar
     if hi < -margin:
         return {**out, "verdict": "reject",
                 "reason": f"worse than the champion beyond the margin: upper bound {hi:.5f} < -{margin}"}
@@ -102,15 +105,3 @@ def decide(ev: Evidence, *, alpha: float, margin: float, planned_rows: int, min_
         return {**out, "verdict": "release", "reason": f"lower bound {lo:.5f} > {bar:g}"
                 + (" (non-inferior)" if min_effect is None else " (the minimum effect)")}
     return {**out, "verdict": "wait", "reason": f"undecided: [{lo:.5f}, {hi:.5f}] straddles {bar:g}"}
-
-
-def row_logloss(y, p, eps: float = 1e-7) -> np.ndarray:
-    """Each row's logloss of the predicted click probability `p` for the label `y`."""
-    p = np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
-    y = np.asarray(y, dtype=np.float64)
-    return -(y * np.log(p) + (1 - y) * np.log1p(-p))
-
-
-def paired_differences(y, champion, candidate) -> np.ndarray:
-    """logloss(champion) - logloss(candidate) per row: positive where the candidate predicts the row better."""
-    return row_logloss(y, champion) - row_logloss(y, candidate)

@@ -50,7 +50,13 @@ def render(name: str, version: str, tags: dict, evaluation: dict | None = None, 
     if evaluation:
         cand, champ = evaluation.get("candidate") or {}, evaluation.get("champion")
         vs = f"champion v{evaluation.get('champion_version')}" if champ else "champion (none yet)"
-        lines += ["", "## Metrics on the holdout", "", f"{evaluation.get('holdout_rows', cand.get('rows'))} rows."]
+        where = (f"{evaluation['judged_day']}, a day after its window (judged there beside the champion)"
+                 if evaluation.get("judged_day") else "the holdout")
+        lines += ["", f"## Metrics on {where}", "", f"{evaluation.get('holdout_rows', cand.get('rows'))} rows."]
+        if evaluation.get("sequential"):
+            q = evaluation["sequential"]
+            lines += ["", f"Sequential test over {q.get('days')} judged day(s), {q.get('n')} rows: {q.get('verdict')} "
+                          f"({q.get('reason')})."]
         lines += [""] + _table(["metric", "this version", vs], _metrics_rows(cand, champ))
         if evaluation.get("delong"):
             d = evaluation["delong"]

@@ -44,12 +44,20 @@ def lineage_tags(candidate: dict, evaluation: dict, code_version: str | None = N
         "training.run_id": candidate["run_id"],
         # the adapter's file hashes as recorded by the training run when it logged the model
         integrity.TAG: run_tags.get(integrity.TAG, ""),
-        "eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
-        "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
-        "eval.champion_version": evaluation["champion_version"] or "",
         "gate.passed": "pending",
         KEY_TAG: registration_key(candidate["model_name"], candidate, code),
+        **_evaluation_tags(evaluation, d["last"]),
     }
+
+
+def _evaluation_tags(evaluation: dict, trained_through: str) -> dict:
+    """The holdout evaluation's figures, or for a candidate judged on the next days (`waiting`) its state:
+    promotion.prequential judges it on the first validated day after `trained_through`."""
+    if evaluation.get("waiting"):
+        return {"judge.state": "waiting", "judge.trained_through": trained_through}
+    return {"eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
+            "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
+            "eval.champion_version": evaluation["champion_version"] or ""}
 
 
 def find_registered(name: str, key: str):
@@ -74,7 +82,7 @@ def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
         return {"model": name, "version": str(existing.version), "slot": candidate["slot"], "evaluation": evaluation,
                 "existing": True}
     version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
-    model_card.publish(name, version, evaluation=evaluation)
+    model_card.publish(name, version, evaluation=None if evaluation.get("waiting") else evaluation)
     return {"model": name, "version": version, "slot": candidate["slot"], "evaluation": evaluation, "existing": False}
 
 
@@ -96,4 +104,4 @@ def complete_registration(name: str, version: str, evaluation: dict) -> None:
         mlflow_io.client().set_registered_model_alias(name, "candidate", version)
     if not (mv.description or "").strip():
         log.info("%s v%s: registered without a model card (interrupted): publishing it", name, version)
-        model_card.publish(name, version, evaluation=evaluation)
+        model_card.publish(name, version, evaluation=None if evaluation.get("waiting") else evaluation)

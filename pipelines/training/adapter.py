@@ -23,7 +23,8 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     Rows stream from the lake's partitions (`model.stream`): memory is bounded by the read chunk
     and the shuffle buffer, not by the window's row count. In lake order (day, file, row: the
     writers store each day sorted by event time) the newest `lora.holdout_fraction` of the slot's
-    rows are the evaluation holdout, only scored at the end (and re-read by the evaluation stage);
+    rows are the evaluation holdout, only scored at the end (and re-read by the evaluation stage), unless
+    `lora.judged_on` is next_day: then every row trains and the days after the window judge it;
     the newest `lora.val_fraction` of the rest validate every epoch (early stopping, best epoch kept).
     A checkpoint is written after every epoch to `checkpoint_uri` (default:
     training.checkpoint.default_uri, deterministic per model, end day and config), so re-running a
@@ -65,15 +66,16 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
         result = _fit_logged(model, streams, settings, store, run_key, model_name, progress,
                              delta.regularizer(lc, streams["train"].rows, regularizer))
         ortho = _log_orthogonality(model, regularizer)
-        metrics = score_stream(model, streams["holdout"])
+        # judged_on next_day: nothing is held out; the days after the window judge it (promotion.prequential)
+        metrics = score_stream(model, streams["holdout"]) if streams["holdout"].rows else {}
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(data_lineage, "lineage/data.json")
-        info = _log_adapter(model, slot, base_ref, lc, streams["holdout"])
+        info = _log_adapter(model, slot, base_ref, lc, streams["holdout"] if streams["holdout"].rows else streams["train"])
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
     return {"run_id": run.info.run_id, "model_uri": info.model_uri, "model_name": model_name, "slot": slot,
             "end_day": end_day, "base": base_ref, "metrics": metrics, "trainable_fraction": sizes["trainable_fraction"],
             "data": {k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
-            "config_hash": chash, "effective_lr": stab["effective_lr"], "stability": stab["stability"],
+            "config_hash": chash, "judged_on": lc.judged_on, "effective_lr": stab["effective_lr"], "stability": stab["stability"],
             "lr_rescaled": stab["lr_rescaled"], "epochs_run": result["epochs_run"], "best_epoch": result["best_epoch"],
             "resumed_from_epoch": result["resumed_from_epoch"], "orthogonality": ortho}
 

@@ -276,7 +276,8 @@ class GatedPromotionOperator(BaseOperator):
     """Run the gate for a registered candidate and, unless `release=False`, release it when it passes.
 
     `registered` is the dict returned by `pipelines.registry.register.register` (model, version,
-    evaluation). A rejected candidate ends the task as skipped (nothing downstream runs, the
+    evaluation), or the `to_gate` of `pipelines.promotion.prequential.judge_slot`; one without an evaluation
+    (a prequential day where nothing is ready) ends the task as skipped, with its reason. A rejected candidate ends the task as skipped (nothing downstream runs, the
     champion is untouched) or, with `fail_on_reject=True`, as failed. With `release=False` a
     ReleaseOperator (after a human approval) does the move.
     """
@@ -296,6 +297,8 @@ class GatedPromotionOperator(BaseOperator):
         from pipelines.promotion import release
 
         r = self.registered
+        if r.get("evaluation") is None:   # a prequential candidate: nothing is ready to gate today
+            raise AirflowSkipException(r.get("reason") or f"{r.get('model')}: nothing to gate")
         try:
             decision = release.gate_and_release(load_gate_policy(self.policy_path or None), r["model"],
                                                 _version(r["version"]), r["evaluation"], actor=actor(context),

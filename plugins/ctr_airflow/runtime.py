@@ -130,3 +130,12 @@ def approval_required() -> bool:
     from pipelines.config import load_gate_policy
 
     return load_gate_policy().approval
+
+
+def judged_next_day() -> bool:
+    """Whether adapters are judged on the days after their window (`lora.judged_on: next_day` in the pipeline
+    config): read at parse time, as `approval_required`, because it decides the DAG's shape (judge, release,
+    then train; no gate after registration). A config that cannot be read is an import error of the DAG."""
+    from pipelines.config import load_pipeline_config
+
+    return load_pipeline_config().lora.judged_on == "next_day"

@@ -236,6 +236,41 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("approval", [False, True], ids=["released-by-the-gate", "with-approval"])
+def test_judged_on_next_day_judges_then_releases_then_trains(tmp_path, approval):
+    """`lora.judged_on: next_day`: validate >> slots >> judge yesterday's candidates >> gate (and approval) >>
+    train today's >> evaluate >> register, with no gate after registration; training waits for no person."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
+    cfg["lora"]["judged_on"] = "next_day"
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "gate.yaml").write_text(f"approval: {str(approval).lower()}\n")
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO / 'plugins')!r})
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder={str(REPO / 'dags')!r})
+assert not bag.import_errors, bag.import_errors
+dag = bag.dags["ctr_lora_retrain"]
+down = lambda t: dag.get_task(t).downstream_task_ids
+assert down("slots") >= {{"judge", "train_adapter"}} and "evaluate" in down("train_adapter")
+assert "register" in down("evaluate") and not down("register"), down("register")
+gate = "approval.gate_and_promote" if {approval} else "gate_and_promote"
+assert gate in down("judge") and dag.get_task(gate).pool == dag.get_task("judge").pool == "ctr_registry"
+if {approval}:
+    assert "train_adapter" in down("judge") and "train_adapter" not in down("approval.release")
+else:
+    assert "train_adapter" in down(gate)
+assert dag.get_task("train_adapter").trigger_rule == "none_failed"
+print("ok")
+"""
+    env = {**os.environ, "CTR_PIPELINE_CONFIG": str(tmp_path / "pipeline.yaml"),
+           "CTR_GATE_POLICY": str(tmp_path / "gate.yaml"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("content", [None, "approval: [true\n", "approval: true\napprovals: false\n",
                                      "approval: maybe\n"], ids=["missing", "not-yaml", "unknown-key", "wrong-type"])
 def test_a_policy_that_cannot_be_read_fails_the_import_visibly(tmp_path, content):

@@ -162,17 +162,19 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
 
 
 @contextlib.contextmanager
-def movielens_stack(tmp: Path, bucket: str, last_day: str, paths: bool = False):
-    """The MovieLens e2e modules' set-up: `movielens_lake` up to `last_day` in s3://<bucket>/clicks, fresh
-    metadata stores with Airflow initialised, and this process's MLflow pointed at the stack's store.
-    `paths`: the DAGs run under `paths_policy` instead of the shipped gate policy."""
+def movielens_stack(tmp: Path, bucket: str, last_day: str, paths: bool | dict = False, **overrides: dict):
+    """The MovieLens e2e modules' set-up: `movielens_lake` up to `last_day` in s3://<bucket>/clicks (with the
+    config's per-section `overrides`), fresh metadata stores with Airflow initialised, and this process's MLflow
+    pointed at the stack's store. `paths`: the DAGs run under `paths_policy` instead of the shipped gate policy
+    (a dict: with those policy overrides too)."""
     import mlflow
 
-    _, config_path = movielens_lake(tmp, bucket, last_day)
+    _, config_path = movielens_lake(tmp, bucket, last_day, **overrides)
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         env = make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow")
         if paths:
-            env["CTR_GATE_POLICY"] = str(paths_policy(tmp / "gate_policy.yaml"))
+            env["CTR_GATE_POLICY"] = str(paths_policy(tmp / "gate_policy.yaml", **(paths if isinstance(paths, dict)
+                                                                                    else {})))
         st = Stack(env, kind, tmp)
         st.init_airflow()
         previous = mlflow.get_tracking_uri()

@@ -128,8 +128,8 @@ def test_counts_add_up_decisions_moves_and_reverts():
                  moves=[{"model": "m_a", "kind": "promote", "to_version": "1"}]),
             _day("d3", moves=[{"model": "m_a", "kind": "withdraw", "to_version": None}],
                  reverts=[{"model": "m_a", "to_version": "1", "reason": "r"}], validated=False)]
-    assert counts(days) == {"gate_releases": 1, "gate_rejections": 1, "gate_held": 0, "canary_promotions": 1,
-                            "canary_withdrawals": 1, "reverts": 1, "days_not_validated": ["d3"]}
+    assert counts(days) == {"gate_releases": 1, "gate_rejections": 1, "judge_waits": 0, "gate_held": 0,
+                            "canary_promotions": 1, "canary_withdrawals": 1, "reverts": 1, "days_not_validated": ["d3"]}
 
 
 def test_trust_counts_released_worse_and_rejected_better_beyond_the_tolerance():
@@ -191,3 +191,23 @@ def test_the_table_says_what_the_pipeline_decided():
     assert "gate precision 0.6667 [0.2077, 0.9385] of 3" in text
     assert "| served | 0.7 | 0.8 | 0.6 | 0.65 | 0.66 | 1.0 |" in text
     assert "2 releases, 1 rejections, 1 held; canaries 1 promoted" in text and "caught by gate" in text
+
+
+def test_a_candidate_judged_on_later_days_is_followed_to_its_verdict():
+    """lora.judged_on next_day: the candidate trained on the faulty day is decided on a later evening."""
+    def trained(new, judged=(), **decision):
+        return {"a": {"trained": new, "judged": list(judged), "rejections": 0, **decision}}
+
+    waits = {"version": "1", "verdict": "wait"}
+    rejects = {"version": "1", "verdict": "reject", "failed": ["auc_floor_every_run"]}
+    days = [_day("d1", trained("1")), _day("d2", trained("2", [waits])), _day("d3", trained("3", [rejects]))]
+    assert fault_outcome(days, "d1", 3) == {"day": "d1", "caught_by": "gate", "failed_checks": ["auc_floor_every_run"],
+                                            "why": "every candidate trained on it was rejected; failed "
+                                                   "['auc_floor_every_run']"}
+    assert fault_outcome(days[:2], "d1", 3)["caught_by"] is None          # still waiting when the replay ended
+    released = {"version": "1", "verdict": "release"}
+    went = [_day("d1", trained("1")), _day("d2", trained("2", [released], version="1", passed=True, released=True)),
+            _day("d3", reverts=[{"model": "m_a", "to_version": "0", "reason": "r"}])]
+    assert fault_outcome(went, "d1", 3)["caught_by"] == "monitor"
+    assert fault_outcome(went[:2], "d1", 3)["caught_by"] == "not_stopped"
+    assert counts(days)["judge_waits"] == 1

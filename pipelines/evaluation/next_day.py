@@ -1,0 +1,90 @@
+"""Stage: a waiting candidate and the serving champion, scored on one validated day after its window.
+
+A candidate trained with `lora.judged_on: next_day` holds nothing out: every row of its window trained it. Each
+validated day after that window (the real future: rows neither model trained on), this scores it and its slot's
+serving @champion on that day's rows of its slot and returns what the gate reads: the same summary as
+`compare.evaluate` (so the AUC floor, calibration, fairness, latency and interference act at once), plus the
+day's paired evidence: the count, sum and sum of squares of logloss(champion) - logloss(candidate) per row,
+which `promotion.sequential` adds up over the days the candidate waits. The report goes to the candidate's
+training run under `judge/<day>/`, the metrics as `shadow_*` at the day's step (days since 1970-01-01): one
+point per judged day, a line over the days in MLflow's charts.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+
+from pipelines.config import PipelineConfig
+from pipelines.evaluation.compare import SLICE_COLUMNS, _compact, _user_keys
+
+log = logging.getLogger(__name__)
+
+
+def day_step(day: str) -> int:
+    """A day as an MLflow metric step: days since 1970-01-01."""
+    return (dt.date.fromisoformat(day) - dt.date(1970, 1, 1)).days
+
+
+def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, day: str) -> dict | None:
+    """The evaluation of waiting `model` v`version` on validated `day`'s rows of its slot, with `judged_day`
+    and `evidence` ({"n", "total", "total_sq"}; None with no champion); None when the day has no row of it."""
+    from pipelines.evaluation.judge import judge
+    from pipelines.model.stream import LakeIndex
+    from pipelines.registry import mlflow_io, pyfunc
+
+    mv = mlflow_io.get_version(model, version)
+    slot = mv.tags["slot"]
+    day_rows = LakeIndex(lake_uri, day, days=1, slot=slot)
+    if day_rows.rows == 0:
+        return None
+    champion_mv = mlflow_io.version_by_alias(model, "champion")
+    models = {"candidate": pyfunc.load(f"models:/{model}/{version}")}
+    if champion_mv is not None:
+        models["champion"] = pyfunc.load(f"models:/{model}/{champion_mv.version}")
+    rows, preds, sample = _score(day_rows, models)
+    cold = _cold(cfg, lake_uri, mv.tags["judge.trained_through"], slot, rows)
+    candidate = {"model_name": model, "slot": slot, "run_id": mv.run_id, "model_uri": f"models:/{model}/{version}",
+                 "base": {"fingerprint": mv.tags.get("base.fingerprint")}}
+    result, _ = judge(cfg, candidate, rows, preds, cold, sample, served=models["candidate"], champion_mv=champion_mv,
+                      title=f"{model} v{version} beside its champion on {day}", artifact_dir=f"judge/{day}",
+                      metric_prefix="shadow", step=day_step(day))
+    evidence = None
+    if "champion" in preds:
+        from pipelines.metrics import paired_differences
+
+        d = paired_differences(rows["label"].to_numpy(dtype=np.float64), preds["champion"], preds["candidate"])
+        evidence = {"n": int(len(d)), "total": float(d.sum()), "total_sq": float((d * d).sum())}
+    log.info("%s v%s judged on %s: %d rows, AUC %s vs champion %s", model, version, day, len(rows),
+             result["candidate"].get("auc"), (result["champion"] or {}).get("auc"))
+    return {**result, "judged_day": day, "evidence": evidence}
+
+
+def _score(index, models: dict) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    """(slice columns, {name: pCTRs}, the first 64 rows with every column) of the index's rows."""
+    from pipelines.registry.model_input import predict_pctr
+
+    parts, preds, sample = [], {k: [] for k in models}, None
+    for frame in index.frames(0, index.rows, 262_144):
+        sample = frame.head(64) if sample is None else sample
+        parts.append(_compact(frame))
+        for k, m in models.items():
+            preds[k].append(predict_pctr(m, frame))
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SLICE_COLUMNS)
+    return rows, {k: np.concatenate(v) for k, v in preds.items()}, sample
+
+
+def _cold(cfg: PipelineConfig, lake_uri: str, trained_through: str, slot: str, rows: pd.DataFrame) -> np.ndarray:
+    """Rows whose user had fewer than `cold_start.min_impressions` impressions in the candidate's window."""
+    from pipelines.model.stream import LakeIndex
+
+    window = LakeIndex(lake_uri, trained_through, days=cfg.lora.window_days,
+                       slot=slot if cfg.lora.train_rows == "slot" else None)
+    seen: Counter = Counter()
+    for frame in window.frames(0, window.rows, 262_144, columns=["user_id"]):
+        seen.update(_user_keys(frame["user_id"]).tolist())
+    k = max(cfg.cold_start.min_impressions, 1)
+    return np.array([seen.get(u, 0) < k for u in rows["user_id"].tolist()], dtype=bool)

@@ -1,0 +1,55 @@
+"""ctr_lora_retrain with `lora.judged_on: next_day`, through real Airflow DAG runs (`airflow dags test`) on
+MovieLens in S3 (moto's server): each run judges the slots' waiting candidates on its day, releases the ready
+ones, then trains and registers the day's candidates, which wait for the next run's day."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.stack import movielens_stack
+from tests.e2e.test_lifecycle_dags import current, versions
+
+pytestmark = pytest.mark.slow
+
+DAYS = ("1998-03-01", "1998-03-02", "1998-03-03")
+SLOTS = ("morning", "afternoon", "night")
+# What this module tests is the DAG's order and the registry it leaves, not the thresholds (tested in
+# tests/pipelines/promotion): the first-run checks pass any sane model, any evidence clears a margin of 10 nats.
+PASSABLE = {"min_auc_first_run": 0.3, "min_auc": 0.0, "max_logloss_first_run": 5.0, "calibration_min": 0.01,
+            "calibration_max": 100.0, "judge_margin": 10.0, "judge_min_rows": 2, "promotion": "canary"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, s3_endpoint):
+    with movielens_stack(tmp_path_factory.mktemp("e2e-prequential"), "e2e-prequential", DAYS[-1], paths=PASSABLE,
+                         lora={"judged_on": "next_day"}) as st:
+        st.airflow("dags", "test", "ctr_base_model", "1997-12-31")
+        yield st
+
+
+def test_each_run_judges_yesterdays_candidates_then_trains_todays(stack):
+    stack.airflow("dags", "test", "ctr_lora_retrain", DAYS[0])
+    for slot in SLOTS:   # nothing waited: the day's candidate trains on its whole window and waits
+        (v1,) = versions(f"ctr_lora_{slot}")
+        assert v1.tags["judge.state"] == "waiting" and v1.tags["gate.passed"] == "pending"
+        assert v1.tags["judge.trained_through"] == DAYS[0] and v1.tags["data.last"] == DAYS[0]
+        assert current(f"ctr_lora_{slot}") is None
+
+    stack.airflow("dags", "test", "ctr_lora_retrain", DAYS[1])
+    for slot in SLOTS:   # v1 judged on DAYS[1]'s rows of its slot: no champion yet, the first-run checks release it
+        v1, v2 = versions(f"ctr_lora_{slot}")
+        assert v1.tags["judge.state"] == "release" and v1.tags["gate.passed"] == "true", v1.tags.get("gate.checks")
+        assert current(f"ctr_lora_{slot}") == "1"
+        assert json.loads(v1.tags["judge.evidence"])["last_day"] == DAYS[1]
+        assert v2.tags["judge.state"] == "waiting" and v2.tags["judge.trained_through"] == DAYS[1]
+
+    stack.airflow("dags", "test", "ctr_lora_retrain", DAYS[2])
+    for slot in SLOTS:   # v2 judged beside champion v1 on DAYS[2]: its evidence lets it go, to @canary
+        v1, v2, v3 = versions(f"ctr_lora_{slot}")
+        evidence = json.loads(v2.tags["judge.evidence"])
+        assert evidence["against"] == "1" and evidence["n"] > 0 and evidence["days"] == 1
+        checks = {c["name"]: c["passed"] for c in json.loads(v2.tags["gate.checks"])}
+        assert checks["sequential_non_inferiority"] and "auc_non_inferiority" not in checks
+        assert current(f"ctr_lora_{slot}", "canary") == "2" and current(f"ctr_lora_{slot}") == "1"
+        assert v3.tags["judge.state"] == "waiting"

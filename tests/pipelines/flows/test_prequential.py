@@ -1,0 +1,74 @@
+"""The prequential day of a slot (`lora.judged_on: next_day`): judge the waiting candidates on the newly
+validated day beside the champion, release the one the evidence lets go, then train the day's candidate on
+its whole window and register it waiting. Real stages on a real SQLite MLflow store and a synthetic lake."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from pipelines.evaluation.next_day import day_step
+from pipelines.flows import retrain
+from pipelines.promotion import aliases, prequential
+from pipelines.registry import mlflow_io
+from tests.pipelines.flows.test_family_lifecycle import lenient_policy
+
+
+def next_day(cfg):
+    return replace(cfg, lora=replace(cfg.lora, judged_on="next_day"))
+
+
+def _first_champion(cfg, policy) -> str:
+    """Day 1 trains v1, which waits; day 2 judges it (no champion: the first-run checks) and releases it."""
+    first = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
+    model = cfg.adapter_model_name("feed")
+    mv = mlflow_io.get_version(model, first["version"])
+    assert first["judged"]["judged"] == [] and first["decision"] is None   # nothing waited before it
+    assert mv.tags["judge.state"] == "waiting" and mv.tags["gate.passed"] == "pending"
+    assert mv.tags["judge.trained_through"] == "2024-01-03" and aliases.current(model) is None
+    second = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")
+    (judged,) = second["judged"]["judged"]
+    assert (judged["version"], judged["verdict"]) == (first["version"], "release")
+    assert second["decision"]["passed"] and aliases.current(model) == first["version"]
+    return second["version"]
+
+
+@pytest.mark.slow
+def test_a_candidate_trains_on_its_whole_window_waits_and_is_released_on_the_next_day(cfg):
+    cfg, policy = next_day(cfg), replace(lenient_policy(), judge_margin=10.0)   # any evidence clears a huge margin
+    waiting = _first_champion(cfg, policy)
+    model = cfg.adapter_model_name("feed")
+    run = mlflow_io.client().get_run(mlflow_io.get_version(model, waiting).run_id)
+    assert "holdout_auc" not in run.data.metrics      # nothing held out: the newest day trained it too
+
+    third = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")
+    (judged,) = third["judged"]["judged"]
+    assert judged["version"] == waiting and judged["verdict"] == "release" and judged["n"] == judged["n"] > 100
+    assert aliases.current(model) == waiting
+    mv = mlflow_io.get_version(model, waiting)
+    evidence = json.loads(mv.tags["judge.evidence"])
+    assert evidence["days"] == 1 and evidence["last_day"] == "2024-01-05" and evidence["n"] == judged["n"]
+    checks = {c["name"]: c["passed"] for c in json.loads(mv.tags["gate.checks"])}
+    assert checks["sequential_non_inferiority"] and "auc_non_inferiority" not in checks
+    history = mlflow_io.client().get_metric_history(mv.run_id, "shadow_candidate_auc")
+    assert [m.step for m in history] == [day_step("2024-01-05")]   # the candidate's shadow metrics, per day
+
+
+@pytest.mark.slow
+def test_a_candidate_the_evidence_cannot_clear_is_rejected_after_its_maximum_wait(cfg):
+    cfg = next_day(cfg)
+    # Neither worse by 1 nat per row nor better by 1 nat: the test stays undecided; one judged day is the most.
+    policy = replace(lenient_policy(), judge_margin=1.0, judge_min_effect=1.0, judge_max_wait_days=1)
+    waiting = _first_champion(cfg, policy)
+    model = cfg.adapter_model_name("feed")
+    champion = aliases.current(model)
+
+    third = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")
+    (judged,) = third["judged"]["judged"]
+    assert judged["version"] == waiting and judged["verdict"] == "reject" and third["decision"] is None
+    assert "undecided after 1 judged day" in judged["reason"]
+    mv = mlflow_io.get_version(model, waiting)
+    assert mv.tags["judge.state"] == "reject" and mv.tags["gate.passed"] == "false"
+    assert aliases.current(model) == champion                   # the champion is untouched
+    assert [str(m.version) for m in prequential.waiting_versions(model, "2024-01-06")] == [third["version"]]
