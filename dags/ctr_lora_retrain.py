@@ -28,12 +28,13 @@ when several days were queued into one run, else the logical date of `airflow da
    again when it runs (no approval, a person's rejection, a stale gate: refused).
 
 **Judged on the next days** (`lora.judged_on: next_day` in the pipeline config; read when this file is
-parsed): the order is judge, release, train. **judge** (mapped per slot) scores the slot's waiting candidates
-and `@champion` on `D`'s rows of the slot and adds the paired per-row logloss differences to each candidate's
-evidence (`promotion.prequential`, a confidence sequence valid at every daily look); a safety check or the
-test rejects at once, a candidate the evidence lets go goes to **gate_and_promote** (or **approval**), the rest
-wait. Then **train_adapter** trains `D`'s candidate on its whole window, `D` included, and **register**
-registers it waiting (nothing is gated after registration). Training never waits for an approval.
+parsed): **judge** (mapped per slot) scores the slot's waiting candidates and `@champion` on `D`'s rows of
+the slot and adds the paired per-row logloss differences to each candidate's evidence (`promotion.prequential`,
+a confidence sequence valid at every daily look); a safety check or the test rejects at once, a candidate the
+evidence lets go is tagged ready, the rest wait. **train_adapter** trains `D`'s candidate on its whole window,
+`D` included, and **register** registers it waiting. **hand_over** names what to release: the ready candidate,
+or with `judge_release: successor` `D`'s candidate in its place; **gate_and_promote** (or **approval**) gates
+and releases it as above. Nothing is gated at registration.
 
 Every alias move is recorded in the alias history and emits the Asset event
 `mlflow://<model>/<alias>`. Registry writes run in the one-slot pool `ctr_registry`.
@@ -92,8 +93,15 @@ def ctr_lora_retrain():
         from pipelines.promotion import prequential
 
         cfg = pipeline_config(context)
-        return prequential.for_gate(prequential.judge_slot(cfg, load_gate_policy(), cfg.data.lake_uri,
-                                                           run_day(context), slot, actor=actor(context)))
+        return prequential.judge_slot(cfg, load_gate_policy(), cfg.data.lake_uri, run_day(context), slot,
+                                      actor=actor(context))
+
+    @ctr_task(**registry_write(moves=False))
+    def hand_over(registered: dict) -> dict:
+        from pipelines.config import load_gate_policy
+        from pipelines.promotion import prequential
+
+        return prequential.hand_over(load_gate_policy(), registered)
 
     @ctr_task(**registry_write(moves=False))
     def register(evaluated: dict, **context) -> dict:
@@ -103,7 +111,7 @@ def ctr_lora_retrain():
 
     slot_list = slots(validate())
     if judged_next_day():
-        _prequential(slot_list, judge, train_adapter, evaluate, register)
+        _prequential(slot_list, judge, train_adapter, evaluate, register, hand_over)
         return
     trained = train_adapter.expand(slot=slot_list)
     registered = register.expand(evaluated=evaluate.expand(candidate=trained))
@@ -120,22 +128,20 @@ def ctr_lora_retrain():
             registered=registered)
 
 
-def _prequential(slot_list, judge, train_adapter, evaluate, register) -> None:
-    """lora.judged_on next_day: judge the waiting candidates >> gate and release the ready one >> train today's,
-    which registers waiting (nothing to gate). Training never waits for a person's approval."""
-    judged = judge.expand(slot=slot_list)
-    trained = train_adapter.override(trigger_rule="none_failed").expand(slot=slot_list)
+def _prequential(slot_list, judge, train_adapter, evaluate, register, hand_over) -> None:
+    """lora.judged_on next_day: judge the waiting candidates >> train today's >> register it (waiting) >> hand over
+    what the judge let go (promotion.prequential.hand_over) >> gate and release it (or the approval group)."""
+    trained = train_adapter.expand(slot=slot_list)
+    judge.expand(slot=slot_list) >> trained
+    ready = hand_over.expand(registered=register.expand(evaluated=evaluate.expand(candidate=trained)))
     if approval_required():
         @task_group(group_id=APPROVAL_GROUP)
         def approval(registered: dict):
             gate_approve_release(registered, subject="Release a CTR adapter its next days let go?")
 
-        approval.expand(registered=judged)
-        judged >> trained
+        approval.expand(registered=ready)
     else:
-        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(
-            registered=judged) >> trained
-    register.expand(evaluated=evaluate.expand(candidate=trained))
+        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(registered=ready)
 
 
 ctr_lora_retrain()

@@ -67,6 +67,11 @@ class GatePolicy:
     judge_planned_rows: int = 1000             # the confidence sequence is tightest near this many judged rows
     judge_min_rows: int = 100                  # fewer judged rows than this: no decision yet
     judge_max_wait_days: int = 2               # judged days before an undecided candidate is retired
+    # What a release verdict releases: the judged candidate itself (`judged`: it serves a day after it was
+    # judged, two after its window), or its successor (`successor`: the candidate the same evening trained,
+    # same slot, config and base, its window one day newer, gated on its predecessor's judgement plus its own
+    # base check), so that what serves is as fresh as a release without a gate (docs/benchmarks.md).
+    judge_release: Literal["judged", "successor"] = "judged"
 
     # The gate checks that can go unmeasured (promotion.gate): only these may be listed as optional.
     # Base compatibility, the AUC / logloss checks and DeLong superiority fail when unmeasured, always.
@@ -109,6 +114,8 @@ class GatePolicy:
         _check(self.judge_min_effect is None or isinstance(self.judge_min_effect, (int, float))
                and not isinstance(self.judge_min_effect, bool) and self.judge_min_effect >= -self.judge_margin,
                f"gate.judge_min_effect must be null or >= -judge_margin, got {self.judge_min_effect!r}")
+        _check(self.judge_release in ("judged", "successor"),
+               f"gate.judge_release must be judged or successor, got {self.judge_release!r}")
         _check(self.judge_planned_rows >= 1 and self.judge_min_rows >= 2 and self.judge_max_wait_days >= 1,
                "gate.judge_planned_rows >= 1, judge_min_rows >= 2 and judge_max_wait_days >= 1 are required")
         _check(self.live_metrics_url == "" or self.live_metrics_url.startswith(("http://", "https://")),

@@ -204,11 +204,14 @@ class Served(Comparator):
                 out["gate"][slot] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 continue
             against = str(champion.version) if champion else None
-            if "judged_on" in result:   # lora.judged_on next_day: tonight judged the waiting ones, then trained
-                gate, decided = _judged_summary(result), [
-                    {"version": j["version"], "against": j["against"], "passed": j["verdict"] == "release",
-                     "released": j["verdict"] == "release" and _released(result, j["version"])}
-                    for j in result["judged"]["judged"] if j["verdict"] in ("release", "reject")]
+            if "judged_on" in result:   # lora.judged_on next_day: judged the waiting ones, trained, released
+                gate = _judged_summary(result)
+                decided = [{"version": j["version"], "against": j["against"], "passed": False, "released": False}
+                           for j in result["judged"]["judged"] if j["verdict"] == "reject" and not j.get("serving")]
+                if result.get("decision"):
+                    d = result["decision"]
+                    decided.append({"version": str(d["version"]), "against": d.get("champion_version"),
+                                    "passed": bool(d["passed"]), "released": _released(result, d["version"])})
             else:
                 gate = _gate_summary(result)
                 decided = [{"version": gate["version"], "against": against, "passed": gate["passed"],
@@ -316,7 +319,7 @@ def _judged_summary(result: dict) -> dict:
     each waiting one's verdict (`judged`), and, as `_gate_summary`, the decision it made: the release, else
     the newest rejection (`rejections` counts them all), else none (every waiting one waits on)."""
     judged = [{k: j.get(k) for k in ("version", "verdict", "n", "lower", "upper", "candidate_auc", "champion_auc",
-                                     "against", "failed", "reason")} for j in result["judged"]["judged"]]
+                                     "against", "failed", "reason", "serving")} for j in result["judged"]["judged"]]
     out = {"trained": str(result["version"]), "judged": judged,
            "rejections": sum(j["verdict"] == "reject" for j in judged)}
     if result.get("decision"):
@@ -439,14 +442,18 @@ def _fates(days: list[dict], at: int) -> dict[str, dict]:
 
 
 def _judged_fate(days: list[dict], at: int, slot: str, version: str) -> dict:
+    """A candidate judged on the next days: released the evening it trained (as a successor), or its later
+    verdict, where a release is its own or its successor's (`judge_release: successor`): its days served."""
     fate = {"version": version, "passed": None, "released": False, "failed_checks": [], "at": at}
+    same = days[at].get("gate", {}).get(slot, {})
+    if same.get("version") == version and same.get("released"):
+        return {**fate, "passed": True, "released": True}
     for k in range(at + 1, len(days)):
         gate = days[k].get("gate", {}).get(slot, {})
         j = next((x for x in gate.get("judged", ()) if x["version"] == version), None)
         if j is None or j["verdict"] == "wait":
             continue
         rejected = j["verdict"] == "reject"
-        return {**fate, "at": k, "passed": not rejected,
-                "released": not rejected and gate.get("version") == version and bool(gate.get("released")),
+        return {**fate, "at": k, "passed": not rejected, "released": not rejected and bool(gate.get("released")),
                 "failed_checks": (j.get("failed") or ["sequential_non_inferiority"]) if rejected else []}
     return fate

@@ -29,9 +29,11 @@ def day_step(day: str) -> int:
     return (dt.date.fromisoformat(day) - dt.date(1970, 1, 1)).days
 
 
-def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, day: str) -> dict | None:
-    """The evaluation of waiting `model` v`version` on validated `day`'s rows of its slot, with `judged_day`
-    and `evidence` ({"n", "total", "total_sq"}; None with no champion); None when the day has no row of it."""
+def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, day: str,
+                 against: str | None = None, alone: bool = False) -> dict | None:
+    """The evaluation of waiting `model` v`version` on validated `day`'s rows of its slot beside `@champion` (or
+    beside v`against`; `alone`: beside nothing, as a first version), with `judged_day` and `evidence` ({"n",
+    "total", "total_sq"}; None with nothing to compare with); None when the day has no row of it."""
     from pipelines.evaluation.judge import judge
     from pipelines.model.stream import LakeIndex
     from pipelines.registry import mlflow_io, pyfunc
@@ -41,7 +43,8 @@ def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, d
     day_rows = LakeIndex(lake_uri, day, days=1, slot=slot)
     if day_rows.rows == 0:
         return None
-    champion_mv = mlflow_io.version_by_alias(model, "champion")
+    champion_mv = (None if alone else mlflow_io.get_version(model, against) if against else
+                   mlflow_io.version_by_alias(model, "champion"))
     models = {"candidate": pyfunc.load(f"models:/{model}/{version}")}
     if champion_mv is not None:
         models["champion"] = pyfunc.load(f"models:/{model}/{champion_mv.version}")

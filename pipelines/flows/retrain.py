@@ -3,8 +3,8 @@ register it with its lineage, then gate and release it.
 
 The ctr_lora_retrain DAG runs these steps as tasks (train, evaluate, register, gate); the CLI
 (`train-adapter --register`) runs `run` in one process. With `lora.judged_on: next_day` the order is
-the prequential one: judge the slot's waiting candidates on the day, gate and release the one the
-evidence lets go, then train and register the day's candidate, which waits for the next days.
+the prequential one: judge the slot's waiting candidates on the day, train and register the day's
+candidate, which waits for the next days, then gate and release what the evidence let go.
 """
 from __future__ import annotations
 
@@ -34,19 +34,20 @@ def run(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, end_day: str, sl
 
 def judge_then_train(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, slot: str, *,
                      actor: str = "cli", progress: bool = False) -> dict:
-    """The prequential day of a slot: judge its waiting candidates on `day` (promotion.prequential), gate and
-    release the one that is ready, then train and register the candidate of the window ending `day`, which
-    waits. Returns {"judged", "decision": the gate's decision of the released one or None, "release_refused":
-    why a passing one could not go out (an approval is due) or None, "version": the new candidate's}."""
+    """The prequential day of a slot: judge its waiting candidates on `day` (promotion.prequential), train and
+    register the candidate of the window ending `day` (it waits), then gate and release what the judge let go
+    (`prequential.hand_over`: the ready one, or the day's candidate in its place). Returns {"judged",
+    "decision": the gate's decision of the released one or None, "release_refused": why a passing one could not
+    go out (an approval is due) or None, "version": the day's candidate}."""
     judged = prequential.judge_slot(cfg, policy, lake_uri, day, slot, actor=actor)
+    candidate = adapter.train(cfg, lake_uri, day, slot, progress=progress)
+    registered = register(cfg, candidate, evaluate(cfg, lake_uri, candidate))
+    ready = prequential.hand_over(policy, registered)
     decision, refused = None, None
-    if judged["to_gate"]:
-        ready = judged["to_gate"]
+    if ready["evaluation"] is not None:
         try:
             decision = gate_and_release(policy, ready["model"], ready["version"], ready["evaluation"], actor=actor)
         except PromotionError as exc:   # recorded on the version; a person's approval releases it later
             refused = str(exc)
-    candidate = adapter.train(cfg, lake_uri, day, slot, progress=progress)
-    registered = register(cfg, candidate, evaluate(cfg, lake_uri, candidate))
     return {"judged_on": "next_day", "model": registered["model"], "judged": judged, "decision": decision,
             "release_refused": refused, "version": registered["version"], "existing": registered["existing"]}

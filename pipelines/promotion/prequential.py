@@ -12,10 +12,15 @@ daily look, and the gate (`gate.decide`) puts that verdict next to the safety ch
   stays in the band on the same rows, fairness, latency, interference), or the sequential test
   says worse beyond the margin, or `judge_max_wait_days` judged days leave it undecided: the rejection is
   recorded on the version (`gate.run`), which stays out of serving;
-* the test says release and every check passes: the candidate is returned as `to_gate` (the newest one when
-  several are ready; the older ready ones are `superseded`), for the gate-and-release step that releases
-  it as the policy says (canary, approval, direct), exactly as a holdout-judged candidate;
+* the test says release and every check passes: the candidate is tagged `release` and its evaluation kept on
+  its run (the newest one when several are ready; the older ready ones are `superseded`);
 * otherwise it keeps waiting, its evidence saved.
+
+Once the day's candidate is registered, `hand_over` gives the gate-and-release step what to release, as the
+policy says (canary, approval, direct), exactly as a holdout-judged candidate: the ready one, or with
+`judge_release: successor` the day's candidate in its place, gated on its predecessor's judgement (it trained
+on one more day of the same slot's validated rows, with the same config and base): what serves is then as
+fresh as an ungated release, and still judged on rows it never trained on.
 
 A champion that changes while a candidate waits restarts its evidence: differences against another model do
 not add up. With no champion yet, the first candidate's first judged day decides it on the first-run checks.
@@ -31,7 +36,9 @@ from pipelines.promotion import gate, sequential
 log = logging.getLogger(__name__)
 
 STATE_TAG, EVIDENCE_TAG = "judge.state", "judge.evidence"
-# waiting -> release (handed to the gate-and-release step) | reject | superseded (a newer ready one went)
+REPLACED_TAG = "judge.replaced"   # on a successor: the champion it was released to replace
+READY_FILE = "evaluation.json"   # the evaluation a ready candidate is gated on, under judge/<day>/ of its run
+# waiting -> release (ready for the gate-and-release step) | reject | superseded (a newer ready one went)
 WAITING = "waiting"
 
 
@@ -40,13 +47,15 @@ def waiting_versions(model: str, day: str) -> list:
     from pipelines.registry import mlflow_io
 
     found = mlflow_io.client().search_model_versions(f"name = '{model}' and tags.`{STATE_TAG}` = '{WAITING}'")
-    return sorted((mv for mv in found if mv.tags.get("judge.trained_through", "9999") < day), key=lambda mv: int(mv.version))
+    due = (mv for mv in found if mv.tags.get("judge.trained_through", "9999") < day)
+    return sorted(due, key=lambda mv: int(mv.version))
 
 
 def judge_slot(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, slot: str, *,
                actor: str = "cli") -> dict:
     """Judge `slot`'s waiting candidates on validated `day`. Returns {"model", "slot", "day", "judged": one
-    summary per candidate, "to_gate": {"model", "version", "slot", "evaluation"} of the one to release, or None}."""
+    summary per candidate, "ready": the version the evidence lets go (tagged `release`), or None}; `hand_over`
+    then says what the gate-and-release step releases."""
     from pipelines.registry import mlflow_io
 
     model = cfg.adapter_model_name(slot)
@@ -55,24 +64,45 @@ def judge_slot(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
     for older in ready[:-1]:   # the freshest ready candidate goes; the older ones would replace it tomorrow
         mlflow_io.client().set_model_version_tag(model, older["version"], STATE_TAG, "superseded")
         older["verdict"] = "superseded"
-    to_gate = None
-    if ready:
-        newest = ready[-1]
-        to_gate = {"model": model, "version": newest["version"], "slot": slot, "evaluation": newest.pop("evaluation")}
     for j in judged:
         j.pop("evaluation", None)
-    return {"model": model, "slot": slot, "day": day, "judged": judged, "to_gate": to_gate}
+    return {"model": model, "slot": slot, "day": day, "judged": judged,
+            "ready": ready[-1]["version"] if ready else None}
 
 
-def for_gate(judged: dict) -> dict:
-    """What the gate-and-release step takes from `judge_slot`'s result: the ready candidate (model, version, slot,
-    evaluation), or, where none is ready, the slot's model with no evaluation and a reason (the step skips)."""
-    if judged["to_gate"]:
-        return judged["to_gate"]
-    said = "; ".join(f"v{j['version']} {j['verdict']}: {j.get('reason')}" for j in judged["judged"])
-    return {"model": judged["model"], "version": None, "slot": judged["slot"], "evaluation": None,
-            "reason": f"{judged['model']}: nothing ready to release on {judged['day']}" + (f" ({said})" if said else
-                                                                                          " (no candidate waited)")}
+def hand_over(policy: GatePolicy, registered: dict) -> dict:
+    """What the gate-and-release step gates after the day's candidate `registered` (register's result) was
+    registered: the slot's candidate the judge found ready (the newest one tagged `release` and not yet gated), or,
+    with `judge_release: successor`, `registered` itself in its place, gated on its predecessor's judgement
+    (tags `judge.successor_of` and `judge.replaced` on it, `judge.handed_over` on the predecessor). Returns
+    {"model", "version", "slot", "evaluation"}; with nothing ready, evaluation None and the reason (the step
+    then skips)."""
+    from pipelines.registry import mlflow_io
+
+    model, slot = registered["model"], registered["slot"]
+    c = mlflow_io.client()
+    ready = [mv for mv in c.search_model_versions(f"name = '{model}' and tags.`{STATE_TAG}` = 'release'")
+             if mv.tags.get("gate.passed") == "pending" or (policy.judge_release == "successor"
+                                                            and not mv.tags.get("judge.handed_over"))]
+    if not ready:
+        return {"model": model, "version": None, "slot": slot, "evaluation": None,
+                "reason": f"{model}: no candidate is ready to release (its judged days have not let one go)"}
+    judged = max(ready, key=lambda mv: int(mv.version))
+    day = json.loads(judged.tags[EVIDENCE_TAG])["last_day"]
+    evaluation = _load_ready(judged.run_id, day)
+    version = str(judged.version)
+    if policy.judge_release == "successor" and str(registered["version"]) != version:
+        # Gated against the champion it would replace (the stale-gate rule of the release holds), on the judged
+        # one's evidence; it stays waiting: once it serves, the next day judges it beside the one it replaced.
+        version = str(registered["version"])
+        serving = mlflow_io.version_by_alias(model, "champion")
+        evaluation = {**evaluation, "successor_of": str(judged.version),
+                      "champion_version": str(serving.version) if serving else None}
+        c.set_model_version_tag(model, version, "judge.successor_of", str(judged.version))
+        if serving is not None:
+            c.set_model_version_tag(model, version, REPLACED_TAG, str(serving.version))
+        c.set_model_version_tag(model, str(judged.version), "judge.handed_over", version)
+    return {"model": model, "version": version, "slot": slot, "evaluation": evaluation}
 
 
 def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, model: str, mv, actor: str) -> dict:
@@ -81,7 +111,10 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
 
     version = str(mv.version)
     out = {"version": version, "day": day}
-    evaluation = evaluate_day(cfg, lake_uri, model, version, day)
+    # A successor released on its predecessor's judgement serves already: it is judged beside the one it replaced.
+    serving = _serves(model, version)
+    replaced = mv.tags.get(REPLACED_TAG) if serving else None
+    evaluation = evaluate_day(cfg, lake_uri, model, version, day, against=replaced, alone=serving and not replaced)
     if evaluation is None:
         return {**out, "verdict": "wait", "reason": f"no row of its slot on {day}"}
     state = json.loads(mv.tags.get(EVIDENCE_TAG) or "{}")
@@ -98,7 +131,8 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
     c.set_model_version_tag(model, version, EVIDENCE_TAG, json.dumps(
         {**evidence.to_json(), "against": against, "days": days, "last_day": day}))
     decision = gate.decide(policy, evaluation, base=gate.fingerprints(mv))
-    unsafe = [ch["name"] for ch in decision["checks"] if not ch["passed"] and ch["name"] != "sequential_non_inferiority"]
+    unsafe = [ch["name"] for ch in decision["checks"]
+              if not ch["passed"] and ch["name"] != "sequential_non_inferiority"]
     out.update(evaluation=evaluation, n=seq.get("n"), lower=seq.get("lower"), upper=seq.get("upper"),
                candidate_auc=evaluation["candidate"].get("auc"), champion_auc=(evaluation["champion"] or {}).get("auc"),
                against=against)
@@ -110,7 +144,15 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
     if seq["verdict"] == "wait" and not unsafe:
         log.info("%s v%s waits after %s: %s", model, version, day, seq["reason"])
         return {**out, "verdict": "wait", "reason": seq["reason"]}
-    if decision["passed"]:
+    if serving:   # a verdict says whether its successor may follow it; nothing is gated on it
+        state = "release" if decision["passed"] else "reject"
+        if decision["passed"]:
+            c.log_dict(mv.run_id, _json_safe(evaluation), f"judge/{day}/{READY_FILE}")
+        c.set_model_version_tag(model, version, STATE_TAG, state)
+        return {**out, "verdict": state, "reason": seq["reason"] if not unsafe else f"failed {unsafe}",
+                "failed": unsafe, "serving": True}
+    if decision["passed"]:   # kept on its run: the gate-and-release step reads it there (`hand_over`)
+        c.log_dict(mv.run_id, _json_safe(evaluation), f"judge/{day}/{READY_FILE}")
         c.set_model_version_tag(model, version, STATE_TAG, "release")
         return {**out, "verdict": "release", "reason": seq["reason"]}
     gate.run(policy, model, version, evaluation, actor=actor)   # records the rejection on the version
@@ -129,3 +171,25 @@ def verdict(policy: GatePolicy, evidence: sequential.Evidence | None, days: int)
     if seq["verdict"] == "wait" and days >= policy.judge_max_wait_days:
         return {**seq, "verdict": "reject", "reason": f"undecided after {days} judged day(s): {seq['reason']}"}
     return seq
+
+
+def _load_ready(run_id: str, day: str) -> dict:
+    import tempfile
+
+    from pipelines.registry import mlflow_io
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = mlflow_io.client().download_artifacts(run_id, f"judge/{day}/{READY_FILE}", tmp)
+        with open(path) as fh:
+            return json.load(fh)
+
+
+def _json_safe(obj):
+    return json.loads(json.dumps(obj, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+
+
+def _serves(model: str, version: str) -> bool:
+    from pipelines.registry import mlflow_io
+
+    champion = mlflow_io.version_by_alias(model, "champion")
+    return champion is not None and str(champion.version) == version

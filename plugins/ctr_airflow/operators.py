@@ -276,7 +276,7 @@ class GatedPromotionOperator(BaseOperator):
     """Run the gate for a registered candidate and, unless `release=False`, release it when it passes.
 
     `registered` is the dict returned by `pipelines.registry.register.register` (model, version,
-    evaluation), or the `to_gate` of `pipelines.promotion.prequential.judge_slot`; one without an evaluation
+    evaluation), or `pipelines.promotion.prequential.hand_over`'s; one without an evaluation
     (a prequential day where nothing is ready) ends the task as skipped, with its reason. A rejected candidate ends the task as skipped (nothing downstream runs, the
     champion is untouched) or, with `fail_on_reject=True`, as failed. With `release=False` a
     ReleaseOperator (after a human approval) does the move.

@@ -190,7 +190,8 @@ def test_the_table_says_what_the_pipeline_decided():
     assert "| never_release | 0.69 | 0.79 | 0.59 | None | None | - |" in text
     assert "gate precision 0.6667 [0.2077, 0.9385] of 3" in text
     assert "| served | 0.7 | 0.8 | 0.6 | 0.65 | 0.66 | 1.0 |" in text
-    assert "2 releases, 1 rejections, 1 held; canaries 1 promoted" in text and "caught by gate" in text
+    assert "2 releases, 1 rejections, 1 held, 0 waits (judged on the next days); canaries 1 promoted" in text
+    assert "caught by gate" in text
 
 
 def test_a_candidate_judged_on_later_days_is_followed_to_its_verdict():

@@ -72,3 +72,37 @@ def test_a_candidate_the_evidence_cannot_clear_is_rejected_after_its_maximum_wai
     assert mv.tags["judge.state"] == "reject" and mv.tags["gate.passed"] == "false"
     assert aliases.current(model) == champion                   # the champion is untouched
     assert [str(m.version) for m in prequential.waiting_versions(model, "2024-01-06")] == [third["version"]]
+
+
+@pytest.mark.slow
+def test_with_judge_release_successor_the_days_candidate_goes_out_on_its_predecessors_judgement(cfg):
+    cfg, policy = next_day(cfg), replace(lenient_policy(), judge_release="successor")
+    model = cfg.adapter_model_name("feed")
+    first = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
+    second = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")
+    (judged,) = second["judged"]["judged"]
+    assert (judged["version"], judged["verdict"]) == (first["version"], "release")
+    # what serves trained through 2024-01-04, as fresh as an ungated release; v1's judgement let it go
+    assert second["decision"]["version"] == second["version"] and aliases.current(model) == second["version"]
+    new, old = (mlflow_io.get_version(model, v) for v in (second["version"], first["version"]))
+    assert new.tags["judge.successor_of"] == first["version"] and new.tags["gate.passed"] == "true"
+    assert old.tags["judge.handed_over"] == second["version"] and old.tags["gate.passed"] == "pending"
+    # the successor still waits: the next day judges it, serving, beside what it replaced (the test below)
+    assert [str(m.version) for m in prequential.waiting_versions(model, "2024-01-05")] == [second["version"]]
+
+
+@pytest.mark.slow
+def test_a_serving_successor_is_judged_beside_the_champion_it_replaced_and_its_own_successor_follows(cfg):
+    """Successors keep the daily cadence: each evening's candidate goes out on yesterday's one's judgement."""
+    cfg, policy = next_day(cfg), replace(lenient_policy(), judge_release="successor", judge_margin=10.0)
+    model = cfg.adapter_model_name("feed")
+    retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
+    second = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")   # v2 serves
+    third = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")
+    (judged,) = third["judged"]["judged"]
+    assert judged["version"] == second["version"] and judged["serving"] and judged["verdict"] == "release"
+    assert aliases.current(model) == third["version"]           # v3 went out on v2's judgement
+    v2, v3 = (mlflow_io.get_version(model, v) for v in (second["version"], third["version"]))
+    # v2 had nothing before it: judged alone (first-run checks); v3 replaced v2
+    assert judged["against"] is None and v3.tags["judge.replaced"] == second["version"]
+    assert v3.tags["judge.successor_of"] == second["version"] and v2.tags["judge.handed_over"] == third["version"]
