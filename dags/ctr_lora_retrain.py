@@ -28,8 +28,8 @@ when several days were queued into one run, else the logical date of `airflow da
    again when it runs (no approval, a person's rejection, a stale gate: refused).
 
 **Judged on the next days** (`lora.judged_on: next_day` in the pipeline config; read when this file is
-parsed): **judge** (mapped per slot) scores the slot's waiting candidates and `@champion` on `D`'s rows of
-the slot and adds the paired per-row logloss differences to each candidate's evidence (`promotion.prequential`,
+parsed): **judge** (mapped per slot) scores the slot's waiting candidates and `@champion` on `D`'s rows (the
+rows they train on) and adds the paired per-row logloss differences to each candidate's evidence (`promotion.prequential`,
 a confidence sequence valid at every daily look); a safety check or the test rejects at once, a candidate the
 evidence lets go is tagged ready, the rest wait. **train_adapter** trains `D`'s candidate on its whole window,
 `D` included, and **register** registers it waiting. **hand_over** names what to release: the ready candidate,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The embedded default, end to end, in one command (no Docker):
 #   venv + install -> S3 server (moto) on 127.0.0.1 -> MovieLens-100K into the lake as daily partitions
-#   -> real Airflow DAG runs (`airflow dags test`, SQLite): base model, retrain day 1, retrain day 2
-#   (gated against day 1's champion; passing candidates become canaries), promote a canary and
-#   revert it from the ops DAG -> summary.
+#   -> real Airflow DAG runs (`airflow dags test`, SQLite): base model, then three daily retrains (each
+#   judges yesterday's candidates on the day's rows, trains the day's one on its whole window and
+#   releases what the judgement let go), revert a champion from the ops DAG -> summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
@@ -18,7 +18,7 @@ run_dag() {  # run_dag <log name> <airflow dags test args...>: full log to a fil
   if ! airflow dags test "$@" >"$log" 2>&1; then
     tail -n 60 "$log"; echo "!! airflow dags test $* failed; full log: $log"; exit 1
   fi
-  grep -hE "gate (PASSED|REJECTED)|  FAIL  |@(champion|canary): |holdout rows \(|validated [0-9]+ partitions" "$log" \
+  grep -hE "gate (PASSED|REJECTED)|  FAIL  |@(champion|canary): |holdout rows \(|judged on [0-9-]+: |waits after|validated [0-9]+ partitions" "$log" \
     | sed -E 's/^[0-9TZ:.-]+ \[[a-z ]+\] //; s/ \[[a-z_.]+\] loc=.*$//' | sed 's/^/   /' || true
 }
 
@@ -47,26 +47,26 @@ airflow pools set ctr_registry 1 "registry writes: registration and alias moves"
 
 step "DAG ctr_base_model for 1997-12-31: validate, train the base on 1997-09..12, gate it, release ctr_base@champion"
 run_dag base ctr_base_model 1997-12-31
-step "DAG ctr_lora_retrain for 1998-03-01: first adapters per slot (no champion yet: absolute thresholds)"
+step "DAG ctr_lora_retrain for 1998-03-01: the first candidates train on their whole window and wait"
 run_dag retrain-1998-03-01 ctr_lora_retrain 1998-03-01
-step "DAG ctr_lora_retrain for 1998-03-02: candidates gated against the serving champions; a pass becomes @canary"
+step "DAG ctr_lora_retrain for 1998-03-02: yesterday's candidates judged on today's rows (no champion yet: first-run checks); today's go out in their place"
 run_dag retrain-1998-03-02 ctr_lora_retrain 1998-03-02
+step "DAG ctr_lora_retrain for 1998-03-03: judged beside the serving champions (sequential test); a pass releases today's candidate"
+run_dag retrain-1998-03-03 ctr_lora_retrain 1998-03-03
 
 MODEL=$(python - <<'PY'
 from pipelines.config import load_pipeline_config
 from pipelines.promotion import aliases
 cfg = load_pipeline_config()
-canaries = [cfg.adapter_model_name(s) for s in cfg.data.slots if aliases.current(cfg.adapter_model_name(s), "canary")]
-print(canaries[0] if canaries else "")
+moved = [cfg.adapter_model_name(s) for s in cfg.data.slots if len(aliases.history(cfg.adapter_model_name(s))) >= 2]
+print(moved[0] if moved else "")
 PY
 )
 if [ -n "$MODEL" ]; then
-  step "DAG ctr_model_ops: promote the canary of $MODEL to @champion (ctr_champion_monitor does this after healthy windows)"
-  run_dag promote-canary ctr_model_ops -c "{\"action\": \"promote_canary\", \"model\": \"$MODEL\", \"reason\": \"demo: canary healthy\"}"
-  step "DAG ctr_model_ops: revert $MODEL to the previous champion"
-  run_dag revert ctr_model_ops -c "{\"action\": \"revert\", \"model\": \"$MODEL\", \"reason\": \"demo: put day 1 back\"}"
+  step "DAG ctr_model_ops: revert $MODEL to the previous champion (one step)"
+  run_dag revert ctr_model_ops -c "{\"action\": \"revert\", \"model\": \"$MODEL\", \"reason\": \"demo: put the previous champion back\"}"
 else
-  echo "   no candidate passed the gate on day 2 (all rejected): no canary to promote, nothing to revert"
+  echo "   no slot released twice: no previous champion to revert to"
 fi
 
 step "Summary"

@@ -327,7 +327,7 @@ def _judged_summary(result: dict) -> dict:
     rejected = [j for j in judged if j["verdict"] == "reject"]
     if rejected:
         return {**out, "version": rejected[-1]["version"], "passed": False, "released": False, "held": False,
-                "alias": None, "failed_checks": rejected[-1].get("failed") or ["sequential_non_inferiority"],
+                "alias": None, "failed_checks": _failed(rejected[-1]),
                 "interference": None}
     return out
 
@@ -442,8 +442,10 @@ def _fates(days: list[dict], at: int) -> dict[str, dict]:
 
 
 def _judged_fate(days: list[dict], at: int, slot: str, version: str) -> dict:
-    """A candidate judged on the next days: released the evening it trained (as a successor), or its later
-    verdict, where a release is its own or its successor's (`judge_release: successor`): its days served."""
+    """A candidate judged on the next days: it served if the faulty evening released it (as a successor) or a
+    later evening released it itself. One that never served was stopped by the gate if it was rejected, or if
+    the faulty evening's judgement rejected what would have let it out (a waiting one judged on the faulty
+    rows: `judge_release: successor` releases the day's candidate on that judgement); otherwise None."""
     fate = {"version": version, "passed": None, "released": False, "failed_checks": [], "at": at}
     same = days[at].get("gate", {}).get(slot, {})
     if same.get("version") == version and same.get("released"):
@@ -451,9 +453,15 @@ def _judged_fate(days: list[dict], at: int, slot: str, version: str) -> dict:
     for k in range(at + 1, len(days)):
         gate = days[k].get("gate", {}).get(slot, {})
         j = next((x for x in gate.get("judged", ()) if x["version"] == version), None)
-        if j is None or j["verdict"] == "wait":
-            continue
-        rejected = j["verdict"] == "reject"
-        return {**fate, "at": k, "passed": not rejected, "released": not rejected and bool(gate.get("released")),
-                "failed_checks": (j.get("failed") or ["sequential_non_inferiority"]) if rejected else []}
+        if gate.get("version") == version and gate.get("released"):
+            return {**fate, "at": k, "passed": True, "released": True}
+        if j is not None and j["verdict"] == "reject":
+            return {**fate, "at": k, "passed": False, "failed_checks": _failed(j)}
+    refused = [x for x in same.get("judged", ()) if x["verdict"] == "reject"]
+    if refused:
+        return {**fate, "passed": False, "failed_checks": sorted({c for x in refused for c in _failed(x)})}
     return fate
+
+
+def _failed(judged: dict) -> list[str]:
+    return judged.get("failed") or ["sequential_non_inferiority"]

@@ -2,7 +2,8 @@
 
 A candidate trained with `lora.judged_on: next_day` holds nothing out: every row of its window trained it. Each
 validated day after that window (the real future: rows neither model trained on), this scores it and its slot's
-serving @champion on that day's rows of its slot and returns what the gate reads: the same summary as
+serving @champion on that day's rows of its slot (every slot's with `lora.train_rows: all`, the rows it trains
+on, as its holdout would be) and returns what the gate reads: the same summary as
 `compare.evaluate` (so the AUC floor, calibration, fairness, latency and interference act at once), plus the
 day's paired evidence: the count, sum and sum of squares of logloss(champion) - logloss(candidate) per row,
 which `promotion.sequential` adds up over the days the candidate waits. The report goes to the candidate's
@@ -40,7 +41,8 @@ def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, d
 
     mv = mlflow_io.get_version(model, version)
     slot = mv.tags["slot"]
-    day_rows = LakeIndex(lake_uri, day, days=1, slot=slot)
+    # the rows it trains on, as the holdout does: its slot's, or every slot's with lora.train_rows: all
+    day_rows = LakeIndex(lake_uri, day, days=1, slot=slot if cfg.lora.train_rows == "slot" else None)
     if day_rows.rows == 0:
         return None
     champion_mv = (None if alone else mlflow_io.get_version(model, against) if against else

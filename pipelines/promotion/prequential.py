@@ -2,8 +2,8 @@
 
 With `lora.judged_on: next_day` a candidate trains on its whole window, the newest day included, and is
 registered `waiting` (tag `judge.state`). Every validated day after its window, before that day's candidate
-trains, `judge_slot` scores each waiting candidate of the slot and the serving champion on the day's rows
-(`evaluation.next_day`) and adds the day's paired per-row logloss differences to the candidate's evidence
+trains, `judge_slot` scores each waiting candidate of the slot and the serving champion on the day's rows it
+trains on (`evaluation.next_day`) and adds the day's paired per-row logloss differences to the candidate's evidence
 (tag `judge.evidence`: n, sum, sum of squares, the champion they were measured against, the judged days).
 `promotion.sequential.decide` reads the evidence through a confidence sequence that stays valid at every
 daily look, and the gate (`gate.decide`) puts that verdict next to the safety checks, which act at once:

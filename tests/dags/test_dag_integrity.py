@@ -175,10 +175,37 @@ def test_serialises_for_the_scheduler(dagbag, dag_id):
 
 
 def test_retrain_wiring(dagbag):
+    """The shipped config judges on the next days (lora.judged_on: next_day): judge, train, register, hand over,
+    gate; the holdout-judged order (gate at registration) is tested below with a config that asks for it."""
     dag = dagbag.dags["ctr_lora_retrain"]
-    order = ["validate", "slots", "train_adapter", "evaluate", "register", "gate_and_promote"]
+    order = ["validate", "slots", "judge", "train_adapter", "evaluate", "register", "hand_over", "gate_and_promote"]
     for up, down in zip(order, order[1:]):
         assert down in dag.get_task(up).downstream_task_ids, f"{up} -> {down} missing"
+
+
+def test_retrain_wiring_judged_on_the_holdout(tmp_path):
+    """`lora.judged_on: holdout`: train >> evaluate >> register >> gate_and_promote, no judge step."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
+    cfg["lora"]["judged_on"] = "holdout"
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO / 'plugins')!r})
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder={str(REPO / 'dags')!r})
+assert not bag.import_errors, bag.import_errors
+dag = bag.dags["ctr_lora_retrain"]
+order = ["validate", "slots", "train_adapter", "evaluate", "register", "gate_and_promote"]
+for up, down in zip(order, order[1:]):
+    assert down in dag.get_task(up).downstream_task_ids, (up, down)
+assert "judge" not in dag.task_ids and "hand_over" not in dag.task_ids
+print("ok")
+"""
+    env = {**os.environ, "CTR_PIPELINE_CONFIG": str(tmp_path / "pipeline.yaml"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def test_cold_start_wiring(dagbag):

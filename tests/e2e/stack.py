@@ -124,6 +124,11 @@ def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, a
 # shipped policy's verdicts are noise (docs/benchmarks.md: gate precision 0.45 [0.21, 0.72]); they are
 # tested on their own in tests/pipelines/promotion, and the gate's every check still runs here.
 PATH_TOLERANCES = {"auc_tolerance": 0.05, "logloss_tolerance": 0.05, "slot_auc_tolerance": 0.05}
+# The modules that follow a candidate from its gate at registration to @canary, the HITL approval, promotion and
+# revert (test_stack, test_lifecycle_dags, test_replay_days) run the holdout-judged order on day-exact timelines;
+# the prequential order (the shipped default, lora.judged_on: next_day) is tests/e2e/test_prequential_dag.py.
+HOLDOUT_JUDGED = {"lora": {"judged_on": "holdout"}}
+CANARY = {"promotion": "canary"}
 
 
 def paths_policy(path: Path, **overrides) -> Path:

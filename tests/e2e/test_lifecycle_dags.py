@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.stack import movielens_stack
+from tests.e2e.stack import CANARY, HOLDOUT_JUDGED, movielens_stack
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ LINEAGE_TAGS = ("data.first", "data.last", "data.partitions", "data.sha256", "co
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    with movielens_stack(tmp_path_factory.mktemp("e2e"), "e2e-lake", DAY2, paths=True) as st:
+    with movielens_stack(tmp_path_factory.mktemp("e2e"), "e2e-lake", DAY2, paths=CANARY, **HOLDOUT_JUDGED) as st:
         yield st
 
 

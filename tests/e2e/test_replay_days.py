@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.e2e.stack import REPO, movielens_stack
+from tests.e2e.stack import CANARY, HOLDOUT_JUDGED, REPO, movielens_stack
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,8 @@ DAGS = ("ctr_lake_arrival", "ctr_champion_monitor", "ctr_lora_retrain")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    with movielens_stack(tmp_path_factory.mktemp("replay"), "e2e-replay-lake", LAST) as st:
+    with movielens_stack(tmp_path_factory.mktemp("replay"), "e2e-replay-lake", LAST, paths=CANARY,
+                         **HOLDOUT_JUDGED) as st:
         yield st
 
 

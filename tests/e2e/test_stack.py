@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
-from tests.e2e.stack import REPO, movielens_lake, paths_policy, this_process_on
+from tests.e2e.stack import CANARY, HOLDOUT_JUDGED, REPO, movielens_lake, paths_policy, this_process_on
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def live(tmp_path_factory):
     name = f"ctr_e2e_{uuid.uuid4().hex[:8]}"
     bucket = name.replace("_", "-")
     # every release waits for a person (answered through the REST API below); the day-2 canary paths run
-    paths_policy(tmp / "gate_policy.yaml", approval=True)
+    paths_policy(tmp / "gate_policy.yaml", approval=True, **CANARY)
     env = {**os.environ, "STACK_NAME": name, "STACK_DIR": str(tmp / "stack"), "STACK_BUCKET": bucket,
            "STACK_S3_PORT": str(free_port()), "STACK_MLFLOW_PORT": str(free_port()),
            "STACK_API_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
@@ -83,7 +83,7 @@ def live(tmp_path_factory):
                              AWS_ACCESS_KEY_ID=svc["AWS_ACCESS_KEY_ID"],
                              AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
                              MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
-            movielens_lake(tmp, bucket, DAY2, cold_start={"window_days": 45, "history_days": 60})
+            movielens_lake(tmp, bucket, DAY2, cold_start={"window_days": 45, "history_days": 60}, **HOLDOUT_JUDGED)
             # The DAG files read the pipeline config when parsed (the lake_uri form field): it is written
             # only now, so wait until the DAG processor has parsed every DAG with it.
             st.rest().wait_for_dags(["ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY])

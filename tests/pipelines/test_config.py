@@ -48,7 +48,7 @@ def test_repo_yaml_agrees_with_dataclass_defaults():
     cfg = load_pipeline_config()
     recipe = {"model": {"wide": True}, "base_training": {"wide_l2": 3.33},
               "lora": {"kind": "delta", "train_rows": "all", "lr": 0.3, "window_days": 7, "val_fraction": 0.0,
-                       "trainable_tokens": ("user_id", "item_id")}}
+                       "trainable_tokens": ("user_id", "item_id"), "judged_on": "next_day"}}
     defaults = PipelineConfig()
     assert {s: {k: getattr(getattr(cfg, s), k) for k in keys} for s, keys in recipe.items()} == recipe
     assert {s: {k: getattr(getattr(defaults, s), k) for k in keys} for s, keys in recipe.items()} != recipe
@@ -57,14 +57,16 @@ def test_repo_yaml_agrees_with_dataclass_defaults():
         for s, keys in recipe.items()})
     assert restated == defaults
     assert cfg.validation.drift_action == "warn" and ValidationConfig().drift_action == "fail"
-    assert load_gate_policy() == GatePolicy(optional_checks=("fairness_dp", "fairness_eo"))
+    # the prequential gate's release (chosen on the validation days, docs/benchmarks.md)
+    assert load_gate_policy() == GatePolicy(optional_checks=("fairness_dp", "fairness_eo"), promotion="direct",
+                                            judge_margin=0.01, judge_release="successor")
 
 
 def test_gate_policy_defaults_load_from_the_repo_yaml():
     pol = load_gate_policy()
     raw = yaml.safe_load(C.DEFAULT_GATE_YAML.read_text())
     assert to_dict(pol) == raw
-    assert pol.promotion == "canary" and pol.auc_tolerance == pytest.approx(0.0015) and pol.approval is False
+    assert pol.promotion == "direct" and pol.auc_tolerance == pytest.approx(0.0015) and pol.approval is False
 
 
 def test_env_var_selects_the_pipeline_file(tmp_path, monkeypatch):
