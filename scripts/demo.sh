@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded default, end to end, in one command (no Docker):
 #   venv + install -> S3 server (moto) on 127.0.0.1 -> MovieLens-100K into the lake as daily partitions
-#   -> real Airflow DAG runs (`airflow dags test`, SQLite): base model, then three daily retrains (each
+#   -> real Airflow DAG runs (`airflow dags test`, SQLite): base model, then four daily retrains (each
 #   judges yesterday's candidates on the day's rows, trains the day's one on its whole window and
 #   releases what the judgement let go), revert a champion from the ops DAG -> summary.
 set -euo pipefail
@@ -51,8 +51,10 @@ step "DAG ctr_lora_retrain for 1998-03-01: the first candidates train on their w
 run_dag retrain-1998-03-01 ctr_lora_retrain 1998-03-01
 step "DAG ctr_lora_retrain for 1998-03-02: yesterday's candidates judged on today's rows (no champion yet: first-run checks); today's go out in their place"
 run_dag retrain-1998-03-02 ctr_lora_retrain 1998-03-02
-step "DAG ctr_lora_retrain for 1998-03-03: judged beside the serving champions (sequential test); a pass releases today's candidate"
-run_dag retrain-1998-03-03 ctr_lora_retrain 1998-03-03
+for day in 1998-03-03 1998-03-04; do
+  step "DAG ctr_lora_retrain for $day: the serving champions judged (beside the one they replaced: sequential test); a pass releases today's candidate"
+  run_dag "retrain-$day" ctr_lora_retrain "$day"
+done
 
 MODEL=$(python - <<'PY'
 from pipelines.config import load_pipeline_config

@@ -63,9 +63,15 @@ def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, d
 
         d = paired_differences(rows["label"].to_numpy(dtype=np.float64), preds["champion"], preds["candidate"])
         evidence = {"n": int(len(d)), "total": float(d.sum()), "total_sq": float((d * d).sum())}
-    log.info("%s v%s judged on %s: %d rows, AUC %s vs champion %s", model, version, day, len(rows),
-             result["candidate"].get("auc"), (result["champion"] or {}).get("auc"))
+    theirs = (result["champion"] or {}).get("auc")
+    log.info("%s v%s judged on %s: %d rows, AUC %s beside %s", model, version, day, len(rows),
+             _fmt(result["candidate"].get("auc")),
+             f"v{champion_mv.version}'s {_fmt(theirs)}" if champion_mv is not None else "no champion")
     return {**result, "judged_day": day, "evidence": evidence}
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
 
 
 def _score(index, models: dict) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
