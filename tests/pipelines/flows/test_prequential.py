@@ -106,3 +106,21 @@ def test_a_serving_successor_is_judged_beside_the_champion_it_replaced_and_its_o
     # v2 had nothing before it: judged alone (first-run checks); v3 replaced v2
     assert judged["against"] is None and v3.tags["judge.replaced"] == second["version"]
     assert v3.tags["judge.successor_of"] == second["version"] and v2.tags["judge.handed_over"] == third["version"]
+
+
+@pytest.mark.slow
+def test_a_serving_successor_the_next_day_rejects_lets_no_successor_out(cfg):
+    """A rejection stops the chain that evening: nothing ready, so nothing is handed over, and an earlier
+    predecessor that already handed over is never used again."""
+    cfg = next_day(cfg)
+    model = cfg.adapter_model_name("feed")
+    lets_go = replace(lenient_policy(), judge_release="successor", judge_margin=10.0)
+    retrain.run(cfg, lets_go, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
+    second = retrain.run(cfg, lets_go, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")   # v2 serves
+    # v2, the first champion, is judged alone (first-run checks): a floor of 0.99 fails it
+    failing = replace(lets_go, min_auc_first_run=0.99)
+    third = retrain.run(cfg, failing, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")
+    (judged,) = third["judged"]["judged"]
+    assert judged["version"] == second["version"] and judged["verdict"] == "reject" and judged["serving"]
+    assert third["decision"] is None and aliases.current(model) == second["version"]
+    assert [str(m.version) for m in prequential.waiting_versions(model, "2024-01-06")] == [third["version"]]
