@@ -114,7 +114,19 @@ def ctr_lora_retrain():
         _prequential(slot_list, judge, train_adapter, evaluate, register, hand_over)
         return
     trained = train_adapter.expand(slot=slot_list)
-    registered = register.expand(evaluated=evaluate.expand(candidate=trained))
+    _gate_and_release(register.expand(evaluated=evaluate.expand(candidate=trained)))
+
+
+def _prequential(slot_list, judge, train_adapter, evaluate, register, hand_over) -> None:
+    """lora.judged_on next_day: judge the waiting candidates >> train today's >> register it (waiting) >> hand over
+    what the judge let go (promotion.prequential.hand_over) >> gate and release it."""
+    trained = train_adapter.expand(slot=slot_list)
+    judge.expand(slot=slot_list) >> trained
+    _gate_and_release(hand_over.expand(registered=register.expand(evaluated=evaluate.expand(candidate=trained))))
+
+
+def _gate_and_release(registered) -> None:
+    """Gate each candidate and release it on a pass: through the approval group when the policy asks for one."""
     if approval_required():
         # gate >> approval >> release per candidate, paired by map index (see ctr_airflow.approval)
         @task_group(group_id=APPROVAL_GROUP)
@@ -126,22 +138,6 @@ def ctr_lora_retrain():
         # .partial() does not run __init__, so the pool and the asset alias are named here as well
         GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(
             registered=registered)
-
-
-def _prequential(slot_list, judge, train_adapter, evaluate, register, hand_over) -> None:
-    """lora.judged_on next_day: judge the waiting candidates >> train today's >> register it (waiting) >> hand over
-    what the judge let go (promotion.prequential.hand_over) >> gate and release it (or the approval group)."""
-    trained = train_adapter.expand(slot=slot_list)
-    judge.expand(slot=slot_list) >> trained
-    ready = hand_over.expand(registered=register.expand(evaluated=evaluate.expand(candidate=trained)))
-    if approval_required():
-        @task_group(group_id=APPROVAL_GROUP)
-        def approval(registered: dict):
-            gate_approve_release(registered, subject="Release a CTR adapter its next days let go?")
-
-        approval.expand(registered=ready)
-    else:
-        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(registered=ready)
 
 
 ctr_lora_retrain()

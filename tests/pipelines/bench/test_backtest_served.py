@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.bench import backtest
-from pipelines.bench.backtest_served import counts, fault_outcome, gate_precision, trust, wilson
+from pipelines.bench.backtest_verdicts import counts, fault_outcome, gate_precision, trust, wilson
 from pipelines.config import load_pipeline_config
 from tests.conftest import use_store_copy
 
