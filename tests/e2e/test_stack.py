@@ -3,10 +3,13 @@ S3, an `mlflow server` on PostgreSQL with proxied artifacts, and Airflow's api-s
 dag-processor, triggerer and two Celery workers. Everything below goes through Airflow's REST API v2
 (JWT) as the UI would, and every result is read back through the tracking server over HTTP.
 
-Flow: base model -> unpausing (the arrival DAG's run for today waits, nothing fails) -> retrain
-day 1 (first champions) -> day 2 arrives: `ctr_lake_arrival` validates it and its Asset event
-starts retrain (canaries), cold start and the monitor by itself; every release is approved through
-the HITL REST endpoint -> model ops (promote a canary, revert, override, an invalid form). Checked:
+Flow, in the shipped prequential order (`lora.judged_on: next_day`, `judge_release: successor`): base model ->
+unpausing (the arrival DAG's run for today waits, nothing fails) -> retrain day 1 (candidates trained on their
+whole window, waiting to be judged) -> days 2 and 3 arrive: `ctr_lake_arrival` validates each and its Asset event
+starts retrain, cold start and the monitor by itself; each retrain judges yesterday's candidates on the day's
+rows and releases the day's candidates in their place (day 2: the first champions; day 3: canaries beside them);
+every release is approved through the HITL REST endpoint -> model ops (promote a canary, revert, override, an
+invalid form). Checked:
 versions, aliases, alias history, gate records, Asset events, clean task logs, and that the mapped
 tasks ran on both Celery workers.
 """
@@ -26,11 +29,11 @@ import pytest
 
 from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
-from tests.e2e.stack import CANARY, HOLDOUT_JUDGED, REPO, movielens_lake, paths_policy, this_process_on
+from tests.e2e.stack import CANARY, JUDGE_PASSABLE, REPO, movielens_lake, paths_policy, this_process_on
 
 pytestmark = pytest.mark.slow
 
-CUTOFF, DAY1, DAY2 = "1997-12-31", "1998-03-01", "1998-03-02"
+CUTOFF, DAY1, DAY2, DAY3 = "1997-12-31", "1998-03-01", "1998-03-02", "1998-03-03"
 DAILY = ("ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor")
 VALIDATED_URI = "x-ctr-lake://clicks/validated"
 SLOTS = ("morning", "afternoon", "night")
@@ -63,8 +66,8 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     name = f"ctr_e2e_{uuid.uuid4().hex[:8]}"
     bucket = name.replace("_", "-")
-    # every release waits for a person (answered through the REST API below); the day-2 canary paths run
-    paths_policy(tmp / "gate_policy.yaml", approval=True, **CANARY)
+    # every release waits for a person (answered through the REST API below); the day-3 canary paths run
+    paths_policy(tmp / "gate_policy.yaml", approval=True, **CANARY, **JUDGE_PASSABLE)
     env = {**os.environ, "STACK_NAME": name, "STACK_DIR": str(tmp / "stack"), "STACK_BUCKET": bucket,
            "STACK_S3_PORT": str(free_port()), "STACK_MLFLOW_PORT": str(free_port()),
            "STACK_API_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
@@ -77,13 +80,13 @@ def live(tmp_path_factory):
         assert up.returncode == 0, up.stdout + up.stderr
         st.up_output = up.stdout
         svc = st.service_env()
-        # The lake (MovieLens 1997-11-01..DAY2) and the smaller test config, written from here
+        # The lake (MovieLens 1997-11-01..DAY3) and the smaller test config, written from here
         # into the stack's S3: the workers read both at task time.
         with this_process_on(svc["MLFLOW_TRACKING_URI"], AWS_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"],
                              AWS_ACCESS_KEY_ID=svc["AWS_ACCESS_KEY_ID"],
                              AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
                              MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
-            movielens_lake(tmp, bucket, DAY2, cold_start={"window_days": 45, "history_days": 60}, **HOLDOUT_JUDGED)
+            movielens_lake(tmp, bucket, DAY3, cold_start={"window_days": 45, "history_days": 60})
             # The DAG files read the pipeline config when parsed (the lake_uri form field): it is written
             # only now, so wait until the DAG processor has parsed every DAG with it.
             st.rest().wait_for_dags(["ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY])
@@ -161,42 +164,54 @@ def test_unpausing_waits_for_data_instead_of_failing(live):
         assert rest.runs(dag_id) == [], f"{dag_id} started without a validated partition"
 
 
-def check_retrain(rest: AirflowREST, run_id: str, day: str) -> None:
-    """Versions, gate records, approvals and aliases of one retrain run; its logs; one adapter per slot."""
+def check_retrain(rest: AirflowREST, run_id: str, day: str, released: str | None) -> None:
+    """Versions, judgements, gate records, approvals and aliases of one retrain run; its logs; one adapter per
+    slot. The day's candidate trained through `day`: waiting (day 1, nothing to judge yet), or released in its
+    judged predecessor's place to the alias `released` once a person approved it."""
     for slot in SLOTS:
         name = f"ctr_lora_{slot}"
         latest = versions(name)[-1]
-        assert latest.tags["data.last"] == day
+        assert latest.tags["data.last"] == day and latest.tags["judge.trained_through"] == day
+        if released is None:
+            assert latest.tags["judge.state"] == "waiting" and latest.tags["gate.passed"] == "pending"
+            assert alias_of(name) is None
+            continue
+        assert latest.tags["judge.successor_of"] == str(int(latest.version) - 1)
         gate = json.loads(latest.tags["gate.checks"])
         assert gate and all({"name", "passed"} <= set(c) for c in gate)
-        if latest.tags["gate.passed"] == "true":
-            assert "Approve" in latest.tags["release.approval"]
-            expected = "champion" if day == DAY1 else "canary"
-            assert alias_of(name, expected) == latest.version
+        assert latest.tags["gate.passed"] == "true", gate
+        assert "Approve" in latest.tags["release.approval"]
+        assert alias_of(name, released) == latest.version
     # clean task logs: no per-batch MLflow signature warnings, nothing shown as an error
     log = rest.task_log("ctr_lora_retrain", run_id, "evaluate", map_index=0)
     assert "Found extra inputs" not in log
     assert not [line for line in log.splitlines() if line.startswith("[error]")], log[-3000:]
-    assert len([t for t in rest.task_instances("ctr_lora_retrain", run_id) if t["task_id"] == "train_adapter"]) == len(SLOTS)
+    tis = rest.task_instances("ctr_lora_retrain", run_id)
+    assert len([t for t in tis if t["task_id"] == "train_adapter"]) == len(SLOTS)
+    assert len([t for t in tis if t["task_id"] == "judge"]) == len(SLOTS)
 
 
-def test_retrain_day1_triggered_with_approvals_answered_over_rest(live):
+def test_retrain_day1_trains_candidates_that_wait_to_be_judged(live):
     rest, run_id, answered = live.rest(), f"retrain_{DAY1}", []
     rest.trigger("ctr_lora_retrain", run_id, DAY1)
     run = rest.wait("ctr_lora_retrain", run_id, on_poll=approve_all(rest, "ctr_lora_retrain", run_id, answered))
     assert run["state"] == "success", rest.task_instances("ctr_lora_retrain", run_id)
-    assert answered, "no release asked for an approval"
-    check_retrain(rest, run_id, DAY1)
+    assert answered == [], "a release was asked for before any candidate was judged"
+    check_retrain(rest, run_id, DAY1, released=None)
 
 
-def test_a_validated_day_starts_retrain_cold_start_and_monitor(live):
+def arrive(live, day: str, known: dict) -> dict:
+    """`ctr_lake_arrival` validates `day`; its Asset event starts one run of each daily DAG by itself (runs not in
+    `known`); every approval they ask for is answered; returns {dag_id: run_id} of those runs, each a success."""
     rest = live.rest()
-    rest.trigger("ctr_lake_arrival", "arrival", conf={"day": DAY2})
-    assert rest.wait("ctr_lake_arrival", "arrival")["state"] == "success"
-    assert [e["extra"]["day"] for e in rest.asset_events(VALIDATED_URI)] == [DAY2]
+    rest.trigger("ctr_lake_arrival", f"arrival_{day}", conf={"day": day})
+    assert rest.wait("ctr_lake_arrival", f"arrival_{day}")["state"] == "success"
+    assert [e["extra"]["day"] for e in rest.asset_events(VALIDATED_URI)][-1] == day
     deadline, started = time.monotonic() + 180, {}
     while len(started) < len(DAILY) and time.monotonic() < deadline:
-        started = {d: r[0]["dag_run_id"] for d in DAILY if (r := rest.runs(d, run_type="asset_triggered"))}
+        started = {d: new[0] for d in DAILY
+                   if (new := [r["dag_run_id"] for r in rest.runs(d, run_type="asset_triggered")
+                               if r["dag_run_id"] not in known.get(d, ())])}
         time.sleep(3)
     assert set(started) == set(DAILY), f"asset-triggered runs: {started}"
     answered: list = []
@@ -204,11 +219,36 @@ def test_a_validated_day_starts_retrain_cold_start_and_monitor(live):
         polls = [approve_all(rest, d, r, answered) for d, r in started.items()]
         run = rest.wait(dag_id, started[dag_id], on_poll=lambda: [p() for p in polls])
         assert run["state"] == "success", (dag_id, rest.task_instances(dag_id, started[dag_id]))
-    check_retrain(rest, started["ctr_lora_retrain"], DAY2)
-    (cold,) = versions("ctr_lora_cold_start")
-    assert cold.tags["data.last"] == DAY2 and cold.tags["base.version"] == "1"
+    for d, r in started.items():
+        known.setdefault(d, set()).add(r)
+    cold = versions("ctr_lora_cold_start")[-1]
+    assert cold.tags["data.last"] == day and cold.tags["base.version"] == "1"
     assert cold.tags["gate.passed"] in ("true", "false")
-    assert DAY2 in rest.task_log("ctr_champion_monitor", started["ctr_champion_monitor"], "monitor")
+    assert day in rest.task_log("ctr_champion_monitor", started["ctr_champion_monitor"], "monitor")
+    return started
+
+
+@pytest.fixture(scope="module")
+def asset_runs() -> dict:
+    return {}
+
+
+def test_a_validated_day_judges_yesterdays_candidates_and_releases_todays(live, asset_runs):
+    started = arrive(live, DAY2, asset_runs)
+    check_retrain(live.rest(), started["ctr_lora_retrain"], DAY2, released="champion")
+    for slot in SLOTS:   # day 1's candidate, judged on day 2's rows (no champion: the first-run checks)
+        v1 = versions(f"ctr_lora_{slot}")[0]
+        assert v1.tags["judge.state"] == "release" and v1.tags["judge.handed_over"] == "2"
+
+
+def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(live, asset_runs):
+    started = arrive(live, DAY3, asset_runs)
+    assert [e["extra"]["day"] for e in live.rest().asset_events(VALIDATED_URI)] == [DAY2, DAY3]
+    check_retrain(live.rest(), started["ctr_lora_retrain"], DAY3, released="canary")
+    for slot in SLOTS:   # the serving v2 judged on day 3's rows; v3 went to @canary next to it
+        name = f"ctr_lora_{slot}"
+        assert json.loads(versions(name)[1].tags["judge.evidence"])["last_day"] == DAY3
+        assert alias_of(name) == "2" and versions(name)[2].tags["judge.replaced"] == "2"
 
 
 def test_mapped_tasks_ran_on_both_celery_workers(live):
@@ -219,7 +259,7 @@ def test_mapped_tasks_ran_on_both_celery_workers(live):
     rest = live.rest()
     tis = [t for r in rest.runs("ctr_lora_retrain") for t in rest.task_instances("ctr_lora_retrain", r["dag_run_id"])
            if t["map_index"] >= 0 and t["task_id"] in ("train_adapter", "evaluate")]
-    assert len(tis) == 4 * len(SLOTS)
+    assert len(tis) == 6 * len(SLOTS)   # three runs, two mapped tasks each
     ran_on = {w: sum(t["id"] in live.worker_log(w) for t in tis) for w in WORKERS}
     assert sum(ran_on.values()) == len(tis) and all(ran_on.values()), f"mapped task instances per worker: {ran_on}"
 
@@ -229,7 +269,7 @@ def test_model_ops_forms(live):
 
     rest = live.rest()
     canaries = [f"ctr_lora_{s}" for s in SLOTS if alias_of(f"ctr_lora_{s}", "canary")]
-    assert canaries, "no day-2 candidate passed its gate: the canary paths would be untested"
+    assert canaries, "no day-3 candidate passed its gate: the canary paths would be untested"
     name = canaries[0]
     v1, v2 = alias_of(name), alias_of(name, "canary")
     for run_id, conf in (("promote_canary", {"action": "promote_canary", "reason": "e2e: canary healthy"}),
