@@ -200,10 +200,11 @@ def test_retrain_day1_trains_candidates_that_wait_to_be_judged(live):
     check_retrain(rest, run_id, DAY1, released=None)
 
 
-def arrive(live, day: str, known: dict) -> dict:
-    """`ctr_lake_arrival` validates `day`; its Asset event starts one run of each daily DAG by itself (runs not in
-    `known`); every approval they ask for is answered; returns {dag_id: run_id} of those runs, each a success."""
+def arrive(live, day: str) -> dict:
+    """`ctr_lake_arrival` validates `day`; its Asset event starts one new run of each daily DAG by itself; every
+    approval they ask for is answered; returns {dag_id: run_id} of those runs, each a success."""
     rest = live.rest()
+    known = {d: {r["dag_run_id"] for r in rest.runs(d, run_type="asset_triggered")} for d in DAILY}
     rest.trigger("ctr_lake_arrival", f"arrival_{day}", conf={"day": day})
     assert rest.wait("ctr_lake_arrival", f"arrival_{day}")["state"] == "success"
     assert [e["extra"]["day"] for e in rest.asset_events(VALIDATED_URI)][-1] == day
@@ -211,7 +212,7 @@ def arrive(live, day: str, known: dict) -> dict:
     while len(started) < len(DAILY) and time.monotonic() < deadline:
         started = {d: new[0] for d in DAILY
                    if (new := [r["dag_run_id"] for r in rest.runs(d, run_type="asset_triggered")
-                               if r["dag_run_id"] not in known.get(d, ())])}
+                               if r["dag_run_id"] not in known[d]])}
         time.sleep(3)
     assert set(started) == set(DAILY), f"asset-triggered runs: {started}"
     answered: list = []
@@ -219,8 +220,6 @@ def arrive(live, day: str, known: dict) -> dict:
         polls = [approve_all(rest, d, r, answered) for d, r in started.items()]
         run = rest.wait(dag_id, started[dag_id], on_poll=lambda: [p() for p in polls])
         assert run["state"] == "success", (dag_id, rest.task_instances(dag_id, started[dag_id]))
-    for d, r in started.items():
-        known.setdefault(d, set()).add(r)
     cold = versions("ctr_lora_cold_start")[-1]
     assert cold.tags["data.last"] == day and cold.tags["base.version"] == "1"
     assert cold.tags["gate.passed"] in ("true", "false")
@@ -228,21 +227,16 @@ def arrive(live, day: str, known: dict) -> dict:
     return started
 
 
-@pytest.fixture(scope="module")
-def asset_runs() -> dict:
-    return {}
-
-
-def test_a_validated_day_judges_yesterdays_candidates_and_releases_todays(live, asset_runs):
-    started = arrive(live, DAY2, asset_runs)
+def test_a_validated_day_judges_yesterdays_candidates_and_releases_todays(live):
+    started = arrive(live, DAY2)
     check_retrain(live.rest(), started["ctr_lora_retrain"], DAY2, released="champion")
     for slot in SLOTS:   # day 1's candidate, judged on day 2's rows (no champion: the first-run checks)
         v1 = versions(f"ctr_lora_{slot}")[0]
         assert v1.tags["judge.state"] == "release" and v1.tags["judge.handed_over"] == "2"
 
 
-def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(live, asset_runs):
-    started = arrive(live, DAY3, asset_runs)
+def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(live):
+    started = arrive(live, DAY3)
     assert [e["extra"]["day"] for e in live.rest().asset_events(VALIDATED_URI)] == [DAY2, DAY3]
     check_retrain(live.rest(), started["ctr_lora_retrain"], DAY3, released="canary")
     for slot in SLOTS:   # the serving v2 judged on day 3's rows; v3 went to @canary next to it
