@@ -118,9 +118,18 @@ class BaseTrainConfig:
     # (1 / C of sklearn's LogisticRegression), then frozen while the rest trains `epochs` (training.wide).
     wide_l2: float = 0.0
     wide_fields: tuple[str, ...] = ()   # the fields that LR reads; () = every field
+    # Non-empty (with wide_l2 > 0): the LR's L2 is chosen from these at every fit, by AUC on the newest
+    # holdout_fraction of the rows it is given, then refitted on all of them (training.wide.choose_l2).
+    wide_l2_grid: tuple[float, ...] = ()
+    # True: once the holdout has scored the recipe (the gate's evidence), the registered base is the same
+    # recipe refitted on every row of the window, the holdout's newest rows included (they select nothing:
+    # no epoch count or early stop is read from them). False: the base fitted without the holdout ships.
+    refit_all_rows: bool = False
 
     def __post_init__(self):
         _check(self.wide_l2 >= 0, f"base_training.wide_l2 must be >= 0, got {self.wide_l2}")
+        _check(all(v > 0 for v in self.wide_l2_grid) and (not self.wide_l2_grid or self.wide_l2 > 0),
+               f"base_training.wide_l2_grid must hold values > 0 and needs wide_l2 > 0, got {self.wide_l2_grid}")
         _check(self.batch_size >= 1 and (self.epochs >= 1 or (self.epochs == 0 and self.wide_l2 > 0)),
                "base_training.batch_size must be >= 1 and epochs >= 1 (0 only with wide_l2 > 0: the LR alone)")
         _check(self.lr > 0, f"base_training.lr must be > 0, got {self.lr}")

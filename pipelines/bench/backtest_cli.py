@@ -22,9 +22,10 @@ def add_parser(sub) -> None:
     bt.add_argument("--cold-items", type=int, metavar="K",
                     help="instead: every scored row scored by a static base fitted without its item (the items in K "
                          "folds): the new-item question asked of every row (--from/--to/--days, --base-cache, --scores)")
-    bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule", "delta"),
-                    help="instead: choose that LoRA option on the validation days, then replay it on the test days "
-                         "(--from/--to; --only: a subset of its candidates)")
+    bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule", "delta", "base"),
+                    help="instead: choose that adapter option on the validation days (base: the base recipe on three "
+                         "validation cuts), then replay it on the test days (--from/--to; --only: a subset of its "
+                         "candidates)")
     bt.add_argument("--val-days", type=int, help="--choose: at most this many validation days (the first ones)")
     bt.add_argument("--quick", action="store_true", help="7 days of one slot's rows (a smoke run, minutes)")
     bt.add_argument("--served-dir", help="served: the replay's lake and MLflow store (default: a new temp folder)")
@@ -113,6 +114,16 @@ def cmd(a) -> int:
         out = backtest_cold_items.run(load_pipeline_config(a.config), folds=a.cold_items, day_from=a.day_from,
                                       day_to=a.day_to, max_days=a.days, base_cache=a.base_cache, scores=a.scores)
         print(json.dumps(out) if a.json else backtest_cold_items.table(out))
+        return 0
+    if a.choose == "base":
+        from pipelines.bench import backtest_base_choice as bbc
+
+        if a.base_cache or a.val_days is not None:   # every candidate is a different base: nothing to cache
+            raise ConfigError("backtest --choose base reads neither --base-cache nor --val-days")
+
+        out = bbc.run(load_pipeline_config(a.config), test=(a.day_from, a.day_to), max_days=a.days,
+                      only=a.only.split(",") if a.only else None)
+        print(json.dumps(out) if a.json else bbc.table(out))
         return 0
     if a.choose is not None:
         from pipelines.bench import backtest_choice

@@ -73,10 +73,19 @@ def token_targets(base: nn.Module, cfg: LoraTrainConfig, rows: dict[str, list[in
         picked = sorted({int(i) for i in rows.get(table, ())})
         if picked:
             if cfg.kind != "delta":
-                out[f"embeddings.{table}"] = picked
+                out[f"embeddings.{table}"] = _embedding_rows(base, picked)
             if wide:
                 out[f"wide.{table}"] = picked
     return out
+
+
+def _embedding_rows(base: nn.Module, tokens: list[int]) -> list[int]:
+    """An id's embedding row: its token, or modulo `id_buckets` when the wide tables have more rows
+    (`model.wide_id_buckets`, features.token_sizes)."""
+    mc = getattr(base, "cfg", None)
+    if getattr(mc, "wide_id_buckets", 0):
+        return sorted({i % mc.id_buckets for i in tokens})
+    return tokens
 
 
 def peft_config(cfg: LoraTrainConfig, token_indices: dict[str, list[int]] | None = None,

@@ -19,7 +19,7 @@ from torch import nn
 
 from pipelines.config import ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
-from pipelines.model.features import field_sizes
+from pipelines.model.features import ID_FIELDS, field_sizes, token_sizes
 
 
 class AttentionBlock(nn.Module):
@@ -49,6 +49,14 @@ class AttentionBlock(nn.Module):
         return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.norm2(x)))))
 
 
+def embedding_rows(cfg: ModelConfig, tokens: torch.Tensor, i: int) -> torch.Tensor:
+    """Field `i`'s embedding rows for `tokens`: the tokens, or an id field's modulo `id_buckets` when its
+    tokens range over `wide_id_buckets` (features.token_sizes)."""
+    if cfg.wide and cfg.wide_id_buckets and FEATURE_FIELDS[i] in ID_FIELDS:
+        return tokens[:, i] % cfg.id_buckets
+    return tokens[:, i]
+
+
 class CTRModel(nn.Module):
     """Input: int64 tokens [batch, n_fields] (see features.encode). Output: logits [batch]."""
 
@@ -65,7 +73,7 @@ class CTRModel(nn.Module):
         self._init()
         # Created after _init and zero-initialised: the other weights of a seed are the same with or without.
         if cfg.wide:
-            self.wide = nn.ModuleDict({f: nn.Embedding(sizes[f], 1) for f in FEATURE_FIELDS})
+            self.wide = nn.ModuleDict({f: nn.Embedding(n, 1) for f, n in token_sizes(cfg).items()})
             for emb in self.wide.values():
                 nn.init.zeros_(emb.weight)
         else:
@@ -78,7 +86,8 @@ class CTRModel(nn.Module):
 
     def field_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
         """[batch, n_fields, D]: each field's embedding row, before the field position is added."""
-        return torch.stack([self.embeddings[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)], dim=1)
+        return torch.stack([self.embeddings[f](embedding_rows(self.cfg, tokens, i)) for i, f in enumerate(FEATURE_FIELDS)],
+                           dim=1)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.field_embeddings(tokens) + self.field_pos

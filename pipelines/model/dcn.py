@@ -19,7 +19,8 @@ from torch import nn
 
 from pipelines.config import ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
-from pipelines.model.features import field_sizes
+from pipelines.model.base import embedding_rows
+from pipelines.model.features import field_sizes, token_sizes
 
 
 class CrossLayer(nn.Module):
@@ -58,7 +59,7 @@ class DCNModel(nn.Module):
         for emb in self.embeddings.values():
             nn.init.normal_(emb.weight, std=0.02)
         if cfg.wide:   # after the rest, zero-initialised: as in the default family
-            self.wide = nn.ModuleDict({f: nn.Embedding(sizes[f], 1) for f in FEATURE_FIELDS})
+            self.wide = nn.ModuleDict({f: nn.Embedding(n, 1) for f, n in token_sizes(cfg).items()})
             for emb in self.wide.values():
                 nn.init.zeros_(emb.weight)
         else:
@@ -66,7 +67,8 @@ class DCNModel(nn.Module):
 
     def logits_and_pooled(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [batch], pooled [batch, F*D + hidden]: the normalised features the head reads)."""
-        x0 = torch.cat([self.embeddings[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)], dim=1)
+        x0 = torch.cat([self.embeddings[f](embedding_rows(self.cfg, tokens, i)) for i, f in enumerate(FEATURE_FIELDS)],
+                       dim=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)

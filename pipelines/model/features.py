@@ -17,7 +17,17 @@ INT_FIELDS = ("hour", "weekday")
 
 
 def field_sizes(cfg: ModelConfig) -> dict[str, int]:
+    """The rows of each field's embedding table."""
     return {f: (cfg.id_buckets if f in ID_FIELDS else cfg.small_buckets) for f in FEATURE_FIELDS}
+
+
+def token_sizes(cfg: ModelConfig) -> dict[str, int]:
+    """The range of each field's token, and the rows of its wide table: an id field's `wide_id_buckets`
+    when set (its embedding reads the token modulo `id_buckets`), else `field_sizes`."""
+    sizes = field_sizes(cfg)
+    if cfg.wide and cfg.wide_id_buckets:
+        sizes.update({f: cfg.wide_id_buckets for f in ID_FIELDS})
+    return sizes
 
 
 def _hash_bucket(values: pd.Series, buckets: int) -> np.ndarray:
@@ -26,16 +36,17 @@ def _hash_bucket(values: pd.Series, buckets: int) -> np.ndarray:
 
 
 def id_buckets(values: pd.Series, field: str, cfg: ModelConfig) -> list[int]:
-    """The sorted distinct rows of table `field` (an id field) that `values` hash to: what an adapter
-    with trainable token rows trains for these ids (model.adapters.attach)."""
+    """The sorted distinct tokens of id field `field` that `values` hash to: the rows of its wide table an
+    adapter with trainable token rows trains for these ids (its embedding rows: these modulo
+    `id_buckets`; model.adapters.token_targets)."""
     if field not in ID_FIELDS:
         raise ValueError(f"{field} is not an id field ({ID_FIELDS})")
-    return sorted(int(b) for b in np.unique(_hash_bucket(values, field_sizes(cfg)[field])))
+    return sorted(int(b) for b in np.unique(_hash_bucket(values, token_sizes(cfg)[field])))
 
 
 def encode(frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
-    """Return an int64 array [rows, len(FEATURE_FIELDS)] of per-field token ids."""
-    sizes = field_sizes(cfg)
+    """Return an int64 array [rows, len(FEATURE_FIELDS)] of per-field token ids (`token_sizes`)."""
+    sizes = token_sizes(cfg)
     cols = []
     for f in FEATURE_FIELDS:
         if f in INT_FIELDS:

@@ -1,6 +1,7 @@
 """How a base is fitted, wherever one is (the base stage, the backtest's static and daily bases): the
 training loop over every parameter, after the wide term's logistic regression when
-`base_training.wide_l2` > 0 (`training.wide`)."""
+`base_training.wide_l2` > 0 (`training.wide`; its L2 chosen on the rows' newest `holdout_fraction` when
+`wide_l2_grid` names candidates). The rows come in event-time order."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,12 +15,17 @@ def fit_base(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, bt: BaseT
     """Train `model` (fresh, pretrained weights loaded) on the rows as `bt` says; returns
     {"wide": the LR fit's report or None, "history": the loop's per-epoch metrics}."""
     from pipelines.training.loop import LoopSettings, seed_everything, train
-    from pipelines.training.wide import fit_wide, freeze_wide
+    from pipelines.training.wide import choose_l2, fit_wide, freeze_wide
 
     seed_everything(bt.seed)
     wide = None
     if bt.wide_l2 > 0:
-        wide = fit_wide(model, tokens, labels, bt.wide_l2, bt.wide_fields)
+        l2, by_l2, start = bt.wide_l2, None, None
+        if bt.wide_l2_grid:
+            l2, by_l2, start = choose_l2(model, tokens, labels, bt.wide_l2_grid, bt.holdout_fraction, bt.wide_fields)
+        wide = {**fit_wide(model, tokens, labels, l2, bt.wide_fields, start_intercept=start), "l2": l2}
+        if by_l2:
+            wide["auc_by_l2"] = by_l2
         freeze_wide(model)
     history = []
     if bt.epochs > 0:

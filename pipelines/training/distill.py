@@ -158,8 +158,12 @@ def set_lora_A(model: nn.Module, A: torch.Tensor, adapter_name: str = "default")
 def user_embedding_rows(model: nn.Module, user_tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows of the base's `embeddings.user_id` table, impressions) for the distinct user tokens
     among `user_tokens` (one per impression)."""
-    uniq, counts = np.unique(np.asarray(user_tokens, dtype=np.int64), return_counts=True)
-    table = unwrap_peft(model).embeddings["user_id"].weight.detach()
+    base = unwrap_peft(model)
+    tokens = np.asarray(user_tokens, dtype=np.int64)
+    if getattr(base.cfg, "wide_id_buckets", 0):   # tokens range over the wide table's rows (features.token_sizes)
+        tokens = tokens % base.cfg.id_buckets
+    uniq, counts = np.unique(tokens, return_counts=True)
+    table = base.embeddings["user_id"].weight.detach()
     return table[torch.from_numpy(uniq)], torch.from_numpy(counts.astype(np.float64))
 
 

@@ -106,3 +106,34 @@ def test_without_a_shared_registry_lock_nothing_is_trained(lake, monkeypatch):
             base.run(_config(lake), lake, "2024-01-03")
     finally:
         mlflow.set_tracking_uri(None)
+
+
+@pytest.mark.slow
+def test_with_refit_all_rows_the_holdout_scores_the_recipe_and_the_base_that_ships_learns_every_row(serving_store, lake):
+    """The gate's evidence is the run without the holdout; the weights registered are the same recipe,
+    from the same seed, fitted on the window's training rows and its holdout together."""
+    import pandas as pd
+
+    from pipelines.data.splits import load_split
+    from pipelines.model import family, features
+    from pipelines.model.base import fingerprint
+    from pipelines.training.base_fit import fit_base
+    from pipelines.training.loop import seed_everything
+
+    held = _config(lake)
+    refit = dataclasses.replace(held, base_training=dataclasses.replace(held.base_training, refit_all_rows=True))
+    without, with_refit = base_model.train(held, lake, "2024-01-03"), base_model.train(refit, lake, "2024-01-03")
+    assert with_refit["evaluation"]["candidate"] == without["evaluation"]["candidate"]   # the same evidence
+    assert with_refit["fingerprint"] != without["fingerprint"]
+
+    bt = refit.base_training
+    split = load_split(lake, "2024-01-03", bt.holdout_fraction, start_day=bt.train_start)
+    every_row = pd.concat([split.train, split.holdout], ignore_index=True)
+    seed_everything(bt.seed)
+    fam = family.resolve(refit.model.family)
+    model = fam.build(refit.model)
+    fam.load_pretrained(model, refit.model)
+    fit_base(model, family.encode(every_row, refit.model), features.labels(every_row), bt)
+    assert fingerprint(model) == with_refit["fingerprint"]
+    logged = MlflowClient().get_run(with_refit["run_id"]).data.metrics
+    assert logged["refit_rows"] == len(every_row) == len(split.train) + without["evaluation"]["holdout_rows"]

@@ -237,3 +237,49 @@ def test_wide_config_is_validated_and_round_trips(tmp_path, tokens):
     assert loaded.cfg.wide and fingerprint(loaded) == fingerprint(m)
     with torch.no_grad():
         assert torch.equal(loaded(tokens), m(tokens))
+
+
+# ------------------------------------------------------------- wide id tables larger than the embeddings
+FINE = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024, wide=True, wide_id_buckets=8 * 1024)
+
+
+def test_wide_id_buckets_give_the_lr_rows_of_its_own_and_the_embeddings_the_rows_they_had(frame):
+    """Ids hash into wide_id_buckets rows; the embeddings read the token modulo id_buckets, the row the
+    same id has without the option, so the deep part is the same function of the same ids."""
+    fine, coarse = features.encode(frame, FINE), features.encode(frame, WIDE)
+    ids = [FEATURE_FIELDS.index(f) for f in features.ID_FIELDS]
+    assert fine[:, ids].max() >= WIDE.id_buckets and fine[:, ids].max() < FINE.wide_id_buckets
+    np.testing.assert_array_equal(fine[:, ids] % WIDE.id_buckets, coarse[:, ids])
+    others = [i for i in range(len(FEATURE_FIELDS)) if i not in ids]
+    np.testing.assert_array_equal(fine[:, others], coarse[:, others])
+    torch.manual_seed(0)
+    big = CTRModel(FINE).eval()
+    torch.manual_seed(0)
+    small = CTRModel(WIDE).eval()
+    assert big.wide["user_id"].num_embeddings == FINE.wide_id_buckets
+    assert big.embeddings["user_id"].num_embeddings == small.embeddings["user_id"].num_embeddings == 1024
+    with torch.no_grad():
+        assert torch.equal(big(torch.from_numpy(fine)), small(torch.from_numpy(coarse)))   # zero wide tables
+
+
+def test_two_ids_sharing_an_embedding_row_keep_wide_weights_of_their_own():
+    model = CTRModel(FINE).eval()
+    u = FEATURE_FIELDS.index("user_id")
+    a, b = np.zeros((1, len(FEATURE_FIELDS)), np.int64), np.zeros((1, len(FEATURE_FIELDS)), np.int64)
+    a[0, u], b[0, u] = 5, 5 + FINE.id_buckets   # one embedding row, two wide rows
+    with torch.no_grad():
+        model.wide["user_id"].weight[5 + FINE.id_buckets] = 1.0
+        la, lb = model(torch.from_numpy(a)), model(torch.from_numpy(b))
+    assert float(lb - la) == pytest.approx(1.0, abs=1e-6)
+    targets = adapters.token_targets(model, LoraTrainConfig(trainable_tokens=("user_id",)),
+                                     {"user_id": [5, 5 + FINE.id_buckets]})
+    assert targets == {"embeddings.user_id": [5], "wide.user_id": [5, 5 + FINE.id_buckets]}
+
+
+def test_wide_id_buckets_need_the_wide_term_and_a_multiple_of_id_buckets():
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="wide_id_buckets"):
+        ModelConfig(id_buckets=1024, wide_id_buckets=4096)             # no wide term
+    with pytest.raises(ConfigError, match="multiple of model.id_buckets"):
+        ModelConfig(id_buckets=1024, wide=True, wide_id_buckets=3000)

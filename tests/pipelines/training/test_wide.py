@@ -104,3 +104,48 @@ def test_epochs_0_is_only_a_base_with_a_wide_lr():
     assert BaseTrainConfig(epochs=0, wide_l2=1.0).epochs == 0
     with pytest.raises(ConfigError, match="wide_l2 must be >= 0"):
         BaseTrainConfig(wide_l2=-1.0)
+
+
+def test_with_a_grid_the_l2_is_the_one_whose_lr_on_the_oldest_rows_ranks_the_newest_best():
+    """As the backtest's lr_static chooses its C: fit on the oldest 90%, AUC on the newest 10%."""
+    from pipelines.metrics import auc
+    from pipelines.training.wide import choose_l2
+
+    x, y = rows(2000)
+    grid = (300.0, 3.0, 0.01)
+    model = CTRModel(CFG)
+    chosen, by_l2, _ = choose_l2(model, x, y, grid, 0.1, FIELDS)
+    held = wide_logit(model, x)   # the model is left holding the chosen fit: the start of the fit on every row
+    for l2 in grid:   # each score is that L2's LR fitted on the oldest rows only, ranking the newest
+        older = CTRModel(CFG)
+        fit_wide(older, x[:1800], y[:1800], l2, FIELDS)
+        assert by_l2[str(l2)] == pytest.approx(auc(y[1800:], wide_logit(older, x[1800:])), abs=1e-6)
+    assert by_l2[str(chosen)] == max(by_l2.values()) and len(set(by_l2.values())) == 3
+    assert chosen != 300.0   # a true LR of 2,000 rows over 64 ids: a heavy penalty ranks worst
+    older = CTRModel(CFG)
+    fit_wide(older, x[:1800], y[:1800], chosen, FIELDS)
+    np.testing.assert_allclose(held, wide_logit(older, x), atol=5e-3)
+
+
+def test_fit_base_with_a_grid_refits_the_chosen_l2_on_every_row_and_reports_the_choice():
+    x, y = rows(2000)
+    bt = BaseTrainConfig(epochs=0, wide_l2=1.0, wide_l2_grid=(300.0, 3.0, 0.01), wide_fields=FIELDS)
+    out = fit_base(CTRModel(CFG), x, y, bt)
+    by_l2 = out["wide"]["auc_by_l2"]
+    assert set(by_l2) == {"300.0", "3.0", "0.01"} and by_l2[str(out["wide"]["l2"])] == max(by_l2.values())
+    chosen, fixed = CTRModel(CFG), CTRModel(CFG)
+    fit_base(chosen, x, y, bt)
+    fit_base(fixed, x, y, dataclasses.replace(bt, wide_l2=out["wide"]["l2"], wide_l2_grid=()))
+    np.testing.assert_allclose(wide_logit(chosen, x), wide_logit(fixed, x), atol=5e-3)   # one optimum, two starts
+
+
+def test_an_l2_grid_needs_positive_values_a_wide_lr_and_newest_rows_of_both_labels():
+    from pipelines.training.wide import choose_l2
+
+    with pytest.raises(ConfigError, match="wide_l2_grid"):
+        BaseTrainConfig(wide_l2=1.0, wide_l2_grid=(1.0, 0.0))
+    with pytest.raises(ConfigError, match="wide_l2_grid"):
+        BaseTrainConfig(wide_l2=0.0, wide_l2_grid=(1.0,))
+    x, y = rows(200)
+    with pytest.raises(ConfigError, match="no newest 10% with both labels"):
+        choose_l2(CTRModel(CFG), x, np.r_[y[:180], np.zeros(20, np.float32)], (1.0, 3.0), 0.1, FIELDS)
