@@ -46,7 +46,10 @@ def test_repo_yaml_agrees_with_dataclass_defaults():
     from pipelines.config import ValidationConfig
 
     cfg = load_pipeline_config()
-    recipe = {"model": {"wide": True}, "base_training": {"wide_l2": 3.33},
+    recipe = {"model": {"wide": True, "wide_id_buckets": 1048576, "small_buckets": 1024},
+              "base_training": {"wide_l2": 3.33, "wide_l2_grid": (33.3, 10.0, 3.33, 1.0, 0.333),
+                                "wide_fields": ("user_id", "item_id", "gender", "age_bucket", "occupation",
+                                                "category", "slot"), "refit_all_rows": True},
               "lora": {"kind": "delta", "train_rows": "all", "lr": 0.3, "window_days": 7, "val_fraction": 0.0,
                        "trainable_tokens": ("user_id", "item_id"), "judged_on": "next_day"}}
     defaults = PipelineConfig()

@@ -131,7 +131,7 @@ def test_the_backtest_replays_a_users_own_network_named_in_the_config(frame):
     targets = list(HashedMLP.default_targets)
     # a delta needs the default family's wide term: this network has none, so its adapters are LoRA
     cfg = load_pipeline_config(overrides={"model": {"family": HashedMLP.name},
-                                          "base_training": {"epochs": 1, "wide_l2": 0.0},
+                                          "base_training": {"epochs": 1, "wide_l2": 0.0, "wide_l2_grid": []},
                                           "lora": {"epochs": 1, "target_modules": targets, "kind": "lora",
                                                    "trainable_tokens": []},
                                           "cold_start": {"target_modules": targets, "init": "default"}})
