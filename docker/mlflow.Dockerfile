@@ -8,6 +8,8 @@ RUN pip install --no-cache-dir -c /tmp/constraints.txt "mlflow[auth]==3.17.2" Fl
  && rm /tmp/constraints.txt \
  && useradd --create-home --uid 1000 mlflow
 
+# No usage telemetry from a server that holds ad-model lineage (pipelines/__init__.py says why).
+ENV MLFLOW_DISABLE_TELEMETRY=true
 USER mlflow
 WORKDIR /home/mlflow
 EXPOSE 5000

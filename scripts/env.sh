@@ -10,6 +10,7 @@ export MLFLOW_TRACKING_URI="sqlite:///$DEMO_DIR/mlflow.db"
 # Artifacts on local disk so `mlflow ui` can show them after the demo has stopped the S3 server.
 export CTR_MLFLOW_ARTIFACT_ROOT="$DEMO_DIR/mlartifacts"
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false
+export MLFLOW_DISABLE_TELEMETRY=true   # no usage events from ad data; pipelines/__init__.py says why
 export AIRFLOW_HOME="$DEMO_DIR/airflow"
 export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags" AIRFLOW__CORE__PLUGINS_FOLDER="$ROOT/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__UNIT_TEST_MODE=False

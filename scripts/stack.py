@@ -84,6 +84,8 @@ def stack_env(s: dict, environ=os.environ) -> dict:
         "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{s['mlflow_port']}",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        # no usage events from ad data, and no telemetry thread racing os.environ (pipelines/__init__.py)
+        "MLFLOW_DISABLE_TELEMETRY": "true",
         # MLflow's records go to the root logger at their own level; left to MLflow they go to stderr,
         # which Airflow's task supervisor shows as ERROR whatever they were
         "MLFLOW_CONFIGURE_LOGGING": "false",

@@ -33,6 +33,8 @@ def preload_modules(names: list[str] | tuple[str, ...]) -> dict[str, float]:
     """Import `names`; returns seconds per module. A module that fails to import is logged and skipped:
     the task that needs it will then fail with the real error, in its own log."""
     os.environ.setdefault("MPLBACKEND", "Agg")  # no display on a worker
+    # before MLflow's import starts its telemetry client: mlflow is preloaded before pipelines sets this
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     took = {}
     for name in names:
         t0 = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 
@@ -33,3 +34,13 @@ def test_empty_preload_list_turns_it_off(monkeypatch):
     monkeypatch.setattr(celery_config, "DEFAULT_PRELOAD", ("colorsys",))
     celery_config._preload_task_libraries()
     assert "colorsys" not in sys.modules
+
+
+def test_the_preload_turns_mlflow_telemetry_off_before_it_imports_mlflow(monkeypatch):
+    """MLflow starts its telemetry client when imported, and the preload imports it before pipelines
+    (whose import turns telemetry off) is ever imported in the worker."""
+    from ctr_airflow.celery_config import preload_modules
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    preload_modules([])
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
