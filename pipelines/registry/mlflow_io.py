@@ -275,15 +275,19 @@ def register(model_uri: str, name: str, tags: dict, alias: str | None = None, ru
     """Register model_uri as a new version of `name` with tags (and an alias); returns the version.
 
     The version also gets the logged model's integrity record (`integrity.record`), which is what
-    loading it is checked against; a tag in `tags` that contradicts that record is refused.
+    loading it is checked against; a tag in `tags` that contradicts that record is refused. In an Airflow
+    task it carries that task instance's `airflow.*` tags too (`runs.airflow_tags`).
     """
     from mlflow.store.artifact.utils.models import _parse_model_id_if_present
+
+    from pipelines.registry import runs
 
     c = client()
     # A tracking server (HTTP) accepts a `models:/m-...` source only together with the logged model's
     # id; a directly opened store accepts either. Passing the id always keeps the lineage link too.
     model_id = _parse_model_id_if_present(model_uri)
-    tags = _with_record(c, model_id, {k: str(v) for k, v in tags.items()}, f"{name} ({model_uri})")
+    tags = _with_record(c, model_id, {**runs.airflow_tags(), **{k: str(v) for k, v in tags.items()}},
+                        f"{name} ({model_uri})")
     try:
         c.get_registered_model(name)
     except Exception:

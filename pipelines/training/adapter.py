@@ -36,7 +36,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     from pipelines.model import adapters
     from pipelines.model.stream import holdout_streams
     from pipelines.training import delta
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import mlflow_io, runs
     from pipelines.training import checkpoint
     from pipelines.training.delta import loop_settings
 
@@ -60,8 +60,7 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": data_lineage["sha256"],
                "siblings": sorted(regularizer.siblings) if regularizer else None}
 
-    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
-                          run_name=f"{model_name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
+    with runs.start_run(mlflow_io.ensure_experiment(cfg.registry.experiment), f"{model_name}-{end_day}") as run:
         _log_inputs(lc, slot, end_day, base_ref, stab, streams, store, sizes, model_name)
         result = _fit_logged(model, streams, settings, store, run_key, model_name, progress,
                              delta.regularizer(lc, streams["train"].rows, regularizer))

@@ -21,7 +21,7 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
 
     from pipelines.metrics import summary
     from pipelines.model import family, features, store
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import mlflow_io, runs
     from pipelines.data.splits import load_split
     from pipelines.model.inference import predict
     from pipelines.training.base_fit import fit_base
@@ -33,8 +33,7 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
     x_ho, y_ho = fam.encode(split.holdout, cfg.model), features.labels(split.holdout)
     model = _fresh_model(fam, cfg)
 
-    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
-                          run_name=f"base-{cutoff_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
+    with runs.start_run(mlflow_io.ensure_experiment(cfg.registry.experiment), f"base-{cutoff_day}") as run:
         mlflow.set_tags({"stage": "base_model", "data.cutoff": cutoff_day, "code.version": mlflow_io.code_version()})
         mlflow.log_params({f"model.{k}": v for k, v in to_dict(cfg.model).items()})
         mlflow.log_params({f"train.{k}": v for k, v in to_dict(bt).items()})

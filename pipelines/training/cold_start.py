@@ -109,7 +109,7 @@ def distill_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = 
     """
     import mlflow
 
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import mlflow_io, runs
     from pipelines.training import distill as D
 
     cs = cfg.cold_start
@@ -122,8 +122,7 @@ def distill_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = 
     init = init_student(student, cs, transfer.tokens)
     settings, baseline_settings = _distill_settings(cfg)
 
-    with mlflow.start_run(experiment_id=mlflow_io.ensure_experiment(cfg.registry.experiment),
-                          run_name=f"{name}-{end_day}") as run:  # not set_experiment: it exports MLFLOW_EXPERIMENT_ID
+    with runs.start_run(mlflow_io.ensure_experiment(cfg.registry.experiment), f"{name}-{end_day}") as run:
         _log_inputs(cfg, slot, end_day, prep, summary, teacher, teacher_refs, init)
         log.info("%s: %d labelled rows, %d transfer rows; teacher: %s (slot champions %s; logloss on the labelled "
                  "cold rows %s); init %s", name, len(labelled[0]), len(transfer), teacher["kind"],

@@ -23,6 +23,7 @@ from pipelines.config import PipelineConfig
 from pipelines.data.lake import Lake, PartitionData
 from pipelines.data.validated import MARKER
 from pipelines.errors import DataValidationError, LakeError
+from pipelines.validation.verdicts import window_table
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +188,6 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
         reports.append(report)
         failures += [{**f, "check": f"{f['check']} @ dt={day}"} for f in report["failures"]]
         warnings += [{**w, "check": f"{w['check']} @ dt={day}"} for w in report.get("warnings", [])]
-    for w in warnings:
-        log.warning("WARN %s: %s vs %s", w["check"], w.get("observed"), w.get("expected"))
 
     newest = reports[-1]
     summary = {"lake": lake_uri, "end_day": end_day, "partitions": len(wanted),
@@ -196,9 +195,9 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
                "warnings": len(warnings), "success": not failures, "suite_version": version,
                "unseen": (newest.get("drift") or {}).get("unseen"),
                "report": lake.partition_uri(end_day) + "/" + REPORT_HTML}
-    log.info("validated %d partitions (%d rows) of %s ending %s: %s; report of %s: %s", summary["partitions"],
-             summary["rows"], lake_uri, end_day, "OK" if not failures else f"{len(failures)} failed checks",
-             end_day, summary["report"])
+    # one table, not a line per warning: a clean day's log fits one screen (every figure is in the reports)
+    level = logging.ERROR if failures else logging.WARNING if warnings else logging.INFO
+    log.log(level, "%s", window_table(reports, summary))
     if log_to_mlflow:
         _log_to_mlflow(cfg, summary, reports)
     if failures:
@@ -210,11 +209,11 @@ def _log_to_mlflow(cfg: PipelineConfig, summary: dict, reports: list[dict]) -> N
     """One run per validation in the `ctr-data-validation` experiment: summary metrics + every report."""
     import mlflow
 
-    from pipelines.registry import mlflow_io
+    from pipelines.registry import mlflow_io, runs
     from pipelines.validation.report import render_html
 
     exp = mlflow_io.ensure_experiment("ctr-data-validation")
-    with mlflow.start_run(experiment_id=exp, run_name=f"validate-{summary['end_day']}", nested=mlflow.active_run() is not None):
+    with runs.start_run(exp, f"validate-{summary['end_day']}", nested=mlflow.active_run() is not None):
         mlflow.set_tags({"lake": summary["lake"], "end_day": summary["end_day"], "success": str(summary["success"]),
                          "suite_version": summary["suite_version"]})
         mlflow.log_metrics({"partitions": summary["partitions"], "rows": summary["rows"],

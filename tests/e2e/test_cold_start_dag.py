@@ -70,7 +70,7 @@ def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):
     proc = stack.airflow("dags", "test", "ctr_cold_start", DAY)
     out = proc.stdout + proc.stderr
     # the history and the window: detection counts impressions in the history, so all of it is validated
-    assert f"validated {lake_days(LAKE_URI, last=DAY, days=45 + 60)} partitions" in out
+    assert f", {lake_days(LAKE_URI, last=DAY, days=45 + 60)} partitions ending {DAY}" in out
     assert "held-out cold users: slot champions AUC" in out and "| baseline AUC" in out and "| student AUC" in out
     assert "gate PASSED" in out or "gate REJECTED" in out
 

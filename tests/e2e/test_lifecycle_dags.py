@@ -81,7 +81,7 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
 
     proc = stack.airflow("dags", "test", "ctr_lora_retrain", DAY2)
     out = proc.stdout + proc.stderr
-    assert "validated 7 partitions" in out and f"dt={DAY2}/_validation_report.html" in out
+    assert "7 partitions ending" in out and f"dt={DAY2}/_validation_report.html" in out
     base = versions("ctr_base")[0]
     for slot in SLOTS:
         name = f"ctr_lora_{slot}"

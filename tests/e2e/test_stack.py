@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
 from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
@@ -107,8 +108,6 @@ def approve_all(rest: AirflowREST, dag_id: str, run_id: str, answered: list, rej
 
 
 def versions(name: str) -> list:
-    from mlflow import MlflowClient
-
     return sorted(MlflowClient().search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
 
 
@@ -189,6 +188,18 @@ def check_retrain(rest: AirflowREST, run_id: str, day: str, released: str | None
     tis = rest.task_instances("ctr_lora_retrain", run_id)
     assert len([t for t in tis if t["task_id"] == "train_adapter"]) == len(SLOTS)
     assert len([t for t in tis if t["task_id"] == "judge"]) == len(SLOTS)
+    # named, not numbered: each mapped instance shows its slot
+    assert sorted(t["rendered_map_index"] for t in tis if t["task_id"] == "train_adapter") == sorted(SLOTS)
+    # no retry hid a failure: every task instance ran once at most
+    assert [(t["task_id"], t["map_index"]) for t in tis if t["try_number"] > 1] == []
+    for slot in SLOTS:   # the version and its training run name the task instances that wrote them
+        latest = versions(f"ctr_lora_{slot}")[-1]
+        assert (latest.tags["airflow.dag_id"], latest.tags["airflow.run_id"], latest.tags["airflow.task_id"]) == \
+            ("ctr_lora_retrain", run_id, "register")
+        trained = MlflowClient().get_run(latest.run_id).data.tags
+        assert (trained["airflow.run_id"], trained["airflow.task_id"], trained["airflow.try_number"]) == \
+            (run_id, "train_adapter", "1")
+        assert trained["airflow.url"].startswith(f"{rest.base_url}/dags/ctr_lora_retrain/runs/")
 
 
 def test_retrain_day1_trains_candidates_that_wait_to_be_judged(live):
