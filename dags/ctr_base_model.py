@@ -59,7 +59,7 @@ def ctr_base_model():
     registered = register(train(validate()))
     if approval_required():
         with TaskGroup(group_id=APPROVAL_GROUP):
-            gate_approve_release(registered, subject="Release a new CTR base model that passed its gate?")
+            gate_approve_release(registered, what="CTR base model")
     else:
         # A rejected base fails the run: a person asked for this base and must see that it did not go out.
         GatedPromotionOperator(task_id="gate_and_promote", registered=registered, fail_on_reject=True)

@@ -98,7 +98,7 @@ def ctr_cold_start():
     registered = register(evaluate(distill(detect(validate()))))
     if approval_required():  # the same human-in-the-loop step as ctr_lora_retrain (ctr_airflow.approval)
         with TaskGroup(group_id=APPROVAL_GROUP):
-            gate_approve_release(registered, subject="Release the distilled cold-start adapter?")
+            gate_approve_release(registered, what="Cold-start adapter")
     else:
         GatedPromotionOperator(task_id="gate_and_promote", registered=registered)
 

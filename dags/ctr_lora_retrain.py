@@ -131,7 +131,7 @@ def _gate_and_release(registered) -> None:
         # gate >> approval >> release per candidate, paired by map index (see ctr_airflow.approval)
         @task_group(group_id=APPROVAL_GROUP)
         def approval(registered: dict):
-            gate_approve_release(registered, subject="Release a CTR adapter that passed its gate?")
+            gate_approve_release(registered, what="CTR adapter")
 
         approval.expand(registered=registered)
     else:

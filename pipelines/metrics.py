@@ -184,3 +184,12 @@ def row_logloss(y, p, eps: float = 1e-7) -> np.ndarray:
 def paired_differences(y, champion, candidate) -> np.ndarray:
     """logloss(champion) - logloss(candidate) per row: positive where the candidate predicts the row better."""
     return row_logloss(y, champion) - row_logloss(y, candidate)
+
+
+def check_result(check: dict) -> str:
+    """How a check ({"value", "passed", ...}) reads in every table (the gate's, the report's, the model card's):
+    PASS / FAIL, and where it has no value what it is: an optional check "not measured" (passing by the
+    policy, not by a figure), a required one "FAIL (not measured)"."""
+    if check.get("value") is None:
+        return "not measured" if check.get("passed") else "FAIL (not measured)"
+    return "PASS" if check.get("passed") else "FAIL"

@@ -87,7 +87,7 @@ def measure(name: str, frame, quick: bool) -> dict:
         demo.register_adapter(logged, f"ctr_lora_{SLOT}", SLOT, alias="champion", base=version)
         served = pyfunc.load(f"models:/ctr_lora_{SLOT}@champion")
         p50, p99 = _latency_ms(served, scored, 30 if quick else 300)
-    return {"adapter_cpu_s": round(cpu_s, 1), "adapter_rows": int(len(window)), "adapter_bytes": nbytes,
+    return {"adapter_cpu_s": round(cpu_s, 3), "adapter_rows": int(len(window)), "adapter_bytes": nbytes,
             "pyfunc_p50_ms": round(p50, 2), "pyfunc_p99_ms": round(p99, 2)}
 
 

@@ -139,9 +139,11 @@ def _save(fig, path: Path) -> str:
 
 def plot_gate(decision: dict, path: Path) -> str:
     """The gate decision as a picture: one row per check, green pass / red fail, value vs threshold."""
+    from pipelines.metrics import check_result
+
     plt = _pyplot()
     checks = decision["checks"]
-    rows = [[c["name"], fmt(c["value"]), fmt(c["threshold"]), "PASS" if c["passed"] else "FAIL"] for c in checks]
+    rows = [[c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c)] for c in checks]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(rows) + 0.9))
     ax.axis("off")
     table = ax.table(cellText=rows, colLabels=["check", "value", "threshold", "result"], bbox=[0, 0, 1, 1],
@@ -149,7 +151,7 @@ def plot_gate(decision: dict, path: Path) -> str:
     table.auto_set_font_size(False)
     table.set_fontsize(9)
     for i, c in enumerate(checks, start=1):
-        table[i, 3].set_facecolor("#c8e6c9" if c["passed"] else "#ffcdd2")
+        table[i, 3].set_facecolor("#ffcdd2" if not c["passed"] else "#eeeeee" if c["value"] is None else "#c8e6c9")
     verdict = "PASSED" if decision["passed"] else "REJECTED"
     extra = " (first run: absolute thresholds)" if decision.get("first_run") else ""
     ax.set_title(f"{decision.get('model', '')} v{decision.get('version', '')}: gate {verdict}{extra}", fontsize=11)

@@ -216,12 +216,13 @@ def _decision(policy: GatePolicy, evaluation: dict, checks: list[dict]) -> dict:
 
 
 def format_table(decision: dict) -> str:
+    from pipelines.metrics import check_result   # here: gate.py stays import-light (sklearn)
+
     def fmt(v):
         return f"{v:.5f}" if isinstance(v, float) else ("-" if v is None else str(v))
 
     rows = [("check", "value", "threshold", "result", "reason")]
-    rows += [(c["name"], fmt(c["value"]), fmt(c["threshold"]), "PASS" if c["passed"] else "FAIL", c["reason"])
-             for c in decision["checks"]]
+    rows += [(c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c), c["reason"]) for c in decision["checks"]]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
     verdict = "PASSED" if decision["passed"] else "REJECTED"

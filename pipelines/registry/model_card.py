@@ -75,6 +75,8 @@ def render(name: str, version: str, tags: dict, evaluation: dict | None = None, 
             lines += _table(["attribute", "demographic parity diff", "equalized odds diff"],
                             [[a, f.get("demographic_parity_difference"), f.get("equalized_odds_difference")]
                              for a, f in fair.items()])
+    from pipelines.metrics import check_result
+
     lines += ["", "## Gate", ""]
     if decision:
         verdict = "passed" if decision.get("passed") else "rejected"
@@ -82,7 +84,7 @@ def render(name: str, version: str, tags: dict, evaluation: dict | None = None, 
                   + (f"; override by {decision['override']['actor']}: {decision['override']['reason']}"
                      if decision.get("override") else ""), ""]
         lines += _table(["check", "value", "threshold", "result", "reason"],
-                        [[c["name"], c["value"], c["threshold"], "PASS" if c["passed"] else "FAIL", c["reason"]]
+                        [[c["name"], c["value"], c["threshold"], check_result(c), c["reason"]]
                          for c in decision.get("checks", [])])
     else:
         lines += ["pending (not gated yet)"]

@@ -20,19 +20,25 @@ from ctr_airflow.operators import GatedPromotionOperator, ReleaseOperator
 GROUP = "approval"
 GATE, APPROVE, RELEASE = f"{GROUP}.gate_and_promote", f"{GROUP}.approve_release", f"{GROUP}.release"
 # Rendered when the approval task runs: the gate's decision of the same map index.
-BODY = ("{% set d = ti.xcom_pull(task_ids='" + GATE + "', map_indexes=ti.map_index) %}"
+_DECISION = "{% set d = ti.xcom_pull(task_ids='" + GATE + "', map_indexes=ti.map_index) %}"
+# The line the Required actions list shows: which model, which version, what serves now, the decision asked.
+SUBJECT = (_DECISION + "{{ what }}: release {{ d.model }} v{{ d.version }}"
+           "{% if d.champion_version %} (serving: v{{ d.champion_version }}){% else %} (its first version){% endif %}?")
+BODY = (_DECISION +
         "**{{ d.model }} v{{ d.version }}** passed its gate"
         "{% if d.champion_version %} against champion v{{ d.champion_version }}{% else %} (first version){% endif %}. "
         "Approve to release it as the gate policy says (canary or champion); its model card and gate report "
         "are on the version in the MLflow registry.")
 
 
-def gate_approve_release(registered, subject: str):
-    """Call inside a task group whose group_id is GROUP. Returns the release task."""
+def gate_approve_release(registered, what: str):
+    """Call inside a task group whose group_id is GROUP; `what` names the kind of model in the subject (e.g.
+    "CTR adapter"). Returns the release task."""
     from airflow.providers.standard.operators.hitl import ApprovalOperator
 
     gated = GatedPromotionOperator(task_id="gate_and_promote", registered=registered, release=False)
-    approve = ApprovalOperator(task_id="approve_release", subject=subject, body=BODY)
+    approve = ApprovalOperator(task_id="approve_release", subject=SUBJECT.replace("{{ what }}", what), body=BODY,
+                               map_index_template=_DECISION + "{{ d.model if d else '' }}")
     release = ReleaseOperator(task_id="release", decision=gated.output, approval_task_id=APPROVE)
     gated >> approve >> release
     return release

@@ -1,8 +1,8 @@
 """The `@dag` header every CTR DAG shares, written once.
 
 A DAG file states what is its own (id, schedule, tags, params, concurrency) and `ctr_dag(...)` adds
-the rest: the start date, no catchup, the owner, the `ctr` tag, the retries and the file's docstring
-as the DAG's doc.
+the rest: the start date, no catchup, the owner, the `ctr` tag, the retries, the mapped instances' names
+(`map_label`) and the file's docstring as the DAG's doc.
 
 Retries, one rule for every task: a task retries (RETRIES times, with exponential backoff from
 RETRY_DELAY up to MAX_RETRY_DELAY) unless its error is deterministic. Every CTR task touches S3 or
@@ -45,10 +45,35 @@ class TaskRefused(AirflowFailException):
     """A deterministic refusal from `pipelines` (a PipelineError): the task fails without retrying."""
 
 
+# A mapped task instance's name in the grid, its logs and Required actions: what it works on (map_label),
+# rendered by Airflow when the instance runs. Unmapped tasks render it too and show nothing of it.
+MAP_LABEL = "{{ map_label(task) }}"
+
+
 def default_args(retries: int = RETRIES, retry_delay: timedelta = RETRY_DELAY) -> dict:
-    """The tasks' defaults: retries with exponential backoff (see the module doc)."""
+    """The tasks' defaults: retries with exponential backoff (see the module doc), mapped instances named."""
     return {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": 2.0,
-            "max_retry_delay": MAX_RETRY_DELAY, "owner": OWNER}
+            "max_retry_delay": MAX_RETRY_DELAY, "owner": OWNER, "map_index_template": MAP_LABEL}
+
+
+def map_label(task) -> str:
+    """The ad slot a task instance works on (`slot`, or a `slot` inside its dict arguments: a candidate, an
+    evaluation, a registered version), else the model it moves (`model`); "" where it has neither, and Airflow
+    shows the index. Never raises: a label that failed to render would fail a task that succeeded."""
+    try:
+        args = getattr(task, "op_kwargs", None) or {n: getattr(task, n, None) for n in task.template_fields}
+        return str(_find(args, "slot") or _find(args, "model") or "")
+    except Exception:   # noqa: BLE001 (a name, never a failure)
+        return ""
+
+
+def _find(value, key: str, depth: int = 0):
+    """The first non-empty string under `key` in nested dicts: this level's first, then each value's (3 levels)."""
+    if not isinstance(value, dict) or depth > 3:
+        return None
+    if isinstance(value.get(key), str) and value[key]:
+        return value[key]
+    return next((f for v in value.values() if (f := _find(v, key, depth + 1))), None)
 
 
 def fail_fast(fn):
@@ -106,5 +131,7 @@ def ctr_dag(dag_id: str, doc_md: str, *, schedule, tags: list[str], params: dict
     catchup is always False: a missed day is run by hand with the DAG's day param, and catching up
     from START_DATE would run (and validate, train, release) decades of days in one go.
     """
+    macros = {"map_label": map_label, **kwargs.pop("user_defined_macros", {})}
     return dag(dag_id=dag_id, schedule=schedule, start_date=START_DATE, catchup=False, doc_md=doc_md,
-               tags=[TAG, *tags], default_args=default_args(retries, retry_delay), params=params, **kwargs)
+               tags=[TAG, *tags], default_args=default_args(retries, retry_delay), params=params,
+               user_defined_macros=macros, **kwargs)

@@ -87,7 +87,10 @@ def test_every_dag_has_the_shared_header(dagbag, dag_id):
     assert dag.start_date == dag_defaults.START_DATE and dag.catchup is False
     assert dag.owner == dag_defaults.OWNER and dag_defaults.TAG in dag.tags
     assert set(dag.default_args) == {"retries", "retry_delay", "owner", "retry_exponential_backoff",
-                                     "max_retry_delay"}
+                                     "max_retry_delay", "map_index_template"}
+    # every mapped task is named by what it works on (the approval step by its model, set in ctr_airflow.approval)
+    mapped = [t for t in dag.tasks if t.get_needs_expansion() or getattr(t, "is_mapped", False)]
+    assert all(t.map_index_template for t in mapped), [t.task_id for t in mapped if not t.map_index_template]
     assert dag.doc_md == ast.get_docstring(ast.parse(Path(dag.fileloc).read_text()), clean=False)   # the file's own
 
 

@@ -37,14 +37,18 @@ def stack(tmp_path_factory, s3_endpoint):
         yield st
 
 
-def task_states(stack: Stack, dag_id: str) -> dict[tuple[str, int], str]:
+def airflow_rows(stack: Stack, sql: str, **params) -> list:
     import sqlalchemy as sa
 
     engine = sa.create_engine(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT task_id, map_index, state FROM task_instance WHERE dag_id = :d"),
-                            {"d": dag_id}).all()
+        rows = conn.execute(sa.text(sql), params).all()
     engine.dispose()
+    return rows
+
+
+def task_states(stack: Stack, dag_id: str) -> dict[tuple[str, int], str]:
+    rows = airflow_rows(stack, "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = :d", d=dag_id)
     return {(t, m): s for t, m, s in rows}
 
 
@@ -96,3 +100,13 @@ def test_each_release_waits_for_its_own_approval(stack):
     approvals = {m: s for (t, m), s in states.items() if t == "approval.approve_release"}
     assert sorted(releases.values()) == ["skipped", "success", "success"], states
     assert set(approvals.values()) == {"success"}, states
+
+    # names, not numbers: each mapped instance is named by its slot or model, each approval asks about one version
+    labels = airflow_rows(stack, "SELECT task_id, rendered_map_index FROM task_instance WHERE dag_id = :d "
+                                 "AND map_index >= 0", d="ctr_lora_retrain")
+    named = {t: sorted(label for task, label in labels if task == t) for t, _ in labels}
+    assert named["train_adapter"] == named["evaluate"] == named["register"] == ["feed", "search", "splash"], named
+    assert named["approval.approve_release"] == ["ctr_lora_feed", "ctr_lora_search", "ctr_lora_splash"], named
+    subjects = sorted(r[0] for r in airflow_rows(stack, "SELECT subject FROM hitl_detail"))
+    assert subjects == [f"CTR adapter: release ctr_lora_{slot} v1 (its first version)?"
+                        for slot in ("feed", "search", "splash")], subjects

@@ -160,6 +160,9 @@ def test_an_evaluation_without_fairness_latency_or_slots_fails_those_checks():
     assert "slot_auc" in failed(decide(POLICY, gated, base=SAME))
     lenient = replace(POLICY, optional_checks=("fairness", "latency_p99_batch32_ms", "slot_auc"))
     assert decide(lenient, bare, base=SAME)["passed"] and decide(lenient, gated, base=SAME)["passed"]
+    # the table says so: an optional check that was not measured is not shown as a PASS
+    assert _row(format_table(decide(POLICY, bare, base=SAME)), "fairness").split()[3:6] == ["FAIL", "(not", "measured)"]
+    assert _row(format_table(decide(lenient, bare, base=SAME)), "fairness").split()[3:5] == ["not", "measured"]
 
 
 @pytest.mark.parametrize("latency", [{}, {"batch_1": {"p99_ms": 1.0}}, None])

@@ -8,9 +8,9 @@ import pytest
 from airflow.sdk import task
 from airflow.sdk.definitions.param import ParamValidationError
 
-from ctr_airflow.dag_defaults import (MAX_RETRY_DELAY, OWNER, REGISTRY_POOL, RETRIES, RETRY_DELAY, START_DATE, TAG,
+from ctr_airflow.dag_defaults import (MAP_LABEL, MAX_RETRY_DELAY, OWNER, REGISTRY_POOL, RETRIES, RETRY_DELAY, START_DATE, TAG,
                                       TaskRefused, ctr_dag, ctr_task, day_param, default_args, fail_fast,
-                                      lake_uri_param)
+                                      lake_uri_param, map_label)
 from pipelines.errors import DataValidationError, PromotionError
 
 
@@ -35,7 +35,9 @@ def test_the_shared_header():
     assert dag.catchup is False and type(dag.timetable).__name__ == "NullTimetable"
     assert set(dag.tags) == {TAG, "example"}
     assert dag.default_args == {"retries": 2, "retry_delay": RETRY_DELAY, "owner": OWNER,
-                                "retry_exponential_backoff": 2.0, "max_retry_delay": MAX_RETRY_DELAY}
+                                "retry_exponential_backoff": 2.0, "max_retry_delay": MAX_RETRY_DELAY,
+                                "map_index_template": MAP_LABEL}
+    assert dag.get_task("noop").map_index_template == MAP_LABEL and dag.user_defined_macros["map_label"] is map_label
     assert dag.get_task("noop").retries == 2 and dag.get_task("noop").owner == OWNER
     assert list(dag.params) == ["day", "lake_uri"]
     assert dag.fileloc == __file__   # the caller's file, not the helper's: the DAG processor keys on it
@@ -163,3 +165,33 @@ def test_reason_param_has_the_librarys_limits(value, ok):
     else:
         with pytest.raises(ParamValidationError):
             reason_param("why").resolve(value)
+
+
+def test_a_mapped_instance_is_named_by_its_slot_or_by_the_model_it_moves():
+    """The label Airflow shows for a mapped instance (grid, logs, Required actions) instead of its index."""
+    from types import SimpleNamespace
+
+    from ctr_airflow.operators import RevertModelVersionOperator
+
+    def taskflow(**op_kwargs):
+        return SimpleNamespace(op_kwargs=op_kwargs, template_fields=("op_args", "op_kwargs"))
+
+    assert map_label(taskflow(slot="morning")) == "morning"                                    # train_adapter
+    assert map_label(taskflow(candidate={"model": "ctr_lora_night", "slot": "night"})) == "night"   # evaluate
+    assert map_label(taskflow(evaluated={"candidate": {"slot": "feed"}, "evaluation": {}})) == "feed"   # register
+    revert = RevertModelVersionOperator(task_id="auto_revert", model="ctr_lora_feed", reason="monitor: AUC fell")
+    assert map_label(revert) == "ctr_lora_feed"
+
+
+def test_a_task_with_nothing_to_name_it_by_gets_no_label_and_never_an_error():
+    from types import SimpleNamespace
+
+    class Broken:
+        template_fields = ("registered",)
+
+        @property
+        def registered(self):
+            raise RuntimeError("not resolved")
+
+    assert map_label(SimpleNamespace(op_kwargs={"report": {"rows": 3}}, template_fields=())) == ""
+    assert map_label(Broken()) == ""
