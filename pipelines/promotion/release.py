@@ -32,7 +32,8 @@ from pipelines.registry.integrity import FINGERPRINT_TAG
 APPROVAL_ANSWERS = ("Approve", "Reject")
 # What a decision says about the move its release made (the full move goes to `on_move`).
 RELEASE_KEYS = ("alias", "moved", "from_version", "to_version")
-__all__ = ["APPROVAL_TAG", "gate_and_release", "override", "record_approval", "release"]
+HELD_TAG = "release.held"
+__all__ = ["APPROVAL_TAG", "HELD_TAG", "gate_and_release", "hold_reason", "override", "record_approval", "release"]
 
 
 def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str | None = None) -> dict:
@@ -56,12 +57,11 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
         if mv.tags.get(FINGERPRINT_TAG):   # a base: no canary, one base serves every adapter
             return _release_base(policy, model, version, mv, champion, why, actor=actor, op_id=op_id)
         if policy.promotion == "canary" and champion is not None and champion != version:
-            watched = aliases.current(model, "canary")
-            if policy.canary_in_flight == "hold" and watched not in (None, version):
-                return {"moved": False, "model": model, "alias": "canary", "from_version": watched,
-                        "to_version": watched, "held": True,
-                        "reason": f"v{version} passed its gate but canary v{watched} is still being watched "
-                                  "(canary_in_flight: hold); a later retrain releases once it is promoted or withdrawn"}
+            held = hold_reason(policy, model, version, champion)
+            if held:
+                _record_held(model, version, held)
+                return {"moved": False, "model": model, "alias": "canary", "from_version": held["canary"],
+                        "to_version": held["canary"], "held": True, "held_version": version, "reason": held["reason"]}
             move = aliases.start_canary(model, version, policy.canary_share, actor=actor, op_id=op_id, mv=mv,
                                         require_approval=policy.approval,
                                         reason=f"passed gate against v{champion}: canary at "
@@ -70,6 +70,31 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
         reason = ("passed gate (first run)" if champion is None else f"passed gate against v{champion}") + why
         return {**aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id, mv=mv,
                                   require_approval=policy.approval), "alias": "champion"}
+
+
+def hold_reason(policy: GatePolicy, model: str, version: str, champion: str | None) -> dict | None:
+    """Why releasing `version` now would be held, and what releases the model again; None when it would not be
+    (no canary policy, no champion yet, no other canary watched, or `canary_in_flight: replace`)."""
+    if policy.promotion != "canary" or champion is None or champion == version or policy.canary_in_flight != "hold":
+        return None
+    watched = aliases.current(model, "canary")
+    if watched in (None, version):
+        return None
+    return {"canary": watched, "reason": (
+        f"{model} v{version} passed its gate but is held: canary v{watched} is still being watched next to "
+        f"champion v{champion} (canary_in_flight: hold). It is not queued: nothing moves now; once v{watched} "
+        "is promoted or withdrawn (ctr_champion_monitor, or ctr_model_ops by hand), the next retrain's "
+        "candidate is gated and released in its place")}
+
+
+def _record_held(model: str, version: str, held: dict) -> None:
+    """The hold, on the version (tag `release.held`): the registry says why a passed version does not serve."""
+    import datetime as dt
+
+    from pipelines.registry import mlflow_io
+
+    record = {**held, "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    mlflow_io.client().set_model_version_tag(model, version, HELD_TAG, json.dumps(record))
 
 
 def _release_base(policy: GatePolicy, model: str, version: str, mv, champion: str | None, why: str, *,
@@ -117,6 +142,9 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
     """
     decision = gate.run(policy, model, version, evaluation, actor=actor)
     decision["promoted"] = False
+    if decision["passed"] and not release_on_pass:   # told before a person approves: the release would be held
+        held = hold_reason(policy, model, version, aliases.current(model))
+        decision["would_hold"] = held["reason"] if held else None
     if decision["passed"] and release_on_pass:
         move = release(policy, model, version, actor=actor, op_id=op_id)
         if on_move is not None:

@@ -77,7 +77,13 @@ def asset_uri(model: str, alias: str) -> str:
 
 
 def emit_move(context, move: dict) -> None:
-    """An Asset event for an alias that moved (nothing for a no-op or a replayed move)."""
+    """An Asset event for an alias that moved, or on `mlflow://<model>/held` for a release that was held (with
+    why and what releases it); nothing for a no-op or a replayed move."""
+    if move.get("held"):
+        extra = {"kind": "held", "from_version": str(move.get("from_version") or ""),   # the canary watched
+                 "to_version": str(move.get("held_version") or ""), "reason": str(move.get("reason"))}
+        context["outlet_events"][MOVES].add(Asset(asset_uri(move["model"], "held")), extra=extra)
+        return
     if not move.get("moved"):
         return
     extra = {k: str(move.get(k) or "") for k in ("kind", "from_version", "to_version", "reason", "actor")}
@@ -118,9 +124,18 @@ class _MoveOperator(BaseOperator):
             raise ModelMoveRefused(f"{self.what} of {getattr(self, 'model', '?')} refused: {exc}") from exc
         for m in _each_move(result):
             emit_move(context, m)
+            if m.get("held"):
+                raise_held(self.log, m)
             self.log.info("%s@%s: %s -> %s (%s)", m.get("model"), m.get("alias"), m.get("from_version"),
                           m.get("to_version"), "moved" if m.get("moved") else "nothing to do")
         return result
+
+
+def raise_held(log, move: dict):
+    """A release that was held ends its task skipped, saying what is held, why and what releases it (the
+    version's `release.held` tag says the same): never a success that reads "nothing to do"."""
+    log.warning("HELD %s v%s: %s", move.get("model"), move.get("held_version"), move.get("reason"))
+    raise AirflowSkipException(f"held: {move.get('reason')}")
 
 
 class RevertModelVersionOperator(_MoveOperator):
@@ -307,6 +322,9 @@ class GatedPromotionOperator(BaseOperator):
         except PipelineError as exc:   # e.g. a pass the policy does not let go out without an approval
             context["ti"].xcom_push(key="error", value={"model": r.get("model"), "error": str(exc)})
             raise ModelMoveRefused(f"gate and release of {r.get('model')} v{r.get('version')} refused: {exc}") from exc
+        if decision["passed"] and (decision.get("release") or {}).get("held"):
+            context["ti"].xcom_push(key="decision", value=decision)
+            raise_held(self.log, {"model": r["model"], "held_version": r["version"], **decision["release"]})
         if decision["passed"]:
             return decision
         context["ti"].xcom_push(key="decision", value=decision)

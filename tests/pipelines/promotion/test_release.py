@@ -60,7 +60,11 @@ def test_a_pass_while_a_canary_is_watched_is_held_unless_the_policy_says_replace
     v4 = add_version(MODEL, base__fingerprint=FP, gate__champion_version="1")
     assert CANARY.canary_in_flight == "hold"   # the default: daily retrains would otherwise restart every watch
     held = release.release(CANARY, MODEL, v4, actor="dag")
-    assert held["moved"] is False and held["held"] and "canary v2 is still being watched" in held["reason"]
+    assert held["moved"] is False and held["held"] and held["held_version"] == v4
+    assert "canary v2 is still being watched" in held["reason"] and "It is not queued" in held["reason"]
+    assert "once v2 is promoted or withdrawn" in held["reason"]   # what releases the model again
+    record = json.loads(mlflow_io.get_version(MODEL, v4).tags[release.HELD_TAG])   # the registry says so too
+    assert record["canary"] == "2" and record["reason"] == held["reason"] and record["at"]
     assert aliases.current(MODEL, "canary") == "2" and len(aliases.history(MODEL, "canary")) == 1
     replaced = release.release(replace(CANARY, canary_in_flight="replace"), MODEL, v4, actor="dag")
     assert replaced["moved"] and aliases.current(MODEL, "canary") == v4
@@ -183,3 +187,15 @@ def test_an_approval_answer_is_recorded_on_the_version_whatever_it_is(registry):
         release.record_approval(MODEL, "3", answer="Maybe", by="bob", at="", task="t")
     assert release.APPROVAL_TAG not in mlflow_io.get_version(MODEL, "3").tags
     assert aliases.current(MODEL) is None   # an answer is a record, not a move
+
+
+def test_a_candidate_waiting_for_approval_is_told_before_that_its_release_would_be_held(registry):
+    """The approval's body reads `would_hold` (ctr_airflow.approval): the person approving knows it will not move."""
+    release.release(CANARY, MODEL, "1", actor="dag")
+    release.release(CANARY, MODEL, "2", actor="dag")            # v2 is the canary being watched
+    v4 = add_version(MODEL, base__fingerprint=FP, gate__champion_version="1")
+    gated = release.gate_and_release(GATED, MODEL, v4, evaluation(version="1"), actor="dag", release_on_pass=False)
+    assert gated["passed"] and "held: canary v2 is still being watched" in gated["would_hold"]
+    free = release.gate_and_release(replace(GATED, canary_in_flight="replace"), MODEL, v4, evaluation(version="1"),
+                                    actor="dag", release_on_pass=False)
+    assert free["would_hold"] is None

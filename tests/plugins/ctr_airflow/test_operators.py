@@ -229,3 +229,58 @@ def test_a_refused_move_is_pushed_and_fails_without_retry(monkeypatch):
     with pytest.raises(ModelMoveRefused, match="canary promotion of ctr_lora_feed refused: .*no @canary"):
         PromoteCanaryOperator(task_id="promote_canary", model="ctr_lora_feed", reason="healthy").execute(ctx)
     assert ctx["ti"].pushed == {"error": {"model": "ctr_lora_feed", "error": "ctr_lora_feed has no @canary to promote"}}
+
+
+HELD = "ctr_lora_feed v4 passed its gate but is held: canary v2 is still being watched ... It is not queued"
+
+
+def held_move() -> dict:
+    return move(alias="canary", to="2", moved=False, held=True, held_version="4", reason=HELD)
+
+
+class Log:
+    """The operator's task log (Airflow's structured logger is not pytest's): what it was told, by level."""
+
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, msg, *args):
+        self.lines.append(("warning", msg % args))
+
+    def info(self, msg, *args):
+        self.lines.append(("info", msg % args))
+
+
+def test_an_approved_release_that_is_held_says_so_and_ends_skipped(monkeypatch):
+    """Held means told: the task log, the task's state and an Asset event name what is held and why."""
+    from pipelines.promotion import release as library
+
+    monkeypatch.setattr(library, "record_approval", lambda *a, **k: None)
+    monkeypatch.setattr(library, "release", lambda *a, **k: held_move())
+    ctx = context(FakeTI({"chosen_options": ["Approve"], "responded_by_user": {"name": "alice"}}))
+    op = ReleaseOperator(task_id="release", decision={"model": "ctr_lora_feed", "version": "4"},
+                         approval_task_id="approval.approve_release")
+    log = Log()
+    monkeypatch.setattr(ReleaseOperator, "log", log)
+    with pytest.raises(AirflowSkipException, match="held: .*canary v2 is still being watched .*not queued"):
+        op.execute(ctx)
+    assert ctx["outlet_events"].added == [("mlflow://ctr_lora_feed/held", "held", "4")]
+    assert ("warning", f"HELD ctr_lora_feed v4: {HELD}") in log.lines
+
+
+def test_a_gated_release_that_is_held_ends_skipped_with_its_decision(monkeypatch, policy):
+    from pipelines.promotion import release as library
+
+    def gate_and_release(*a, on_move, **k):
+        on_move(held_move())
+        return {"passed": True, "promoted": False, "release": {"alias": "canary", "moved": False, "held": True,
+                                                                "reason": HELD}}
+
+    monkeypatch.setattr(library, "gate_and_release", gate_and_release)
+    ctx = context()
+    op = GatedPromotionOperator(task_id="gate_and_promote",
+                                registered={"model": "ctr_lora_feed", "version": "4", "evaluation": {"e": 1}})
+    with pytest.raises(AirflowSkipException, match="held: .*not queued"):
+        op.execute(ctx)
+    assert ctx["ti"].pushed["decision"]["release"]["held"] is True
+    assert ctx["outlet_events"].added == [("mlflow://ctr_lora_feed/held", "held", "4")]
