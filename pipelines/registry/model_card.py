@@ -35,6 +35,8 @@ def _metrics_rows(cand: dict, champ: dict | None, keys=("auc", "logloss", "ne", 
 
 
 def render(name: str, version: str, tags: dict, evaluation: dict | None = None, decision: dict | None = None) -> str:
+    from pipelines.metrics import check_result   # the gate table's wording, shared with the gate and the report
+
     t = tags
     lines = [f"# {name} v{version}", ""]
     lines += ["## Trained on", ""]
@@ -75,8 +77,6 @@ def render(name: str, version: str, tags: dict, evaluation: dict | None = None, 
             lines += _table(["attribute", "demographic parity diff", "equalized odds diff"],
                             [[a, f.get("demographic_parity_difference"), f.get("equalized_odds_difference")]
                              for a, f in fair.items()])
-    from pipelines.metrics import check_result
-
     lines += ["", "## Gate", ""]
     if decision:
         verdict = "passed" if decision.get("passed") else "rejected"
