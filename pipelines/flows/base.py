@@ -14,7 +14,7 @@ import logging
 from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
 from pipelines.promotion import lock
 from pipelines.promotion.release import gate_and_release
-from pipelines.registry import mlflow_io
+from pipelines.registry import description, mlflow_io
 from pipelines.registry.register import complete_registration
 from pipelines.training import base_model
 
@@ -69,4 +69,5 @@ def register_candidate(cfg: PipelineConfig, trained: dict) -> dict:
             "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
             "eval.champion_version": evaluation["champion_version"] or "", "gate.passed": "pending"}
     version = mlflow_io.register(trained["model_uri"], name, tags, alias="candidate", run_id=trained["run_id"])
+    description.publish(name)
     return {**out, "version": version, "existing": False}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pipelines.errors import PromotionError
 from pipelines.promotion.gate import base_check, fingerprints, release_refusal
+from pipelines.registry import description
 from pipelines.registry import history as store
 from pipelines.registry import mlflow_io
 from pipelines.registry.integrity import FINGERPRINT_TAG
@@ -104,6 +105,7 @@ def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor
         found, recovered = _settled(model)
         replay = _replay_of(found, recovered, op_id)
         if replay:
+            description.publish(model)   # the process that moved may have died before it wrote this
             return replay
         before = current(model, alias)
         if before == version:
@@ -116,6 +118,7 @@ def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor
         else:
             c.set_registered_model_alias(model, alias, version)
         entry = store.mark(entry, store.DONE)
+        description.publish(model)
     return {"moved": True, **entry}
 
 

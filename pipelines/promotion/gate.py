@@ -275,6 +275,22 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None, mv
             c.log_artifact(mv.run_id, plot_gate(decision, Path(tmp) / f"decision_v{version}{suffix}.png"), "gate")
     log.info("%s v%s\n%s", model, version, format_table(decision))
     model_card.publish(model, version, evaluation=evaluation, decision=decision)
+    _show_verdict(model, version, decision, mv)
+
+
+def _show_verdict(model: str, version: str, decision: dict, mv) -> None:
+    """On the registry's pages: a rejected version loses @candidate and carries tag `rejected`
+    (`mv`: the version as fetched before this decision's tags)."""
+    from pipelines.registry import description
+
+    if decision["passed"]:
+        description.clear_rejection(model, version, gate_only=not decision.get("override"), mv=mv)
+    else:
+        failed = [ch["name"] for ch in decision["checks"] if not ch.get("passed")]
+        against = decision.get("champion_version")
+        description.reject(model, version, f"gate: {', '.join(failed) or 'failed'} failed"
+                           + (f" against v{against}" if against else ""), mv=mv)
+    description.publish(model)
 
 
 def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli") -> dict:

@@ -27,12 +27,13 @@ from pipelines.config import GatePolicy
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases, gate
 from pipelines.promotion.gate import APPROVAL_TAG, approval_of
+from pipelines.registry import description
+from pipelines.registry.description import HELD_TAG
 from pipelines.registry.integrity import FINGERPRINT_TAG
 
 APPROVAL_ANSWERS = ("Approve", "Reject")
 # What a decision says about the move its release made (the full move goes to `on_move`).
 RELEASE_KEYS = ("alias", "moved", "from_version", "to_version")
-HELD_TAG = "release.held"
 __all__ = ["APPROVAL_TAG", "HELD_TAG", "gate_and_release", "hold_reason", "override", "record_approval", "release"]
 
 
@@ -95,6 +96,7 @@ def _record_held(model: str, version: str, held: dict) -> None:
 
     record = {**held, "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     mlflow_io.client().set_model_version_tag(model, version, HELD_TAG, json.dumps(record))
+    description.publish(model)
 
 
 def _release_base(policy: GatePolicy, model: str, version: str, mv, champion: str | None, why: str, *,
@@ -170,4 +172,7 @@ def record_approval(model: str, version: str, *, answer: str, by: str, at: str, 
         raise PromotionError(f"{model} v{version}: an approval answer names who gave it")
     record = {"answer": answer, "by": by, "at": at, "task": task}
     mlflow_io.client().set_model_version_tag(model, version, APPROVAL_TAG, json.dumps(record))
+    if answer == "Reject":
+        description.reject(model, version, f"rejected by {by} ({task})")
+        description.publish(model)
     return record

@@ -69,7 +69,7 @@ def find_registered(name: str, key: str):
 
 
 def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
-    from pipelines.registry import mlflow_io, model_card
+    from pipelines.registry import description, mlflow_io, model_card
 
     name = candidate["model_name"]
     tags = lineage_tags(candidate, evaluation)
@@ -83,6 +83,7 @@ def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
                 "existing": True}
     version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
     model_card.publish(name, version, evaluation=None if evaluation.get("waiting") else evaluation)
+    description.publish(name)
     return {"model": name, "version": version, "slot": candidate["slot"], "evaluation": evaluation, "existing": False}
 
 

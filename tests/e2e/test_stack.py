@@ -254,6 +254,8 @@ def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(liv
         name = f"ctr_lora_{slot}"
         assert json.loads(versions(name)[1].tags["judge.evidence"])["last_day"] == DAY3
         assert alias_of(name) == "2" and versions(name)[2].tags["judge.replaced"] == "2"
+        page = MlflowClient().get_registered_model(name).description   # what serves and why, on its page
+        assert "| @champion | v2 |" in page and "| @canary | v3 (" in page and "passed gate" in page
 
 
 def test_mapped_tasks_ran_on_both_celery_workers(live):

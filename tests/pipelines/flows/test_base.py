@@ -39,11 +39,13 @@ def _adapter_champion(model: str, fingerprint: str, base_version: str) -> str:
 
 @pytest.mark.slow
 def test_a_base_no_better_than_chance_is_registered_as_a_candidate_and_rejected(serving_store, lake):
-    """The shipped policy's first-run floor: the tiny base (AUC ~0.5 on 400 rows) never serves."""
+    """The shipped policy's first-run floor: the tiny base (AUC ~0.5 on 400 rows) never serves; rejected,
+    it loses @candidate and says why on the version (tag `rejected`)."""
     out = base.run(_config(lake), lake, "2024-01-03", actor="test", policy=load_gate_policy())
     assert out["passed"] is False and out["moved"] is False
-    assert aliases.current(NAME) is None and aliases.current(NAME, "candidate") == out["version"]
+    assert aliases.current(NAME) is None and aliases.current(NAME, "candidate") is None
     tags = mlflow_io.get_version(NAME, out["version"]).tags
+    assert tags["rejected"].startswith("gate: ") and "auc_floor" in tags["rejected"]
     assert tags["gate.passed"] == "false" and tags["fingerprint"] == out["fingerprint"]
     assert '"name": "auc_floor"' in tags["gate.checks"] and aliases.history(NAME) == []
     with pytest.raises(PromotionError, match="never passed its gate"):   # nor by hand
