@@ -61,7 +61,7 @@ def cmd_train_base(a) -> int:
     cfg = load_pipeline_config(a.config)
     lake = a.data or cfg.data.lake_uri
     if a.register:
-        from pipelines.promotion import lock
+        from pipelines.registry import lock
 
         lock.backend()  # no registry lock to move @champion with: refuse now, not after validating
     windows.validate_first(cfg, lake, a.cutoff, windows.base_days(cfg, a.cutoff))

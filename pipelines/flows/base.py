@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
-from pipelines.promotion import lock
+from pipelines.registry import lock
 from pipelines.promotion.release import gate_and_release
 from pipelines.registry import description, mlflow_io
 from pipelines.registry.register import complete_registration
@@ -68,6 +68,7 @@ def register_candidate(cfg: PipelineConfig, trained: dict) -> dict:
             "eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
             "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
             "eval.champion_version": evaluation["champion_version"] or "", "gate.passed": "pending"}
-    version = mlflow_io.register(trained["model_uri"], name, tags, alias="candidate", run_id=trained["run_id"])
-    description.publish(name)
+    with lock.registry_lock(name):
+        version = mlflow_io.register(trained["model_uri"], name, tags, alias="candidate", run_id=trained["run_id"])
+        description.publish(name)
     return {**out, "version": version, "existing": False}

@@ -78,7 +78,7 @@ def _replay_of(found: list[dict], recovered: set[str], op_id: str | None) -> dic
 def replayed(model: str, op_id: str | None) -> dict | None:
     """The recorded result of operation `op_id` if it already ran (a retried task must not move twice),
     read after settling pending entries."""
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
 
     with registry_lock(model):
         return _replay_of(*_settled(model), op_id)
@@ -93,7 +93,7 @@ def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor
     (a retried or re-run task returns the recorded move instead of moving the alias a second time).
     `checked`: the caller has just fetched the version (it exists), so it is not fetched again.
     """
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
 
     if kind not in KINDS:
         raise PromotionError(f"unknown move kind {kind!r}; expected one of {KINDS}")
@@ -171,7 +171,7 @@ def revert(model: str, reason: str, to_version=None, actor: str = "cli", op_id: 
     reverts pop the history twice rather than both moving to the same version. A version that does
     not exist, never passed its gate, or whose base is not the serving base is refused.
     """
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
 
     check_reason(reason, f"revert {model}")
     with registry_lock(model):   # re-entrant: move_alias takes the same lock inside
@@ -210,7 +210,7 @@ def start_canary(model: str, version: str, share: float, reason: str, actor: str
     """Send `share` of the traffic (users hashed on user_id, see pipelines.serving) to `version` as @canary."""
     if not 0.0 < float(share) < 1.0:
         raise PromotionError(f"canary share must be in (0, 1), got {share}")
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
 
     check_reason(reason, f"start a canary of {model} v{version}")
     check_promotable(model, version, mv=mv, require_approval=require_approval)
@@ -227,7 +227,7 @@ def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | Non
     """@canary becomes @champion (one recorded promote) and the canary alias is removed (one withdraw;
     returned under "withdrawn"). `expected_version`: refuse if the canary was replaced meanwhile (the
     monitor decided on that version's windows)."""
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
 
     with registry_lock(model):
         version = current(model, "canary")

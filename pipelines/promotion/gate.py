@@ -289,7 +289,7 @@ def _show_verdict(model: str, version: str, decision: dict, mv) -> None:
         failed = [ch["name"] for ch in decision["checks"] if not ch.get("passed")]
         against = decision.get("champion_version")
         description.reject(model, version, f"gate: {', '.join(failed) or 'failed'} failed"
-                           + (f" against v{against}" if against else ""), mv=mv)
+                           + (f" against v{against}" if against else ""))
     description.publish(model)
 
 

@@ -154,7 +154,7 @@ def usable_partition(lake, day: str):
 def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePolicy, live, actor: str,
                   scorer: Scorer) -> dict:
     from pipelines.promotion import aliases
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
     from pipelines.registry import mlflow_io
 
     out: dict = {"model": model, "slot": slot, "day": day, "champion": None, "canary": None, "windows": {},

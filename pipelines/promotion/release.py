@@ -40,7 +40,7 @@ __all__ = ["APPROVAL_TAG", "HELD_TAG", "gate_and_release", "hold_reason", "overr
 def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str | None = None) -> dict:
     """Release `version` as the policy says, or raise PromotionError saying why not (see the module doc).
     A retried task (same `op_id`) gets its recorded move back, whatever changed since."""
-    from pipelines.promotion.lock import registry_lock
+    from pipelines.registry.lock import registry_lock
     from pipelines.registry import mlflow_io
 
     with registry_lock(model):   # re-entrant: the move takes it again

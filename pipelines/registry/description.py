@@ -13,6 +13,7 @@ import datetime as dt
 import json
 
 from pipelines.registry import mlflow_io
+from pipelines.registry.lock import registry_lock
 
 BEGIN, END = "<!-- ctr-lora-ops: what serves -->", "<!-- /ctr-lora-ops: what serves -->"
 REJECTED_TAG = "rejected"   # on a version: who rejected it and why (filter: tags.rejected != '')
@@ -40,7 +41,7 @@ def _gate(tags: dict) -> str:
 def render(model: str, aliases: dict[str, dict], rejected: list[tuple[str, str]], held: list[tuple[str, str]],
            now: str) -> str:
     """The block. `aliases`: alias -> {"version", "tags", and the latest recorded move into it: "at", "kind",
-    "actor", "reason" (absent for @candidate, which registration sets)}; `rejected` / `held`: (version, why)."""
+    "actor", "reason"; for @candidate, which registration sets, only "at": the version's creation)}; `rejected` / `held`: (version, why)."""
     lines = [BEGIN, f"**What serves {model}** (rewritten at every alias move; {now})", "",
              "| alias | version | since | move | why |", "|---|---|---|---|---|"]
     for alias in sorted(aliases, key=lambda a: (ALIAS_ORDER.index(a) if a in ALIAS_ORDER else 9, a)):
@@ -77,8 +78,18 @@ def _held_why(raw: str) -> str:
         return raw
 
 
+def _created(v) -> str | None:
+    ms = getattr(v, "creation_timestamp", None)
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="seconds") if ms else None
+
+
 def publish(model: str) -> str:
     """Rewrite `model`'s block from the registry and the alias history; returns the block."""
+    with registry_lock(model):   # re-entrant: an alias move publishes while it holds the lock
+        return _publish(model)
+
+
+def _publish(model: str) -> str:
     from pipelines.registry.history import history
 
     c = mlflow_io.client()
@@ -89,11 +100,13 @@ def publish(model: str) -> str:
     # One search for every version's tags (the aliases come from the registered model).
     versions = sorted(c.search_model_versions(f"name = '{model}'"), key=lambda v: -int(v.version))
     tags = {str(v.version): dict(v.tags or {}) for v in versions}
+    created = {str(v.version): _created(v) for v in versions}
     aliases = {}
     for alias, version in (rm.aliases or {}).items():
         move = moves.get(alias) if (moves.get(alias) or {}).get("to_version") == str(version) else None
         aliases[alias] = {"version": str(version), "tags": tags.get(str(version), {}),
-                          **({k: move[k] for k in ("at", "kind", "actor", "reason")} if move else {})}
+                          **({k: move[k] for k in ("at", "kind", "actor", "reason")} if move
+                             else {"at": created.get(str(version))})}
     serving = {a["version"] for a in aliases.values()}
     rejected = [(str(v.version), v.tags[REJECTED_TAG]) for v in versions if v.tags.get(REJECTED_TAG)]
     held = [(str(v.version), _held_why(v.tags[HELD_TAG])) for v in versions
@@ -103,14 +116,14 @@ def publish(model: str) -> str:
     return block
 
 
-def reject(model: str, version: str, why: str, mv=None) -> None:
-    """Mark `version` rejected (tag `rejected`: why) and take @candidate off it if it holds it.
-    `mv`: the version as the caller fetched it (its aliases), fetched here otherwise."""
+def reject(model: str, version: str, why: str) -> None:
+    """Mark `version` rejected (tag `rejected`: why) and take @candidate off it if it holds it. Under the
+    registry lock, reading where @candidate points now: a registration may have moved it to a newer version."""
     c = mlflow_io.client()
     c.set_model_version_tag(model, version, REJECTED_TAG, why[:5000])
-    mv = mlflow_io.get_version(model, version) if mv is None else mv
-    if "candidate" in (mv.aliases or []):
-        c.delete_registered_model_alias(model, "candidate")
+    with registry_lock(model):
+        if str((c.get_registered_model(model).aliases or {}).get("candidate")) == str(version):
+            c.delete_registered_model_alias(model, "candidate")
 
 
 def clear_rejection(model: str, version: str, *, gate_only: bool = True, mv=None) -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 
 from pipelines.config import PipelineConfig
+from pipelines.registry.lock import registry_lock
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,10 @@ def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
         complete_registration(name, str(existing.version), evaluation)
         return {"model": name, "version": str(existing.version), "slot": candidate["slot"], "evaluation": evaluation,
                 "existing": True}
-    version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
+    with registry_lock(name):   # @candidate moves: a gate rejecting the previous one may be taking it off
+        version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
+        description.publish(name)
     model_card.publish(name, version, evaluation=None if evaluation.get("waiting") else evaluation)
-    description.publish(name)
     return {"model": name, "version": version, "slot": candidate["slot"], "evaluation": evaluation, "existing": False}
 
 
@@ -102,7 +104,8 @@ def complete_registration(name: str, version: str, evaluation: dict) -> None:
     mv = mlflow_io.get_version(name, version)   # with aliases and description (a search may omit them)
     if mv.tags.get("gate.passed") == "pending" and "candidate" not in (mv.aliases or []):
         log.info("%s v%s: registered without its @candidate alias (interrupted): setting it", name, version)
-        mlflow_io.client().set_registered_model_alias(name, "candidate", version)
+        with registry_lock(name):
+            mlflow_io.client().set_registered_model_alias(name, "candidate", version)
     if not (mv.description or "").strip():
         log.info("%s v%s: registered without a model card (interrupted): publishing it", name, version)
         model_card.publish(name, version, evaluation=None if evaluation.get("waiting") else evaluation)

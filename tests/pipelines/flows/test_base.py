@@ -13,7 +13,8 @@ from pipelines.config import BaseTrainConfig, DataConfig, PipelineConfig, load_g
 from pipelines.data.synthetic import SLOTS
 from pipelines.errors import PromotionError
 from pipelines.flows import base
-from pipelines.promotion import aliases, lock
+from pipelines.promotion import aliases
+from pipelines.registry import lock
 from pipelines.registry import mlflow_io
 from pipelines.training import base_model
 from tests.conftest import any_base_policy

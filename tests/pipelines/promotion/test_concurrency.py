@@ -1,4 +1,4 @@
-"""The registry lock (`pipelines.promotion.lock`) makes alias moves atomic across processes and machines.
+"""The registry lock (`pipelines.registry.lock`) makes alias moves atomic across processes and machines.
 
 20 concurrent promote/revert operations on one model, from real processes split over two "machines"
 (each its own TMPDIR and CTR_LOCK_DIR, so nothing machine-local can serialise them): the alias ends
@@ -25,7 +25,8 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.errors import PromotionError
-from pipelines.promotion import aliases, lock
+from pipelines.promotion import aliases
+from pipelines.registry import lock
 from tests.conftest import REDIS_URL, adapter_tags, free_port, redis_available, use_mlflow_server
 
 REPO = Path(__file__).resolve().parents[3]

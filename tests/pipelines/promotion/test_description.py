@@ -75,3 +75,19 @@ def test_a_held_release_is_listed_with_its_reason(registry):
     release.release(CANARY, MODEL, "2", actor="t")           # passed against v1: canary
     assert release.release(CANARY, MODEL, v4, actor="t")["held"]   # held behind the watched canary
     assert f"Held: v{v4} (" in page() and "| @canary | v2 (20% of users) |" in page()
+
+
+def test_a_rejection_leaves_candidate_alone_once_a_newer_version_holds_it(tracking):
+    v1, v2 = add_version(MODEL, gate_passed="pending"), add_version(MODEL, gate_passed="pending")
+    MlflowClient().set_registered_model_alias(MODEL, "candidate", v2)   # registered while v1's gate ran
+    description.reject(MODEL, v1, "gate: auc_floor failed")
+    assert str(MlflowClient().get_registered_model(MODEL).aliases["candidate"]) == v2
+
+
+def test_candidate_since_is_its_registration(tracking):
+    v1 = add_version(MODEL, gate_passed="pending")
+    MlflowClient().set_registered_model_alias(MODEL, "candidate", v1)
+    row = next(line for line in description.publish(MODEL).splitlines() if line.startswith("| @candidate"))
+    since = row.split("|")[3].strip()
+    assert since[:4].isdigit() and "T" in since, row   # an ISO time, not "-"
+    assert "| registered |" in row and "waiting for its gate" in row
