@@ -8,11 +8,14 @@ Processes (each started here, its PID in <STACK_DIR>/pids, its log in <STACK_DIR
                 (clients need only the tracking URI, never S3 credentials for the registry)
   api-server, scheduler, dag-processor, triggerer   Airflow 3 on PostgreSQL
   worker-1, worker-2   Celery workers (CeleryExecutor, Redis at 127.0.0.1:6379 as the broker)
+  serve         `python -m pipelines serve`: the scoring server, following the registry
 
 `up` is idempotent: a component whose PID is alive is reported and left alone. The PostgreSQL
 databases (<name>_airflow, <name>_mlflow), the bucket, the pool `ctr_registry`, the AWS connection
-of the lake and MovieLens-100K in the lake are created when missing. Settings come from the
-environment (see `settings()`), so tests can run a second stack beside a user's on other ports.
+of the lake and MovieLens-100K in the lake are created when missing. DAGs are created unpaused, so
+the documented chain (a validated day's Asset event starts retrain, cold start and monitor) runs.
+Settings come from the environment (see `settings()`), so tests can run a second stack beside a
+user's on other ports.
 """
 from __future__ import annotations
 
@@ -20,17 +23,19 @@ import json
 import os
 import secrets
 import shlex
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # stack_procs beside this file, however it is loaded
+import stack_procs as procs  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-ORDER = ["s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", "worker-1", "worker-2"]
+ORDER = ["s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", "worker-1", "worker-2", "serve"]
+AIRFLOW = ORDER[2:-1]
 
 
 def settings(environ=os.environ) -> dict:
@@ -45,6 +50,7 @@ def settings(environ=os.environ) -> dict:
         "s3_port": int(g("STACK_S3_PORT", "9755")),
         "mlflow_port": int(g("STACK_MLFLOW_PORT", "5000")),
         "api_port": int(g("STACK_API_PORT", "8080")),
+        "serve_port": int(g("STACK_SERVE_PORT", "8000")),
         # scheduler / triggerer / workers each serve their task logs on a port of their own
         "log_ports": [int(p) for p in g("STACK_LOG_PORTS", "8793,8794,8795,8796").split(",")],
         "bucket": g("STACK_BUCKET", "ctr-lake"),
@@ -65,6 +71,9 @@ def stack_env(s: dict, environ=os.environ) -> dict:
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # the documented chain runs as soon as the DAGs are parsed: the Asset event of a validated day starts
+        # retrain, cold start and monitor (a DAG a user pauses stays paused: this acts at creation only)
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{s['api_port']}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
@@ -130,6 +139,9 @@ def commands(s: dict) -> dict[str, list[str]]:
         "triggerer": [a, "triggerer"],
         "worker-1": worker(1),
         "worker-2": worker(2),
+        # the scoring server, following the registry (it waits for the first ctr_base@champion)
+        "serve": [str(BIN / "python"), "-m", "pipelines", "serve", "--config", s["pipeline_config"],
+                  "--host", "127.0.0.1", "--port", str(s["serve_port"]), "--poll-seconds", "5"],
     }
 
 
@@ -140,89 +152,18 @@ def component_env(s: dict, env: dict, comp: str) -> dict:
     return env
 
 
-# --- processes ---------------------------------------------------------------------------------
+# --- processes (scripts/stack_procs.py) -------------------------------------------------------------
 
 def pid_of(s: dict, comp: str) -> int | None:
-    path = s["dir"] / "pids" / f"{comp}.pid"
-    try:
-        pid = int(path.read_text())
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError):
-        return None
+    return procs.pid_of(s["dir"], comp)
 
 
 def start(s: dict, env: dict, comp: str) -> str:
-    if pid := pid_of(s, comp):
-        return f"{comp}: already running (pid {pid})"
-    (s["dir"] / "logs").mkdir(parents=True, exist_ok=True)
-    (s["dir"] / "pids").mkdir(parents=True, exist_ok=True)
-    log = open(s["dir"] / "logs" / f"{comp}.log", "ab")
-    # a session of its own: `down` stops the component and every child it forked in one signal
-    proc = subprocess.Popen(commands(s)[comp], env=component_env(s, env, comp), cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    (s["dir"] / "pids" / f"{comp}.pid").write_text(str(proc.pid))
-    return f"{comp}: started (pid {proc.pid})"
+    return procs.start(s["dir"], comp, commands(s)[comp], component_env(s, env, comp), REPO)
 
 
 def stop(s: dict, comp: str, grace_s: float = 20) -> str:
-    pid = pid_of(s, comp)
-    (s["dir"] / "pids" / f"{comp}.pid").unlink(missing_ok=True)
-    if pid is None:
-        return f"{comp}: not running"
-    _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    # the whole group: a Celery pool's or uvicorn's children may outlive their parent by a moment
-    while time.monotonic() < deadline and (_alive(pid) or _group_alive(pid)):
-        time.sleep(0.2)
-    if _alive(pid) or _group_alive(pid):
-        _signal_group(pid, signal.SIGKILL)
-        return f"{comp}: killed (pid {pid})"
-    return f"{comp}: stopped (pid {pid})"
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except OSError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap it when it is our own child
-        if waited:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
-def wait_http(url: str, timeout_s: float, what: str, proc_check=None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if proc_check and not proc_check():
-            break
-        time.sleep(0.5)
-    raise SystemExit(f"{what} did not become healthy at {url} within {timeout_s:.0f} s")
+    return procs.stop(s["dir"], comp, grace_s)
 
 
 # --- one-time set-up (each step idempotent) ------------------------------------------------------
@@ -311,8 +252,8 @@ def airflow_health(s: dict) -> dict:
 
 def wait_healthy(s: dict, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
-    wait_http(f"http://127.0.0.1:{s['api_port']}/api/v2/monitor/health", timeout_s, "api-server",
-              lambda: pid_of(s, "api-server") is not None)
+    procs.wait_http(f"http://127.0.0.1:{s['api_port']}/api/v2/monitor/health", timeout_s, "api-server",
+                    lambda: pid_of(s, "api-server") is not None)
     want = ("metadatabase", "scheduler", "triggerer", "dag_processor")
     while time.monotonic() < deadline:
         h = airflow_health(s)
@@ -335,14 +276,15 @@ def up(s: dict) -> None:
     ensure_databases(s)
     for comp in ("s3", "mlflow"):
         print(start(s, env, comp), flush=True)
-    wait_http(f"http://127.0.0.1:{s['s3_port']}/moto-api/", 60, "moto S3 server")
+    procs.wait_http(f"http://127.0.0.1:{s['s3_port']}/moto-api/", 60, "moto S3 server")
     ensure_bucket(s, env)
     init_airflow(s, env)
-    for comp in ORDER[2:]:
+    for comp in AIRFLOW:
         print(start(s, env, comp), flush=True)
-    wait_http(f"http://127.0.0.1:{s['mlflow_port']}/health", 120, "mlflow server", lambda: pid_of(s, "mlflow"))
+    procs.wait_http(f"http://127.0.0.1:{s['mlflow_port']}/health", 120, "mlflow server", lambda: pid_of(s, "mlflow"))
     if s["load_movielens"]:
         print(load_lake(s, env), flush=True)
+    print(start(s, env, "serve"), flush=True)   # after the lake: the config it reads names it
     wait_healthy(s)
     print(f"stack healthy in {time.monotonic() - t0:.0f} s")
     print_access(s, env)
@@ -354,6 +296,8 @@ def print_access(s: dict, env: dict) -> None:
 Airflow UI   http://127.0.0.1:{s['api_port']}   user admin, password {pw}
              (stored in {env['AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE']})
 MLflow UI    {env['MLFLOW_TRACKING_URI']}
+Scoring      http://127.0.0.1:{s['serve_port']}/invocations   (/healthz, /routes: what serves; it follows the
+             registry, serving once ctr_base has a champion: trigger ctr_base_model)
 S3 (moto)    {env['AWS_ENDPOINT_URL']}   bucket {s['bucket']}
 Logs         {s['dir'] / 'logs'}
 This shell:  eval "$(.venv/bin/python scripts/stack.py env)"   then e.g.  airflow dags list, python -m pipelines status

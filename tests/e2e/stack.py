@@ -147,10 +147,8 @@ def paths_policy(path: Path, **overrides) -> Path:
 
 def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> tuple[str, Path]:
     """MovieLens partitions 1997-11-01..last_day in s3://<bucket>/clicks (a fresh bucket), and a copy of
-    the shipped pipeline config pointing at it, smaller only where just the run time changes (shorter
-    base window, fewer epochs) plus per-section `overrides`. Returns (lake URI, config path)."""
+    the shipped pipeline config pointing at it (`pipeline_config`). Returns (lake URI, config path)."""
     import boto3
-    import yaml
 
     from pipelines.data import movielens
     from pipelines.data.lake import Lake
@@ -160,15 +158,23 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
     for day, part in movielens.daily_partitions():
         if "1997-11-01" <= day <= last_day:
             lake.write_partition(part, day)
+    return lake.uri, pipeline_config(tmp, lake.uri, **overrides)
+
+
+def pipeline_config(tmp: Path, lake_uri: str, **overrides: dict) -> Path:
+    """tmp/pipeline.yaml: the shipped pipeline config on `lake_uri`, smaller only where just the run time
+    changes (shorter base window, fewer epochs), plus per-section `overrides`."""
+    import yaml
+
     cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
-    cfg["data"]["lake_uri"] = lake.uri
+    cfg["data"]["lake_uri"] = lake_uri
     cfg["base_training"].update(train_start="1997-11-01", epochs=2)
     cfg["lora"].update(epochs=2)
     for section, values in overrides.items():
         cfg[section].update(values)
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return lake.uri, path
+    return path
 
 
 @contextlib.contextmanager

@@ -66,6 +66,16 @@ def test_stack_env_is_the_production_topology(stack_mod, tmp_path):
     assert "--serve-artifacts" in mlflow_cmd and any(a.startswith("postgresql://") for a in mlflow_cmd)
 
 
+def test_the_stack_runs_the_documented_chain_and_serves(stack_mod, tmp_path):
+    """DAGs start unpaused (a validated day's Asset event starts retrain, cold start and monitor), and the
+    scoring server is one of the stack's processes, stopped last-started-first."""
+    s = stack_mod.settings({"STACK_DIR": str(tmp_path), "STACK_SERVE_PORT": "18000"})
+    assert stack_mod.stack_env(s, {})["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"
+    serve = stack_mod.commands(s)["serve"]
+    assert serve[1:4] == ["-m", "pipelines", "serve"] and serve[serve.index("--port") + 1] == "18000"
+    assert stack_mod.ORDER[-1] == "serve" and "serve" not in stack_mod.AIRFLOW
+
+
 def test_stack_env_keeps_the_callers_pythonpath_after_the_projects(stack_mod, tmp_path):
     """A user's own model family may live on their PYTHONPATH rather than in site-packages: the workers and
     the DAG processor inherit it, after the project's own paths (which it cannot shadow)."""
