@@ -7,12 +7,12 @@ on, as its holdout would be) and returns what the gate reads: the same summary a
 `compare.evaluate` (so the AUC floor, calibration, fairness, latency and interference act at once), plus the
 day's paired evidence: the count, sum and sum of squares of logloss(champion) - logloss(candidate) per row,
 which `promotion.sequential` adds up over the days the candidate waits. The report goes to the candidate's
-training run under `judge/<day>/`, the metrics as `shadow_*` at the day's step (days since 1970-01-01): one
-point per judged day, a line over the days in MLflow's charts.
+training run under `judge/<day>/`, the metrics as `shadow_*` at the day's step (days since 1970-01-01), and
+the day's figures of the judged version and of the one beside it to the slot's timeline run
+(`evaluation.timeline`: AUC over days per slot, one line each in MLflow's charts).
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections import Counter
 
@@ -20,14 +20,11 @@ import numpy as np
 import pandas as pd
 
 from pipelines.config import PipelineConfig
+from pipelines.evaluation import timeline
 from pipelines.evaluation.compare import SLICE_COLUMNS, _compact, _user_keys
+from pipelines.evaluation.timeline import day_step
 
 log = logging.getLogger(__name__)
-
-
-def day_step(day: str) -> int:
-    """A day as an MLflow metric step: days since 1970-01-01."""
-    return (dt.date.fromisoformat(day) - dt.date(1970, 1, 1)).days
 
 
 def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, day: str,
@@ -63,6 +60,9 @@ def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, d
 
         d = paired_differences(rows["label"].to_numpy(dtype=np.float64), preds["champion"], preds["candidate"])
         evidence = {"n": int(len(d)), "total": float(d.sum()), "total_sq": float((d * d).sum())}
+    # beside a champion it replaced (`against`), that one serves no more: only the judged version is on the line
+    beside = [(str(champion_mv.version), result["champion"])] if champion_mv is not None and not against else []
+    timeline.record(model, slot, day, [(str(version), result["candidate"]), *beside])
     theirs = (result["champion"] or {}).get("auc")
     log.info("%s v%s judged on %s: %d rows, AUC %s beside %s", model, version, day, len(rows),
              _fmt(result["candidate"].get("auc")),

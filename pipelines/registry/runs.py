@@ -15,8 +15,11 @@ from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
+# AIRFLOW_CTX_MAP_INDEX (a mapped instance's index) and CTR_CELERY_WORKER (the Celery node that ran it) are set
+# by the CTR tasks themselves (ctr_airflow.dag_defaults, ctr_airflow.celery_config): Airflow exports neither.
 AIRFLOW_ENV = {"airflow.dag_id": "AIRFLOW_CTX_DAG_ID", "airflow.run_id": "AIRFLOW_CTX_DAG_RUN_ID",
-               "airflow.task_id": "AIRFLOW_CTX_TASK_ID", "airflow.try_number": "AIRFLOW_CTX_TRY_NUMBER"}
+               "airflow.task_id": "AIRFLOW_CTX_TASK_ID", "airflow.try_number": "AIRFLOW_CTX_TRY_NUMBER",
+               "airflow.map_index": "AIRFLOW_CTX_MAP_INDEX", "airflow.worker": "CTR_CELERY_WORKER"}
 URL_TAG = "airflow.url"
 ERROR_TAG = "error"
 PREVIOUS_TRY_TAG = "airflow.previous_try_run_id"
@@ -30,7 +33,9 @@ def airflow_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     base = environ.get("AIRFLOW__API__BASE_URL", "").rstrip("/")
     if base and {"airflow.dag_id", "airflow.run_id", "airflow.task_id"} <= tags.keys():
         tags[URL_TAG] = (f"{base}/dags/{quote(tags['airflow.dag_id'], safe='')}/runs/"
-                         f"{quote(tags['airflow.run_id'], safe='')}/tasks/{quote(tags['airflow.task_id'], safe='')}")
+                         f"{quote(tags['airflow.run_id'], safe='')}/tasks/{quote(tags['airflow.task_id'], safe='')}"
+                         + (f"/mapped/{quote(tags['airflow.map_index'], safe='')}" if "airflow.map_index" in tags
+                            else ""))
     return tags
 
 

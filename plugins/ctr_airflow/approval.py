@@ -28,7 +28,9 @@ BODY = (_DECISION +
         "**{{ d.model }} v{{ d.version }}** passed its gate"
         "{% if d.champion_version %} against champion v{{ d.champion_version }}{% else %} (first version){% endif %}. "
         "Approve to release it as the gate policy says (canary or champion); its model card and gate report "
-        "are on the version in the MLflow registry."
+        "are on the version in the MLflow registry"
+        "{% if (d.get('links') or {}).get('version') %}: [{{ d.model }} v{{ d.version }}]({{ d.links.version }})"
+        "{% endif %}."
         "{% if d.get('would_hold') %}\n\n**Approving will not release it now.** {{ d.get('would_hold') }}.{% endif %}")
 
 

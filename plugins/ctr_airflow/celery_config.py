@@ -10,6 +10,10 @@ docs/benchmarks.md). Importing them once in the worker's main process, before Ce
 pool, hands every task process those modules already loaded (copy-on-write). Importing them starts
 no thread (checked), so forking afterwards is safe; torch's thread pools are created lazily in the
 task process. `CTR_WORKER_PRELOAD` lists the modules (comma-separated; empty turns it off).
+
+The worker also exports its Celery node name (`--celery-hostname`, e.g. ctr_stack-worker-1@host) as
+CTR_CELERY_WORKER, which every task process inherits: task logs and MLflow runs (`airflow.worker`) name the
+worker that ran them, where the machine's host name is the same for every worker of a machine.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import os
 import time
 
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
-from celery.signals import worker_init
+from celery.signals import celeryd_after_setup, worker_init
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,15 @@ def preload_modules(names: list[str] | tuple[str, ...]) -> dict[str, float]:
             continue
         took[name] = time.perf_counter() - t0
     return took
+
+
+WORKER_ENV = "CTR_CELERY_WORKER"
+
+
+@celeryd_after_setup.connect
+def _export_worker_name(sender=None, **_) -> None:
+    if sender:   # the node name, before the pool forks
+        os.environ[WORKER_ENV] = str(sender)
 
 
 @worker_init.connect

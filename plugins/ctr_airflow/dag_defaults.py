@@ -21,11 +21,21 @@ Import-light (DAG files import it at parse time): Airflow's SDK and pendulum onl
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import socket
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import Param, dag, task
+# The class behind `@task` (Airflow's own, private name): subclassed only to carry the MLflow links.
+from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
+from airflow.sdk import Param, dag
+from airflow.sdk.bases.decorator import task_decorator_factory
 from airflow.sdk.exceptions import AirflowFailException
+
+from ctr_airflow.links import LINKS, find, remember
+
+log = logging.getLogger(__name__)
 
 OWNER = "ctr-ml"
 TAG = "ctr"
@@ -62,18 +72,31 @@ def map_label(task) -> str:
     shows the index. Never raises: a label that failed to render would fail a task that succeeded."""
     try:
         args = getattr(task, "op_kwargs", None) or {n: getattr(task, n, None) for n in task.template_fields}
-        return str(_find(args, "slot") or _find(args, "model") or "")
+        return str(find(args, "slot") or find(args, "model") or "")
     except Exception:   # noqa: BLE001 (a name, never a failure)
         return ""
 
 
-def _find(value, key: str, depth: int = 0):
-    """The first non-empty string under `key` in nested dicts: this level's first, then each value's (3 levels)."""
-    if not isinstance(value, dict) or depth > 3:
-        return None
-    if isinstance(value.get(key), str) and value[key]:
-        return value[key]
-    return next((f for v in value.values() if (f := _find(v, key, depth + 1))), None)
+def worker_name(environ=os.environ) -> str:
+    """The Celery worker running this task (its node name, e.g. ctr_stack-worker-1@host; set by
+    ctr_airflow.celery_config when the worker starts), else this machine's host name."""
+    return environ.get("CTR_CELERY_WORKER") or socket.gethostname()
+
+
+def _announce() -> None:
+    """Name the worker in the task log, and hand the map index to the MLflow runs the task opens
+    (pipelines.registry.runs reads AIRFLOW_CTX_*; Airflow exports no map index of its own)."""
+    from airflow.sdk import get_current_context
+
+    try:
+        map_index = int(getattr(get_current_context()["ti"], "map_index", -1))
+    except Exception:   # noqa: BLE001 (outside a task instance: nothing to tell)
+        map_index = -1
+    if map_index >= 0:
+        os.environ["AIRFLOW_CTX_MAP_INDEX"] = str(map_index)
+    else:   # dag.test() runs every task in one process: not the previous task's index
+        os.environ.pop("AIRFLOW_CTX_MAP_INDEX", None)
+    log.info("running on worker %s (pid %d)", worker_name(), os.getpid())
 
 
 def fail_fast(fn):
@@ -84,6 +107,7 @@ def fail_fast(fn):
     def run(*args, **kwargs):
         from pipelines.errors import PipelineError
 
+        _announce()
         try:
             return fn(*args, **kwargs)
         except PipelineError as exc:
@@ -93,11 +117,24 @@ def fail_fast(fn):
     return run
 
 
+class CtrTaskOperator(_PythonDecoratedOperator):
+    """`@task`, with extra links to the MLflow run and model version its result names (ctr_airflow.links)."""
+
+    operator_extra_links = LINKS
+
+    def execute(self, context):
+        result = super().execute(context)
+        remember(self, result)
+        return result
+
+
 def ctr_task(fn=None, **kwargs):
-    """Airflow's `@task` (or `@task(**kwargs)`) over `fail_fast(fn)`: the task of every CTR DAG."""
-    if fn is not None:
-        return task(fail_fast(fn))
-    return lambda f: task(fail_fast(f), **kwargs)
+    """Airflow's `@task` (or `@task(**kwargs)`) over `fail_fast(fn)`, with the MLflow links: the task of every
+    CTR DAG."""
+    def decorate(f):
+        return task_decorator_factory(python_callable=fail_fast(f), decorated_operator_class=CtrTaskOperator,
+                                      **kwargs)
+    return decorate(fn) if fn is not None else decorate
 
 
 def day_param(description: str) -> Param:

@@ -21,6 +21,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from ctr_airflow.dag_defaults import REGISTRY_POOL
+from ctr_airflow.links import LINKS, remember, remembered
 from ctr_airflow.runtime import actor
 
 MOVES = AssetAlias("ctr-model-aliases")
@@ -102,6 +103,7 @@ class _MoveOperator(BaseOperator):
     """Runs one pipelines move; refusals become ModelMoveRefused, moves become Asset events."""
 
     what = "move"
+    operator_extra_links = LINKS
 
     def __init__(self, **kwargs):
         kwargs.setdefault("outlets", [MOVES])
@@ -122,6 +124,8 @@ class _MoveOperator(BaseOperator):
         except PipelineError as exc:
             context["ti"].xcom_push(key="error", value={"model": getattr(self, "model", None), "error": str(exc)})
             raise ModelMoveRefused(f"{self.what} of {getattr(self, 'model', '?')} refused: {exc}") from exc
+        first = next(_each_move(result), {})
+        remember(self, {"model": first.get("model"), "version": first.get("to_version") or first.get("held_version")})
         for m in _each_move(result):
             emit_move(context, m)
             if m.get("held"):
@@ -281,6 +285,7 @@ class ReleaseOperator(_MoveOperator):
         from pipelines.promotion import release
 
         self.model = _text(self.decision["model"], "model")
+        remember(self, {"model": self.model, "version": self.decision["version"]})   # linked even when refused
         policy = load_gate_policy(self.policy_path or None)
         self._approver(context)   # records the answer on the version, which release() then reads
         return release.release(policy, self.model, _version(self.decision["version"]), actor=actor(context),
@@ -298,6 +303,7 @@ class GatedPromotionOperator(BaseOperator):
     """
 
     template_fields = ("registered", "policy_path")
+    operator_extra_links = LINKS
 
     def __init__(self, *, registered: dict, policy_path: str | None = None, fail_on_reject: bool = False,
                  release: bool = True, **kwargs):
@@ -312,6 +318,7 @@ class GatedPromotionOperator(BaseOperator):
         from pipelines.promotion import release
 
         r = self.registered
+        remember(self, {"model": r.get("model"), "version": r.get("version")})   # linked whatever the verdict
         if r.get("evaluation") is None:   # a prequential candidate: nothing is ready to gate today
             raise AirflowSkipException(r.get("reason") or f"{r.get('model')}: nothing to gate")
         try:
@@ -325,8 +332,8 @@ class GatedPromotionOperator(BaseOperator):
         if decision["passed"] and (decision.get("release") or {}).get("held"):
             context["ti"].xcom_push(key="decision", value=decision)
             raise_held(self.log, {"model": r["model"], "held_version": r["version"], **decision["release"]})
-        if decision["passed"]:
-            return decision
+        if decision["passed"]:   # with the version's MLflow page, for the approval's body
+            return {**decision, "links": remembered(self)}
         context["ti"].xcom_push(key="decision", value=decision)
         msg = f"{r['model']} v{r['version']} rejected by the gate; @champion stays at v{decision['champion_version']}"
         if self.fail_on_reject:

@@ -96,6 +96,12 @@ class AirflowREST:
         return "\n".join(f"[{c.get('level', '')}] {c.get('event', '')}" if isinstance(c, dict) else str(c)
                          for c in content)
 
+    def extra_links(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, str | None]:
+        """The task instance's extra links as the UI shows them: {name: URL, or None while it has none}."""
+        r = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links",
+                         params={"map_index": map_index})
+        return r.json()["extra_links"]
+
     def pending_approvals(self, dag_id: str, run_id: str) -> list[dict]:
         details = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/hitlDetails").json()["hitl_details"]
         return [d for d in details if not d.get("response_received")]

@@ -30,7 +30,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
-from tests.e2e.stack import CANARY, JUDGE_PASSABLE, REPO, movielens_lake, paths_policy, this_process_on
+from tests.e2e.stack import CANARY, JUDGE_PASSABLE, REPO, movielens_lake, paths_policy, pipeline_config, this_process_on
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +39,9 @@ DAILY = ("ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor")
 VALIDATED_URI = "x-ctr-lake://clicks/validated"
 SLOTS = ("morning", "afternoon", "night")
 WORKERS = ("worker-1", "worker-2")
+
+
+_LIVE_NAME: list[str] = []   # the module's stack name (its workers are <name>-worker-<i>@host)
 
 
 class LiveStack:
@@ -66,16 +69,19 @@ class LiveStack:
 def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     name = f"ctr_e2e_{uuid.uuid4().hex[:8]}"
+    _LIVE_NAME[:] = [name]
     bucket = name.replace("_", "-")
     # every release waits for a person (answered through the REST API below); the day-3 canary paths run
     paths_policy(tmp / "gate_policy.yaml", approval=True, **CANARY, **JUDGE_PASSABLE)
     env = {**os.environ, "STACK_NAME": name, "STACK_DIR": str(tmp / "stack"), "STACK_BUCKET": bucket,
            "STACK_S3_PORT": str(free_port()), "STACK_MLFLOW_PORT": str(free_port()),
-           "STACK_API_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
+           "STACK_API_PORT": str(free_port()), "STACK_SERVE_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
            "STACK_REDIS_URL": "redis://127.0.0.1:6379/13", "STACK_LOAD_MOVIELENS": "0",
            "CTR_PIPELINE_CONFIG": str(tmp / "pipeline.yaml"), "CTR_GATE_POLICY": str(tmp / "gate_policy.yaml"),
            "CTR_TORCH_THREADS": "1"}
     st = LiveStack(env, tmp)
+    cold_start = {"window_days": 45, "history_days": 60}
+    pipeline_config(tmp, f"s3://{bucket}/clicks", cold_start=cold_start)   # the scoring server reads it at start
     try:
         up = st.cli("up")
         assert up.returncode == 0, up.stdout + up.stderr
@@ -87,9 +93,9 @@ def live(tmp_path_factory):
                              AWS_ACCESS_KEY_ID=svc["AWS_ACCESS_KEY_ID"],
                              AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
                              MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
-            movielens_lake(tmp, bucket, DAY3, cold_start={"window_days": 45, "history_days": 60})
-            # The DAG files read the pipeline config when parsed (the lake_uri form field): it is written
-            # only now, so wait until the DAG processor has parsed every DAG with it.
+            movielens_lake(tmp, bucket, DAY3, cold_start=cold_start)
+            # The DAG files read the pipeline config when parsed (the lake_uri form field): wait until the DAG
+            # processor has parsed every DAG.
             st.rest().wait_for_dags(["ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY])
             yield st
     finally:
@@ -121,8 +127,9 @@ def test_stack_is_up_and_a_second_up_is_idempotent(live):
     assert "stack healthy in" in live.up_output and "Airflow UI" in live.up_output
     again = live.cli("up")
     assert again.returncode == 0, again.stderr
-    for comp in ("s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", *WORKERS):
+    for comp in ("s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", *WORKERS, "serve"):
         assert f"{comp}: already running" in again.stdout
+    assert f"http://127.0.0.1:{live.env['STACK_SERVE_PORT']}/invocations" in live.up_output
     assert live.cli("status").returncode == 0
 
 
@@ -200,6 +207,31 @@ def check_retrain(rest: AirflowREST, run_id: str, day: str, released: str | None
         assert (trained["airflow.run_id"], trained["airflow.task_id"], trained["airflow.try_number"]) == \
             (run_id, "train_adapter", "1")
         assert trained["airflow.url"].startswith(f"{rest.base_url}/dags/ctr_lora_retrain/runs/")
+        assert trained["airflow.worker"].startswith(worker_prefix())   # the Celery node, by name
+    check_links_both_ways(rest, run_id, tis)
+
+
+def worker_prefix() -> str:
+    return f"{_LIVE_NAME[0]}-worker-"
+
+
+def check_links_both_ways(rest: AirflowREST, run_id: str, tis: list[dict]) -> None:
+    """Airflow -> MLflow: each train_adapter instance links to its MLflow run, each register instance to its
+    version; MLflow -> Airflow: the run's `airflow.url` is that very mapped instance's page. The task log names
+    the Celery worker that ran it."""
+    mlflow_ui = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
+    for ti in (t for t in tis if t["task_id"] == "register"):
+        slot = ti["rendered_map_index"]
+        link = rest.extra_links("ctr_lora_retrain", run_id, "register", ti["map_index"])["MLflow model version"]
+        version = next(v for v in versions(f"ctr_lora_{slot}") if v.tags.get("airflow.run_id") == run_id)
+        assert link == f"{mlflow_ui}/#/models/ctr_lora_{slot}/versions/{version.version}", link
+        train = next(t for t in tis if t["task_id"] == "train_adapter" and t["rendered_map_index"] == slot)
+        run_link = rest.extra_links("ctr_lora_retrain", run_id, "train_adapter", train["map_index"])["MLflow run"]
+        assert run_link == f"{mlflow_ui}/#/runs/{version.run_id}", run_link
+        url = MlflowClient().get_run(version.run_id).data.tags["airflow.url"]
+        assert url.endswith(f"/tasks/train_adapter/mapped/{train['map_index']}"), url
+    log = rest.task_log("ctr_lora_retrain", run_id, "train_adapter", map_index=0)
+    assert re.search(rf"running on worker {worker_prefix()}[12]@", log), log[-2000:]
 
 
 def test_retrain_day1_trains_candidates_that_wait_to_be_judged(live):
@@ -256,6 +288,49 @@ def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(liv
         assert alias_of(name) == "2" and versions(name)[2].tags["judge.replaced"] == "2"
         page = MlflowClient().get_registered_model(name).description   # what serves and why, on its page
         assert "| @champion | v2 |" in page and "| @canary | v3 (" in page and "passed gate" in page
+        # how the slot is doing over days: one run, a line per role (day 2: v1 judged as a candidate; day 3: v2
+        # judged as the champion it had become)
+        from pipelines.evaluation.timeline import day_step, run_of
+
+        line = run_of(name, slot)
+        steps = {k: [m.step for m in MlflowClient().get_metric_history(line, k)]
+                 for k in ("candidate_auc", "champion_auc")}
+        assert steps == {"candidate_auc": [day_step(DAY2)], "champion_auc": [day_step(DAY3)]}, steps
+
+
+def serving(live, path: str, body: dict | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{live.env['STACK_SERVE_PORT']}{path}", method="POST" if body else "GET",
+                                 data=json.dumps(body).encode() if body else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+    except OSError as exc:   # not listening yet: it waits for the first ctr_base@champion before it binds
+        return 0, {"error": str(exc)}
+
+
+def test_the_stacks_scoring_server_follows_the_registry(live):
+    """`make stack` started `python -m pipelines serve` before anything was registered; by now it serves
+    each slot's champion (v2) and canary (v3) as the registry says, with no restart."""
+    want = {f"ctr_lora_{s}@{a}": f"ctr_lora_{s}:{v}" for s in SLOTS for a, v in (("champion", "2"), ("canary", "3"))}
+    deadline, routes = time.monotonic() + 120, {}
+    while time.monotonic() < deadline:
+        code, health = serving(live, "/healthz")
+        routes = serving(live, "/routes")[1].get("routes", {}) if code == 200 else {}
+        if want.items() <= routes.items():
+            break
+        time.sleep(3)
+    assert want.items() <= routes.items(), (routes, health)
+    row = {"user_id": "1", "item_id": "50", "slot": "morning", "age_bucket": "25-34", "gender": "F",
+           "occupation": "writer", "category": "Drama", "hour": 9, "weekday": 2, "is_new_user": False}
+    code, out = serving(live, "/invocations", {"dataframe_records": [row]})
+    assert code == 200 and 0 < out["predictions"][0] < 1, out
+    assert out["served_by"][0]["model"] == "ctr_lora_morning", out
 
 
 def test_mapped_tasks_ran_on_both_celery_workers(live):
@@ -299,7 +374,7 @@ def test_stack_down_stops_every_process_it_started(live):
     """Last in the module: `make stack-down` stops each component by the PID `up` recorded, children
     included (each runs in a session of its own), and leaves no PID file behind."""
     pids = {p.stem: int(p.read_text()) for p in (live.dir / "pids").glob("*.pid")}
-    assert set(pids) == {"s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", *WORKERS}
+    assert set(pids) == {"s3", "mlflow", "api-server", "scheduler", "dag-processor", "triggerer", *WORKERS, "serve"}
     down = live.cli("down")
     assert down.returncode == 0, down.stderr
     for comp, pid in pids.items():

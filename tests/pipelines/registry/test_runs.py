@@ -10,7 +10,8 @@ from mlflow import MlflowClient
 from pipelines.registry import mlflow_io, runs
 
 TASK = {"AIRFLOW_CTX_DAG_ID": "ctr_lora_retrain", "AIRFLOW_CTX_DAG_RUN_ID": "manual__2026-12-06T10:00:00+00:00",
-        "AIRFLOW_CTX_TASK_ID": "train_adapter"}
+        "AIRFLOW_CTX_TASK_ID": "train_adapter", "AIRFLOW_CTX_MAP_INDEX": "2",
+        "CTR_CELERY_WORKER": "ctr_stack-worker-1@vm"}
 
 
 @pytest.fixture
@@ -32,10 +33,18 @@ def test_a_run_opened_in_a_task_carries_the_task_instance_and_a_link_back(in_tas
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert {k: tags[k] for k in runs.AIRFLOW_ENV} == {
         "airflow.dag_id": "ctr_lora_retrain", "airflow.run_id": "manual__2026-12-06T10:00:00+00:00",
-        "airflow.task_id": "train_adapter", "airflow.try_number": "1"}
+        "airflow.task_id": "train_adapter", "airflow.try_number": "1", "airflow.map_index": "2",
+        "airflow.worker": "ctr_stack-worker-1@vm"}
+    # the mapped instance's own page (Airflow's UI route for an index), not the task's list of indexes
     assert tags[runs.URL_TAG] == ("http://airflow.example:8080/dags/ctr_lora_retrain/runs/"
-                                  "manual__2026-12-06T10%3A00%3A00%2B00%3A00/tasks/train_adapter")
+                                  "manual__2026-12-06T10%3A00%3A00%2B00%3A00/tasks/train_adapter/mapped/2")
     assert runs.PREVIOUS_TRY_TAG not in tags and runs.ERROR_TAG not in tags
+
+
+def test_an_unmapped_task_links_to_its_task_page(in_task, monkeypatch):
+    in_task(1)
+    monkeypatch.delenv("AIRFLOW_CTX_MAP_INDEX")
+    assert runs.airflow_tags()[runs.URL_TAG].endswith("/tasks/train_adapter")
 
 
 def test_without_the_api_servers_address_the_tags_stay_and_no_url_is_guessed(in_task):
