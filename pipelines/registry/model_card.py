@@ -57,7 +57,9 @@ def render(name: str, version: str, tags: dict, evaluation: dict | None = None, 
         lines += ["", f"## Metrics on {where}", "", f"{evaluation.get('holdout_rows', cand.get('rows'))} rows."]
         if evaluation.get("sequential"):
             q = evaluation["sequential"]
-            lines += ["", f"Sequential test over {q.get('days')} judged day(s), {q.get('n')} rows: {q.get('verdict')} "
+            # no champion to pair with: there are no paired rows, not "None" of them
+            paired = f"{q['n']} paired rows" if q.get("n") is not None else "no paired rows (no champion)"
+            lines += ["", f"Sequential test over {q.get('days')} judged day(s), {paired}: {q.get('verdict')} "
                           f"({q.get('reason')})."]
         lines += [""] + _table(["metric", "this version", vs], _metrics_rows(cand, champ))
         if evaluation.get("delong"):

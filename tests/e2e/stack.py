@@ -71,7 +71,24 @@ class Stack:
         if check and proc.returncode != 0:
             raise AssertionError(f"airflow {' '.join(args)} exited {proc.returncode}:\n"
                                  f"{(proc.stdout + proc.stderr)[-6000:]}")
+        if check and args[:2] == ("dags", "test"):
+            assert not (again := self.retried(args[2])), f"a retry hid a first-try failure: {again}"
         return proc
+
+    def retried(self, dag_id: str) -> list[tuple]:
+        """(task_id, map_index, try_number) of the DAG's newest run's task instances that needed more than one try."""
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.text(
+                    "SELECT task_id, map_index, try_number FROM task_instance WHERE dag_id = :d AND try_number > 1 "
+                    "AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = :d ORDER BY id DESC LIMIT 1)"),
+                    {"d": dag_id}).all()
+        finally:
+            engine.dispose()
+        return [tuple(r) for r in rows]
 
     def init_airflow(self) -> None:
         """A fresh metadata DB and the one-slot pool that serialises registry writes (as airflow-init does)."""

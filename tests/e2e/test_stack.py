@@ -9,7 +9,8 @@ whole window, waiting to be judged) -> days 2 and 3 arrive: `ctr_lake_arrival` v
 starts retrain, cold start and the monitor by itself; each retrain judges yesterday's candidates on the day's
 rows and releases the day's candidates in their place (day 2: the first champions; day 3: canaries beside them);
 every release is approved through the HITL REST endpoint -> model ops (promote a canary, revert, override, an
-invalid form). Checked:
+invalid form) -> a person in a browser retrains day 4, approves its releases and follows the links to the registry.
+Checked:
 versions, aliases, alias history, gate records, Asset events, clean task logs, and that the mapped
 tasks ran on both Celery workers.
 """
@@ -18,109 +19,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
-import subprocess
-import sys
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
-from tests.e2e.stack import CANARY, JUDGE_PASSABLE, REPO, movielens_lake, paths_policy, pipeline_config, this_process_on
+from tests.e2e.browser import AirflowUI, browser, model_page_description
+from tests.e2e.live_stack import DAILY, LAKE_LAST_DAY, alias_of, approve_all, live, versions, worker_prefix  # noqa: F401 (live: the fixture)
 
 pytestmark = pytest.mark.slow
 
-CUTOFF, DAY1, DAY2, DAY3 = "1997-12-31", "1998-03-01", "1998-03-02", "1998-03-03"
-DAILY = ("ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor")
+CUTOFF, DAY1, DAY2, DAY3, DAY4 = "1997-12-31", "1998-03-01", "1998-03-02", "1998-03-03", LAKE_LAST_DAY
 VALIDATED_URI = "x-ctr-lake://clicks/validated"
 SLOTS = ("morning", "afternoon", "night")
 WORKERS = ("worker-1", "worker-2")
-
-
-_LIVE_NAME: list[str] = []   # the module's stack name (its workers are <name>-worker-<i>@host)
-
-
-class LiveStack:
-    def __init__(self, env: dict, tmp: Path):
-        self.env, self.tmp = env, tmp
-        self.dir = Path(env["STACK_DIR"])
-
-    def cli(self, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), *args], env=self.env, cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def service_env(self) -> dict:
-        out = self.cli("env").stdout
-        return {k: shlex.split(v)[0] for k, v in re.findall(r"^export (\w+)=(.*)$", out, flags=re.M)}
-
-    def rest(self) -> AirflowREST:
-        pw = json.loads((self.dir / "airflow" / "passwords.json").read_text())["admin"]
-        return AirflowREST(f"http://127.0.0.1:{self.env['STACK_API_PORT']}", "admin", pw)
-
-    def worker_log(self, worker: str) -> str:
-        return (self.dir / "logs" / f"{worker}.log").read_text(errors="replace")
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("stack")
-    name = f"ctr_e2e_{uuid.uuid4().hex[:8]}"
-    _LIVE_NAME[:] = [name]
-    bucket = name.replace("_", "-")
-    # every release waits for a person (answered through the REST API below); the day-3 canary paths run
-    paths_policy(tmp / "gate_policy.yaml", approval=True, **CANARY, **JUDGE_PASSABLE)
-    env = {**os.environ, "STACK_NAME": name, "STACK_DIR": str(tmp / "stack"), "STACK_BUCKET": bucket,
-           "STACK_S3_PORT": str(free_port()), "STACK_MLFLOW_PORT": str(free_port()),
-           "STACK_API_PORT": str(free_port()), "STACK_SERVE_PORT": str(free_port()), "STACK_LOG_PORTS": ",".join(str(free_port()) for _ in range(4)),
-           "STACK_REDIS_URL": "redis://127.0.0.1:6379/13", "STACK_LOAD_MOVIELENS": "0",
-           "CTR_PIPELINE_CONFIG": str(tmp / "pipeline.yaml"), "CTR_GATE_POLICY": str(tmp / "gate_policy.yaml"),
-           "CTR_TORCH_THREADS": "1"}
-    st = LiveStack(env, tmp)
-    cold_start = {"window_days": 45, "history_days": 60}
-    pipeline_config(tmp, f"s3://{bucket}/clicks", cold_start=cold_start)   # the scoring server reads it at start
-    try:
-        up = st.cli("up")
-        assert up.returncode == 0, up.stdout + up.stderr
-        st.up_output = up.stdout
-        svc = st.service_env()
-        # The lake (MovieLens 1997-11-01..DAY3) and the smaller test config, written from here
-        # into the stack's S3: the workers read both at task time.
-        with this_process_on(svc["MLFLOW_TRACKING_URI"], AWS_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"],
-                             AWS_ACCESS_KEY_ID=svc["AWS_ACCESS_KEY_ID"],
-                             AWS_SECRET_ACCESS_KEY=svc["AWS_SECRET_ACCESS_KEY"],
-                             MLFLOW_S3_ENDPOINT_URL=svc["AWS_ENDPOINT_URL"], CTR_REGISTRY_LOCK_URL=svc["CTR_REGISTRY_LOCK_URL"]):
-            movielens_lake(tmp, bucket, DAY3, cold_start=cold_start)
-            # The DAG files read the pipeline config when parsed (the lake_uri form field): wait until the DAG
-            # processor has parsed every DAG.
-            st.rest().wait_for_dags(["ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY])
-            yield st
-    finally:
-        down = st.cli("down", "--purge")
-        print(down.stdout, down.stderr)
-
-
-def approve_all(rest: AirflowREST, dag_id: str, run_id: str, answered: list, reject: set = frozenset()):
-    """Answer each open approval of a run through `PATCH .../hitlDetails`, as a person in the UI would."""
-    def poll():
-        for detail in rest.pending_approvals(dag_id, run_id):
-            option = "Reject" if any(m in (detail.get("body") or "") for m in reject) else "Approve"
-            rest.answer(detail, option)
-            answered.append((detail["task_instance"]["map_index"], option))
-    return poll
-
-
-def versions(name: str) -> list:
-    return sorted(MlflowClient().search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
-
-
-def alias_of(name: str, alias: str = "champion") -> str | None:
-    from pipelines.promotion import aliases
-
-    return aliases.current(name, alias)
 
 
 def test_stack_is_up_and_a_second_up_is_idempotent(live):
@@ -209,10 +122,6 @@ def check_retrain(rest: AirflowREST, run_id: str, day: str, released: str | None
         assert trained["airflow.url"].startswith(f"{rest.base_url}/dags/ctr_lora_retrain/runs/")
         assert trained["airflow.worker"].startswith(worker_prefix())   # the Celery node, by name
     check_links_both_ways(rest, run_id, tis)
-
-
-def worker_prefix() -> str:
-    return f"{_LIVE_NAME[0]}-worker-"
 
 
 def check_links_both_ways(rest: AirflowREST, run_id: str, tis: list[dict]) -> None:
@@ -368,6 +277,53 @@ def test_model_ops_forms(live):
     assert "model" in bad.text or "reason" in bad.text
     events = rest.asset_events(f"mlflow://{name}/champion")
     assert len(events) >= 3
+
+
+def test_a_user_retrains_approves_and_follows_the_links_in_a_browser(live, tmp_path):
+    """The path a person clicks, in Debian's Chromium: sign in; trigger ctr_lora_retrain for day 4 from its form;
+    watch train_adapter's instances, named by slot, succeed; approve each release in Required Actions; from a
+    register instance's Details follow "MLflow model version" to the version's page, and from there to the model's
+    page, whose description says what serves and why."""
+    rest, run_id = live.rest(), f"browser_{DAY4}"
+    with browser(tmp_path / "shots") as context:
+        ui = AirflowUI(context.new_page(), live.airflow_url)
+        ui.sign_in("admin", live.admin_password())
+        ui.trigger("ctr_lora_retrain", run_id, {"end_day": DAY4})
+        assert ui.wait_mapped("ctr_lora_retrain", run_id, "train_adapter", SLOTS)
+        approved, deadline = [], time.monotonic() + 600
+        while rest.run("ctr_lora_retrain", run_id)["state"] not in ("success", "failed"):
+            assert time.monotonic() < deadline, rest.task_instances("ctr_lora_retrain", run_id)
+            if not (subject := ui.approve_next(run_id)):
+                time.sleep(3)
+            approved += [subject] if subject else []
+        tis = rest.task_instances("ctr_lora_retrain", run_id)
+        assert rest.run("ctr_lora_retrain", run_id)["state"] == "success", tis
+        assert [(t["task_id"], t["map_index"]) for t in tis if t["try_number"] > 1] == []
+        assert approved, "day 4 asked for no release: the approval path went unclicked"
+        model, version = re.search(r"release (ctr_lora_\w+) v(\d+) ", approved[0]).groups()
+        register = next(t for t in tis if t["task_id"] == "register" and f"ctr_lora_{t['rendered_map_index']}" == model)
+        page = ui.follow_extra_link("ctr_lora_retrain", run_id, "register", register["map_index"],
+                                    "MLflow model version")
+        assert page.url.endswith(f"/#/models/{model}/versions/{version}"), page.url
+        page.get_by_text(f"Version {version}", exact=True).wait_for()
+        serves = model_page_description(page, model)
+    released = next(a for a in ("canary", "champion") if alias_of(model, a) == version)
+    rows = {line.split("\t")[0]: line for line in serves.splitlines()}
+    assert rows[f"@{released}"].split("\t")[1].startswith(f"v{version}"), serves
+    assert "approved by admin" in rows[f"@{released}"] and run_id in rows[f"@{released}"], serves
+    assert rows["@champion"].split("\t")[1] == f"v{alias_of(model)}", serves
+
+
+def test_no_task_of_any_run_needed_a_second_try(live):
+    """Every task instance of every run in this module (REST and browser, scheduled and asset-triggered) passed
+    or was refused on its first try: a retry that hides a bug counts as a failure."""
+    rest = live.rest()
+    runs = [(d, r["dag_run_id"]) for d in ("ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY)
+            for r in rest.runs(d)]
+    assert len(runs) >= 15
+    retried = [(d, r, t["task_id"], t["map_index"], t["try_number"]) for d, r in runs
+               for t in rest.task_instances(d, r) if t["try_number"] > 1]
+    assert retried == []
 
 
 def test_stack_down_stops_every_process_it_started(live):
