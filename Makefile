@@ -8,9 +8,12 @@ install:
 demo: install
 	scripts/demo.sh
 
-# The import contracts of pipelines/ (layers; no Airflow in pipelines; DAGs and operators call only
-# entry functions and flows): pyproject.toml [tool.importlinter], docs/architecture.md "Layers".
+# ruff (lint + format check, pyproject.toml [tool.ruff]), then the import contracts of pipelines/ (layers; no
+# Airflow in pipelines; DAGs and operators call only entry functions and flows): pyproject.toml
+# [tool.importlinter], docs/architecture.md "Layers".
 lint: install
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	PYTHONPATH=plugins .venv/bin/lint-imports
 
 # Every test, slow ones included (end-to-end DAG runs on PostgreSQL when reachable, else SQLite; the

@@ -18,6 +18,7 @@ Adapters record the base version and fingerprint they were trained on: after a n
 adapter champion on the old one is refused by later moves until it is retrained, and the next
 `ctr_lora_retrain` run trains on the new base. Manual: a new base is a deliberate decision.
 """
+
 from __future__ import annotations
 
 
@@ -30,9 +31,16 @@ from ctr_airflow.operators import GatedPromotionOperator, registry_write
 from ctr_airflow.runtime import approval_required, pipeline_config, run_day
 
 
-@ctr_dag("ctr_base_model", __doc__, schedule=None, tags=["base-model", "training", "registry"],
-         params={"end_day": day_param("Training cutoff: last day of data the base sees (default: logical date)"),
-                 "lake_uri": lake_uri_param()})
+@ctr_dag(
+    "ctr_base_model",
+    __doc__,
+    schedule=None,
+    tags=["base-model", "training", "registry"],
+    params={
+        "end_day": day_param("Training cutoff: last day of data the base sees (default: logical date)"),
+        "lake_uri": lake_uri_param(),
+    },
+)
 def ctr_base_model():
     @ctr_task
     def validate(**context) -> dict:

@@ -30,6 +30,7 @@ Thresholds: `configs/gate_policy.yaml`. Triggered by the same event as `ctr_lora
 `ctr_cold_start`; the order between them does not change a decision: a version is never scored on
 the days it was trained on, so a canary released by today's retrain is first scored tomorrow.
 """
+
 from __future__ import annotations
 
 
@@ -42,11 +43,19 @@ from ctr_airflow.runtime import actor, pipeline_config, run_days
 # Data-aware: one window per validated day (ctr_lake_arrival), not a clock; a missed day is monitored by
 # hand with `day` (catchup is moot for an asset schedule; kept False so a return to a clock schedule
 # cannot score years of history in one go). One run at a time: decisions read the windows of earlier days.
-@ctr_dag("ctr_champion_monitor", __doc__, schedule=[VALIDATED], tags=["monitor", "registry"],
-         max_active_runs=1,
-         params={"day": day_param("Partition to monitor (default: the validated day that triggered the run, "
-                                  "else the logical date)"),
-                 "lake_uri": lake_uri_param()})
+@ctr_dag(
+    "ctr_champion_monitor",
+    __doc__,
+    schedule=[VALIDATED],
+    tags=["monitor", "registry"],
+    max_active_runs=1,
+    params={
+        "day": day_param(
+            "Partition to monitor (default: the validated day that triggered the run, else the logical date)"
+        ),
+        "lake_uri": lake_uri_param(),
+    },
+)
 def ctr_champion_monitor():
     # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError).
     @ctr_task
@@ -54,10 +63,11 @@ def ctr_champion_monitor():
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        days = run_days(context)   # several when the run consumed several validated days
+        days = run_days(context)  # several when the run consumed several validated days
         return {d: validate_window(cfg, cfg.data.lake_uri, d, 1, log_to_mlflow=True) for d in days}
 
-    # Re-running is safe (windows are found, canary moves carry per-day op ids). It moves canaries: a registry write like the others, in their one-slot pool.
+    # Re-running is safe (windows are found, canary moves carry per-day op ids). It moves canaries: a registry
+    # write like the others, in their one-slot pool.
     @ctr_task(**registry_write())
     def monitor(report: dict, **context) -> dict:
         from ctr_airflow.operators import emit_move
@@ -66,11 +76,18 @@ def ctr_champion_monitor():
         from pipelines.promotion.monitor import monitor_days
 
         cfg, policy = pipeline_config(context), load_gate_policy()
-        result = monitor_days(cfg, policy, cfg.data.lake_uri, run_days(context), live=live_metrics.from_policy(policy),
-                              actor=actor(context), apply_reverts=False)
+        result = monitor_days(
+            cfg,
+            policy,
+            cfg.data.lake_uri,
+            run_days(context),
+            live=live_metrics.from_policy(policy),
+            actor=actor(context),
+            apply_reverts=False,
+        )
         for model in result["models"]:
             for move in model["moves"]:
-                emit_move(context, move)   # the asset event deployments schedule on, like every alias move
+                emit_move(context, move)  # the asset event deployments schedule on, like every alias move
         return result
 
     @ctr_task
@@ -83,8 +100,10 @@ def ctr_champion_monitor():
 
         errors = result["errors"]
         if errors:
-            raise PipelineError(f"{len(errors)} models could not be monitored: "
-                                + "; ".join(f"{e['model']}: {e['error']}" for e in errors))
+            raise PipelineError(
+                f"{len(errors)} models could not be monitored: "
+                + "; ".join(f"{e['model']}: {e['error']}" for e in errors)
+            )
 
     monitored = monitor(validate())
     # One revert per model due (an empty list maps to no task). The target version is fixed by the

@@ -31,6 +31,7 @@ distill starts (with `promotion: canary` a retrain releases to `@canary` and lea
 arrive every day and the gate keeps a worse student from serving. Trigger from the UI with another
 `end_day`, a single `slot` (registers `ctr_lora_cold_start_<slot>`) or `lake_uri`.
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Param, TaskGroup
@@ -49,13 +50,26 @@ def _slot(context) -> str:
 
 # Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is re-run by hand
 # with end_day.
-@ctr_dag("ctr_cold_start", __doc__, schedule=[VALIDATED], tags=["lora", "cold-start", "distillation", "registry"],
-         max_active_runs=1,
-         params={"end_day": day_param("Last day of the cold-start window (default: the validated day that "
-                                      "triggered the run, else the logical date)"),
-                 "slot": Param("all", type="string", pattern="^[a-z0-9_]+$",
-                               description="'all' (one adapter for every slot) or one configured slot"),
-                 "lake_uri": lake_uri_param()})
+@ctr_dag(
+    "ctr_cold_start",
+    __doc__,
+    schedule=[VALIDATED],
+    tags=["lora", "cold-start", "distillation", "registry"],
+    max_active_runs=1,
+    params={
+        "end_day": day_param(
+            "Last day of the cold-start window (default: the validated day that "
+            "triggered the run, else the logical date)"
+        ),
+        "slot": Param(
+            "all",
+            type="string",
+            pattern="^[a-z0-9_]+$",
+            description="'all' (one adapter for every slot) or one configured slot",
+        ),
+        "lake_uri": lake_uri_param(),
+    },
+)
 def ctr_cold_start():
     # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError).
     @ctr_task

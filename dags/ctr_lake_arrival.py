@@ -18,6 +18,7 @@ for `D` on that lake. Unpausing this DAG starts (at most) one run for the latest
 waits for that day's partition. A past day by hand: Trigger with `day` (and `lake_uri`); a day that
 is already in the lake passes the sensor at its first poke.
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Param
@@ -29,13 +30,23 @@ from ctr_airflow.sensors import LakePartitionSensor
 
 # Only the latest day on unpause (no catchup): a past day is validated by hand with `day`. Today's sensor
 # may still be waiting when a past day is triggered by hand: let both run (max_active_runs=3).
-@ctr_dag("ctr_lake_arrival", __doc__, schedule="0 2 * * *", tags=["lake", "validation", "sensor"],
-         max_active_runs=3,
-         params={"day": day_param("Partition to wait for and validate (default: the logical date)"),
-                 "lake_uri": lake_uri_param(),
-                 "wait_timeout_s": Param(None, type=["null", "integer"], minimum=0,
-                                         description="Give up waiting (the run ends skipped) after this many "
-                                                     "seconds (default: one day)")})
+@ctr_dag(
+    "ctr_lake_arrival",
+    __doc__,
+    schedule="0 2 * * *",
+    tags=["lake", "validation", "sensor"],
+    max_active_runs=3,
+    params={
+        "day": day_param("Partition to wait for and validate (default: the logical date)"),
+        "lake_uri": lake_uri_param(),
+        "wait_timeout_s": Param(
+            None,
+            type=["null", "integer"],
+            minimum=0,
+            description="Give up waiting (the run ends skipped) after this many seconds (default: one day)",
+        ),
+    },
+)
 def ctr_lake_arrival():
     # Retries apply to a lake that cannot be listed (LakeUnreachable); the wait itself is the timeout,
     # counted from the first poke of the first try.
@@ -49,7 +60,7 @@ def ctr_lake_arrival():
         from pipelines.validation.stage import validate_window
 
         cfg = pipeline_config(context)
-        day, lake = partition["day"], partition["lake_uri"]   # exactly what the sensor found
+        day, lake = partition["day"], partition["lake_uri"]  # exactly what the sensor found
         summary = validate_window(cfg, lake, day, 1, log_to_mlflow=True)
         context["outlet_events"][VALIDATED].extra = {"day": day, "lake_uri": lake}
         return summary

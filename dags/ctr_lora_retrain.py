@@ -29,9 +29,10 @@ when several days were queued into one run, else the logical date of `airflow da
 
 **Judged on the next days** (`lora.judged_on: next_day` in the pipeline config; read when this file is
 parsed): **judge** (mapped per slot) scores the slot's waiting candidates and `@champion` on `D`'s rows (the
-rows they train on) and adds the paired per-row logloss differences to each candidate's evidence (`promotion.prequential`,
-a confidence sequence valid at every daily look); a safety check or the test rejects at once, a candidate the
-evidence lets go is tagged ready, the rest wait. **train_adapter** trains `D`'s candidate on its whole window,
+rows they train on) and adds the paired per-row logloss differences to each candidate's evidence
+(`promotion.prequential`, a confidence sequence valid at every daily look); a safety check or the test rejects
+at once, a candidate the evidence lets go is tagged ready, the rest wait. **train_adapter** trains `D`'s
+candidate on its whole window,
 `D` included, and **register** registers it waiting. **hand_over** names what to release: the ready candidate,
 or with `judge_release: successor` `D`'s candidate in its place; **gate_and_promote** (or **approval**) gates
 and releases it as above. Nothing is gated at registration.
@@ -39,6 +40,7 @@ and releases it as above. Nothing is gated at registration.
 Every alias move is recorded in the alias history and emits the Asset event
 `mlflow://<model>/<alias>`. Registry writes run in the one-slot pool `ctr_registry`.
 """
+
 from __future__ import annotations
 
 from airflow.sdk import task_group
@@ -53,11 +55,19 @@ from ctr_airflow.runtime import actor, approval_required, judged_next_day, pipel
 
 # Data-aware: one run per validated day (ctr_lake_arrival), not a clock; a missed day is retrained by hand
 # with end_day (backfilling old windows is rarely wanted).
-@ctr_dag("ctr_lora_retrain", __doc__, schedule=[VALIDATED], tags=["lora", "training", "registry"],
-         max_active_runs=1,
-         params={"end_day": day_param("Last day of the training window (default: the validated day that "
-                                      "triggered the run, else the logical date)"),
-                 "lake_uri": lake_uri_param()})
+@ctr_dag(
+    "ctr_lora_retrain",
+    __doc__,
+    schedule=[VALIDATED],
+    tags=["lora", "training", "registry"],
+    max_active_runs=1,
+    params={
+        "end_day": day_param(
+            "Last day of the training window (default: the validated day that triggered the run, else the logical date)"
+        ),
+        "lake_uri": lake_uri_param(),
+    },
+)
 def ctr_lora_retrain():
     # Bad data fails the same way on every try: ctr_task fails it without retrying (a DataValidationError).
     @ctr_task
@@ -93,8 +103,9 @@ def ctr_lora_retrain():
         from pipelines.promotion import prequential
 
         cfg = pipeline_config(context)
-        return prequential.judge_slot(cfg, load_gate_policy(), cfg.data.lake_uri, run_day(context), slot,
-                                      actor=actor(context))
+        return prequential.judge_slot(
+            cfg, load_gate_policy(), cfg.data.lake_uri, run_day(context), slot, actor=actor(context)
+        )
 
     @ctr_task(**registry_write(moves=False))
     def hand_over(registered: dict) -> dict:
@@ -136,8 +147,7 @@ def _gate_and_release(registered) -> None:
         approval.expand(registered=registered)
     else:
         # .partial() does not run __init__, so the pool and the asset alias are named here as well
-        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(
-            registered=registered)
+        GatedPromotionOperator.partial(task_id="gate_and_promote", **registry_write()).expand(registered=registered)
 
 
 ctr_lora_retrain()

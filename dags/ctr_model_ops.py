@@ -14,6 +14,7 @@ The form is validated before any task runs (model name pattern, version an integ
 Refused moves (version missing, never passed its gate, rejected by a person, no recorded approval
 where the gate policy asks for one, incompatible base) fail with the reason.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -21,8 +22,13 @@ from datetime import timedelta
 from airflow.sdk import Param, task
 
 from ctr_airflow.dag_defaults import ctr_dag, reason_param
-from ctr_airflow.operators import (OverrideGateOperator, PromoteCanaryOperator, PromoteModelVersionOperator,
-                                   RevertModelVersionOperator, WithdrawCanaryOperator)
+from ctr_airflow.operators import (
+    OverrideGateOperator,
+    PromoteCanaryOperator,
+    PromoteModelVersionOperator,
+    RevertModelVersionOperator,
+    WithdrawCanaryOperator,
+)
 
 # Every operator reads the same form, rendered as text (a native rendering turns a reason "12345" into an
 # int); the operator coerces each field to its type (`_version`, `_text`).
@@ -30,16 +36,32 @@ MODEL, VERSION, REASON = "{{ params.model }}", "{{ params.version }}", "{{ param
 
 
 # A person waits on the answer: short retries (a refused move fails at once, see ctr_airflow.operators).
-@ctr_dag("ctr_model_ops", __doc__, schedule=None, tags=["ops", "registry", "manual"],
-         retry_delay=timedelta(seconds=20),
-         params={"action": Param("revert", type="string",
-                                 enum=["revert", "promote", "override", "promote_canary", "withdraw_canary"]),
-                 "model": Param("ctr_lora_morning", type="string", pattern="^ctr_(base|lora_[a-z0-9_]+)$",
-                                description="Registered model name, e.g. ctr_lora_<slot>"),
-                 "version": Param(None, type=["null", "integer"], minimum=1,
-                                  description="Target version (revert: optional, default the previous champion; "
-                                              "promote / override: required)"),
-                 "reason": reason_param("Why (recorded in the alias history)")})
+@ctr_dag(
+    "ctr_model_ops",
+    __doc__,
+    schedule=None,
+    tags=["ops", "registry", "manual"],
+    retry_delay=timedelta(seconds=20),
+    params={
+        "action": Param(
+            "revert", type="string", enum=["revert", "promote", "override", "promote_canary", "withdraw_canary"]
+        ),
+        "model": Param(
+            "ctr_lora_morning",
+            type="string",
+            pattern="^ctr_(base|lora_[a-z0-9_]+)$",
+            description="Registered model name, e.g. ctr_lora_<slot>",
+        ),
+        "version": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            description="Target version (revert: optional, default the previous champion; "
+            "promote / override: required)",
+        ),
+        "reason": reason_param("Why (recorded in the alias history)"),
+    },
+)
 def ctr_model_ops():
     @task.branch
     def choose(params: dict) -> str:

@@ -1,4 +1,5 @@
 """The CTR adapter lifecycle as plain Python: stages, flows and the CLI (`python -m pipelines`)."""
+
 import os
 
 # MLflow 3's usage telemetry is on by default: it would send usage events from machines that hold ad data,

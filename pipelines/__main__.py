@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 invalid data / refused move / rejected candidate, 2 usage or
 3 unexpected error (one line naming the stage and the exception; --verbose adds the traceback),
 130 interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,18 @@ def cmd_generate(a) -> int:
         from pipelines.data import synthetic
 
         spec = synthetic.SyntheticSpec(seed=a.seed)
-        written = synthetic.write_days(lake, spec, a.start_day, a.days or 7, a.rows_per_day, progress=True,
-                                       overwrite=a.overwrite)
-    _print({"out": a.out, "source": a.source, "partitions": len(written),
-            "first": written[0] if written else None, "last": written[-1] if written else None})
+        written = synthetic.write_days(
+            lake, spec, a.start_day, a.days or 7, a.rows_per_day, progress=True, overwrite=a.overwrite
+        )
+    _print(
+        {
+            "out": a.out,
+            "source": a.source,
+            "partitions": len(written),
+            "first": written[0] if written else None,
+            "last": written[-1] if written else None,
+        }
+    )
     return 0
 
 
@@ -41,10 +50,13 @@ def cmd_validate(a) -> int:
     from pipelines.config import load_pipeline_config
     from pipelines.validation.stage import validate_uri
 
-    report = validate_uri(load_pipeline_config(a.config), a.data, a.reference,
-                          a.report_dir)  # raises DataValidationError -> exit 1
-    print(f"VALID {a.data}: {report['rows']} rows, {report.get('evaluated', 0)} checks passed"
-          + (f", drift vs {len(a.reference)} reference partitions OK" if a.reference else ""))
+    report = validate_uri(
+        load_pipeline_config(a.config), a.data, a.reference, a.report_dir
+    )  # raises DataValidationError -> exit 1
+    print(
+        f"VALID {a.data}: {report['rows']} rows, {report.get('evaluated', 0)} checks passed"
+        + (f", drift vs {len(a.reference)} reference partitions OK" if a.reference else "")
+    )
     for w in report.get("warnings", []):
         print(f"WARN {w['check']}: {w.get('observed')} vs {w.get('expected')}")
     unseen = (report.get("drift") or {}).get("unseen")
@@ -70,7 +82,7 @@ def cmd_train_base(a) -> int:
         return 0
     out = base.run(cfg, lake, a.cutoff, policy=load_gate_policy(a.policy))
     _print(out)
-    return 0 if out["passed"] else 1   # a rejected base: the serving base stays, and the exit code says so
+    return 0 if out["passed"] else 1  # a rejected base: the serving base stays, and the exit code says so
 
 
 def cmd_train_adapter(a) -> int:
@@ -86,7 +98,7 @@ def cmd_train_adapter(a) -> int:
         _print(adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty()))
         return 0
     decision = retrain.run(cfg, load_gate_policy(a.policy), lake, a.end_day, a.slot, progress=sys.stderr.isatty())
-    if decision.get("judged_on") == "next_day":   # judged the waiting ones, then trained one that waits
+    if decision.get("judged_on") == "next_day":  # judged the waiting ones, then trained one that waits
         for j in decision["judged"]["judged"]:
             print(f"{decision['model']} v{j['version']} on {a.end_day}: {j['verdict']} ({j.get('reason')})")
         if decision["decision"]:
@@ -125,7 +137,7 @@ def cmd_promote(a) -> int:
     from pipelines.config import load_gate_policy
     from pipelines.promotion import aliases
 
-    policy = load_gate_policy(a.policy)   # approval: true also holds for a promote by hand
+    policy = load_gate_policy(a.policy)  # approval: true also holds for a promote by hand
     _print(aliases.promote(a.model, a.version, reason=a.reason, actor=a.actor, require_approval=policy.approval))
     return 0
 
@@ -183,8 +195,15 @@ def cmd_monitor(a) -> int:
     from pipelines.promotion import live_metrics, monitor
 
     cfg, policy = load_pipeline_config(a.config), load_gate_policy(a.policy)
-    out = monitor.monitor_day(cfg, policy, a.data or cfg.data.lake_uri, a.day, live=live_metrics.from_policy(policy),
-                              actor="cli", apply_reverts=not a.dry_run)
+    out = monitor.monitor_day(
+        cfg,
+        policy,
+        a.data or cfg.data.lake_uri,
+        a.day,
+        live=live_metrics.from_policy(policy),
+        actor="cli",
+        apply_reverts=not a.dry_run,
+    )
     _print(out)
     return 1 if out.get("errors") else 0
 
@@ -223,10 +242,12 @@ VERBOSE_HELP = "log at INFO, and print the full traceback of an unexpected error
 
 def _add_move_commands(sub) -> None:
     """promote, revert, override and approve: a person moving an alias (or answering), on the record."""
-    for name, fn, helptext in (("promote", cmd_promote, "make a gated version @champion"),
-                               ("revert", cmd_revert, "put the previous (or a named) champion back"),
-                               ("override", cmd_override, "release a rejected version to @champion (recorded)"),
-                               ("approve", cmd_approve, "record a person's answer; Approve releases as the policy says")):
+    for name, fn, helptext in (
+        ("promote", cmd_promote, "make a gated version @champion"),
+        ("revert", cmd_revert, "put the previous (or a named) champion back"),
+        ("override", cmd_override, "release a rejected version to @champion (recorded)"),
+        ("approve", cmd_approve, "record a person's answer; Approve releases as the policy says"),
+    ):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--model", required=True)
         if name == "revert":
@@ -239,14 +260,19 @@ def _add_move_commands(sub) -> None:
             s.add_argument("--reason", required=True, help="why (recorded; at most 1,000 characters)")
         if name in ("promote", "approve"):
             s.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
-        s.add_argument("--actor", required=name == "approve", default=None if name == "approve" else "cli",
-                       help="who is acting (recorded)")
+        s.add_argument(
+            "--actor",
+            required=name == "approve",
+            default=None if name == "approve" else "cli",
+            help="who is acting (recorded)",
+        )
         s.set_defaults(fn=fn)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
@@ -257,16 +283,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rows-per-day", type=int, default=100_000, help="synthetic only")
     g.add_argument("--start-day", default="2026-01-01", help="synthetic only: first day")
     g.add_argument("--seed", type=int, default=7, help="synthetic only")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace partitions that already exist (their old parts are kept until the new ones are "
-                        "committed); without it, writing a day that exists is refused")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace partitions that already exist (their old parts are kept until the new ones are "
+        "committed); without it, writing a day that exists is refused",
+    )
     g.set_defaults(fn=cmd_generate)
 
     v = sub.add_parser("validate", help="validate one partition; exit 1 with one line per failed check")
     v.add_argument("--data", required=True, help="a partition: s3://.../dt=YYYY-MM-DD or a local directory")
-    v.add_argument("--reference", nargs="+", metavar="URI",
-                   help="reference partitions (e.g. the trailing validated days): enables volume, "
-                        "label-rate-vs-reference and drift checks")
+    v.add_argument(
+        "--reference",
+        nargs="+",
+        metavar="URI",
+        help="reference partitions (e.g. the trailing validated days): enables volume, "
+        "label-rate-vs-reference and drift checks",
+    )
     v.add_argument("--report-dir", help="write report.html and report.json here")
     v.add_argument("--config", help="pipeline YAML (default configs/pipeline.yaml)")
     v.set_defaults(fn=cmd_validate)
@@ -276,8 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", help="lake URI (default: data.lake_uri)")
     b.add_argument("--config")
     b.add_argument("--policy", help="gate policy YAML (default configs/gate_policy.yaml)")
-    b.add_argument("--register", action="store_true",
-                   help="register as ctr_base@candidate, gate it against the serving base, release it to @champion")
+    b.add_argument(
+        "--register",
+        action="store_true",
+        help="register as ctr_base@candidate, gate it against the serving base, release it to @champion",
+    )
     b.set_defaults(fn=cmd_train_base)
 
     t = sub.add_parser("train-adapter", help="train one slot's LoRA adapter (and evaluate/register/gate it)")
@@ -332,15 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     for stage_parser in sub.choices.values():
         # Also accepted after the stage name. SUPPRESS: when it is not given there, the stage parser
         # sets nothing, so a --verbose given before the stage name is not reset to False.
-        stage_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                                  help=VERBOSE_HELP)
+        stage_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a usage error exits 2 here, with argparse's message
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return run_stage(args)
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """`lora` of configs/pipeline.yaml: what a slot adapter is made of and how it trains (a LoRA recipe or a per-id
 delta), as typed, validated dataclasses. Re-exported by pipelines.config, where callers import it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,7 +14,8 @@ class LoraShape:
     """What an adapter is made of, shared by the slot adapters (`lora`) and the cold-start student
     (`cold_start`): rank, alpha (LoRA scale = alpha / r) and the modules PEFT wraps. Dropout (only
     `lora`) and the A init (only `cold_start`) are training choices of one recipe, so they stay there."""
-    SECTION: ClassVar[str] = "adapter"   # the YAML section, for error messages
+
+    SECTION: ClassVar[str] = "adapter"  # the YAML section, for error messages
     r: int = 8
     alpha: int = 16
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
@@ -22,9 +24,11 @@ class LoraShape:
         s = self.SECTION
         _check(self.r >= 1 and self.alpha >= 1, f"{s}.r and {s}.alpha must be >= 1, got {self.r}/{self.alpha}")
         # Which names exist depends on model.family: PipelineConfig checks them (a user's family: PEFT does).
-        _check(len(self.target_modules) > 0 and all(isinstance(t, str) and t.strip(".") and " " not in t
-                                                    for t in self.target_modules),
-               f"{s}.target_modules must be a non-empty list of module names, got {list(self.target_modules)}")
+        _check(
+            len(self.target_modules) > 0
+            and all(isinstance(t, str) and t.strip(".") and " " not in t for t in self.target_modules),
+            f"{s}.target_modules must be a non-empty list of module names, got {list(self.target_modules)}",
+        )
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class LoraTrainConfig(LoraShape):
     # Validation split for early stopping: the newest rows of the training part (the evaluation
     # holdout stays untouched). 0 disables validation and early stopping.
     val_fraction: float = 0.1
-    early_stopping_patience: int = 2   # epochs without val-logloss improvement; 0 disables
+    early_stopping_patience: int = 2  # epochs without val-logloss improvement; 0 disables
     # The untrained adapter (the base itself) competes as epoch 0 in early stopping: an adapter whose every
     # epoch scores a worse val logloss than the base ends as a zero update instead of the least bad epoch.
     keep_base_if_no_gain: bool = False
@@ -97,14 +101,14 @@ class LoraTrainConfig(LoraShape):
     @property
     def stability(self) -> float:
         """lr * r / sqrt(batch_size): the rule's left-hand side (r: the largest rank in use)."""
-        return self.lr * self.max_rank / self.batch_size ** 0.5
+        return self.lr * self.max_rank / self.batch_size**0.5
 
     def stable_lr(self) -> float:
         """The lr that training uses: `lr`, or the largest lr that satisfies the rule ("rescale"). The rule
         bounds LoRA updates: a `delta` adapter trains no LoRA matrix, so its lr is `lr`."""
         if self.kind == "delta" or self.stability <= self.stability_max:
             return self.lr
-        return self.stability_max * self.batch_size ** 0.5 / self.max_rank
+        return self.stability_max * self.batch_size**0.5 / self.max_rank
 
     def __post_init__(self):
         super().__post_init__()
@@ -115,35 +119,52 @@ class LoraTrainConfig(LoraShape):
         _check(self.window_days >= 1, "lora.window_days must be >= 1")
         _check(0.0 < self.holdout_fraction < 0.5, "lora.holdout_fraction must be in (0, 0.5)")
         _check(0.0 <= self.val_fraction < 0.5, f"lora.val_fraction must be in [0, 0.5), got {self.val_fraction}")
-        _check(set(self.trainable_tokens) <= set(self.TOKEN_TABLES) and "embeddings" not in self.target_modules
-               or not self.trainable_tokens, f"lora.trainable_tokens must name tables of {list(self.TOKEN_TABLES)} "
-               f"and cannot be combined with LoRA on the embeddings, got {list(self.trainable_tokens)}")
-        _check(not self.tokens_only or bool(self.trainable_tokens),
-               "lora.tokens_only needs lora.trainable_tokens: with no id rows an adapter would train nothing")
+        _check(
+            set(self.trainable_tokens) <= set(self.TOKEN_TABLES)
+            and "embeddings" not in self.target_modules
+            or not self.trainable_tokens,
+            f"lora.trainable_tokens must name tables of {list(self.TOKEN_TABLES)} "
+            f"and cannot be combined with LoRA on the embeddings, got {list(self.trainable_tokens)}",
+        )
+        _check(
+            not self.tokens_only or bool(self.trainable_tokens),
+            "lora.tokens_only needs lora.trainable_tokens: with no id rows an adapter would train nothing",
+        )
         _check(self.kind in ("lora", "delta"), f"lora.kind must be lora or delta, got {self.kind!r}")
         _check(self.train_rows in ("slot", "all"), f"lora.train_rows must be slot or all, got {self.train_rows!r}")
-        _check(self.judged_on in ("holdout", "next_day"),
-               f"lora.judged_on must be holdout or next_day, got {self.judged_on!r}")
-        _check(self.kind != "delta" or bool(self.trainable_tokens),
-               "lora.kind delta needs lora.trainable_tokens: the id tables whose per-id offsets train")
+        _check(
+            self.judged_on in ("holdout", "next_day"),
+            f"lora.judged_on must be holdout or next_day, got {self.judged_on!r}",
+        )
+        _check(
+            self.kind != "delta" or bool(self.trainable_tokens),
+            "lora.kind delta needs lora.trainable_tokens: the id tables whose per-id offsets train",
+        )
         _check(self.delta_l2 >= 0, f"lora.delta_l2 must be >= 0, got {self.delta_l2}")
-        _check(self.early_stopping_patience >= 0,
-               f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}")
+        _check(
+            self.early_stopping_patience >= 0,
+            f"lora.early_stopping_patience must be >= 0 (0 disables), got {self.early_stopping_patience}",
+        )
         _check(self.stability_max > 0, f"lora.stability_max must be > 0, got {self.stability_max}")
         self._check_rank_pattern()
-        _check(all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers)
-               and len(set(self.layers)) == len(self.layers),
-               f"lora.layers must be distinct layer indices (-1: the top layer), got {list(self.layers)}")
-        _check(self.orthogonality_lambda >= 0,
-               f"lora.orthogonality_lambda must be >= 0, got {self.orthogonality_lambda}")
+        _check(
+            all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers)
+            and len(set(self.layers)) == len(self.layers),
+            f"lora.layers must be distinct layer indices (-1: the top layer), got {list(self.layers)}",
+        )
+        _check(
+            self.orthogonality_lambda >= 0, f"lora.orthogonality_lambda must be >= 0, got {self.orthogonality_lambda}"
+        )
         import math  # local: this class is the only user
 
-        _check(self.stability_action != "reject" or self.kind == "delta" or self.stability <= self.stability_max,
-               f"lora: lr * r / sqrt(batch_size) = {self.lr:g} * {self.max_rank} / sqrt({self.batch_size}) = "
-               f"{self.stability:.6g} exceeds stability_max = {self.stability_max:g} (LoRA training was measured "
-               f"to collapse above it). Fix: lower lora.lr to <= {self.stable_lr():.6g}, or raise "
-               f"lora.batch_size to >= {math.ceil((self.lr * self.max_rank / self.stability_max) ** 2)} "
-               "(or set stability_action: rescale)")
+        _check(
+            self.stability_action != "reject" or self.kind == "delta" or self.stability <= self.stability_max,
+            f"lora: lr * r / sqrt(batch_size) = {self.lr:g} * {self.max_rank} / sqrt({self.batch_size}) = "
+            f"{self.stability:.6g} exceeds stability_max = {self.stability_max:g} (LoRA training was measured "
+            f"to collapse above it). Fix: lower lora.lr to <= {self.stable_lr():.6g}, or raise "
+            f"lora.batch_size to >= {math.ceil((self.lr * self.max_rank / self.stability_max) ** 2)} "
+            "(or set stability_action: rescale)",
+        )
 
     def _check_rank_pattern(self) -> None:
         """Keys are dotted module names ending in a target module (PEFT matches them as name suffixes; a
@@ -152,9 +173,17 @@ class LoraTrainConfig(LoraShape):
         _check(isinstance(rp, dict), f"lora.rank_pattern must be a mapping of module name to rank, got {rp!r}")
         wrapped = set(self.target_modules) - {"embeddings"}
         for key, rank in rp.items():
-            _check(isinstance(key, str) and (key.rsplit(".", 1)[-1] in wrapped
-                                             or "embeddings" in self.target_modules and key.startswith("embeddings.")),
-                   f"lora.rank_pattern key {key!r} must name a module of lora.target_modules {sorted(wrapped)} "
-                   "(e.g. blocks.1.v_proj)")
-            _check(isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1,
-                   f"lora.rank_pattern[{key!r}] must be an integer rank >= 1, got {rank!r}")
+            _check(
+                isinstance(key, str)
+                and (
+                    key.rsplit(".", 1)[-1] in wrapped
+                    or "embeddings" in self.target_modules
+                    and key.startswith("embeddings.")
+                ),
+                f"lora.rank_pattern key {key!r} must name a module of lora.target_modules {sorted(wrapped)} "
+                "(e.g. blocks.1.v_proj)",
+            )
+            _check(
+                isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1,
+                f"lora.rank_pattern[{key!r}] must be an integer rank >= 1, got {rank!r}",
+            )

@@ -3,6 +3,7 @@
 `from_dict` rejects unknown keys and wrong types, so a typo in a YAML file fails loudly instead of
 silently falling back to a default; range checks (`check`) run in each dataclass's __post_init__.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         check(value in typing.get_args(tp), f"{where} must be one of {list(typing.get_args(tp))}, got {value!r}")
         return value
     if tp is float:
-        check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number, got {value!r}")
+        check(
+            isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number, got {value!r}"
+        )
         return float(value)
     if tp is int:
         check(isinstance(value, int) and not isinstance(value, bool), f"{where} must be an integer, got {value!r}")

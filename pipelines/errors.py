@@ -1,4 +1,5 @@
 """Typed errors. Each names what failed and where, so a task log line is enough to act on."""
+
 from __future__ import annotations
 
 

@@ -5,6 +5,7 @@ Added here: normalized entropy, calibration ratio, the reliability curve and its
 What sklearn lacks (bin counts, per-user AUC over millions of rows) is hand-written and tested
 against sklearn or a brute-force loop.
 """
+
 from __future__ import annotations
 
 import math
@@ -116,8 +117,9 @@ def reliability_curve(y: np.ndarray, p: np.ndarray, bins: int = 10, strategy: Bi
     return out
 
 
-def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = 10,
-                               strategy: BinStrategy = "quantile") -> float:
+def expected_calibration_error(
+    y: np.ndarray, p: np.ndarray, bins: int = 10, strategy: BinStrategy = "quantile"
+) -> float:
     """Row-weighted mean over bins of |observed rate - mean predicted|. NaN without rows."""
     curve = reliability_curve(y, p, bins, strategy)
     n = sum(curve["count"])
@@ -143,8 +145,11 @@ def gauc(y: np.ndarray, p: np.ndarray, user_ids) -> dict:
         return {"gauc": None, "users_used": 0, "users_skipped": 0, "rows_used": 0}
     df = pd.DataFrame({"u": users, "y": y, "p": p})
     df["rank"] = df.groupby("u", sort=False)["p"].rank(method="average")
-    g = df.assign(rank_pos=df["rank"] * df["y"]).groupby("u", sort=False).agg(
-        n=("y", "size"), pos=("y", "sum"), rank_pos=("rank_pos", "sum"))
+    g = (
+        df.assign(rank_pos=df["rank"] * df["y"])
+        .groupby("u", sort=False)
+        .agg(n=("y", "size"), pos=("y", "sum"), rank_pos=("rank_pos", "sum"))
+    )
     neg = g["n"] - g["pos"]
     used = (g["pos"] > 0) & (neg > 0)
     gu = g[used]
@@ -162,10 +167,16 @@ def summary(y: np.ndarray, p: np.ndarray) -> dict:
     """JSON-safe metric dict (NaN becomes None): auc, logloss, rows, ctr, mean_pctr, ne,
     calibration_ratio, ece (10 quantile bins)."""
     y, p = check_inputs(y, p, "summary")
-    out = {"auc": auc(y, p), "logloss": logloss(y, p), "rows": int(len(y)),
-           "ctr": float(np.mean(y)) if len(y) else None, "mean_pctr": float(np.mean(p)) if len(p) else None,
-           "ne": normalized_entropy(y, p), "calibration_ratio": calibration_ratio(y, p),
-           "ece": expected_calibration_error(y, p)}
+    out = {
+        "auc": auc(y, p),
+        "logloss": logloss(y, p),
+        "rows": int(len(y)),
+        "ctr": float(np.mean(y)) if len(y) else None,
+        "mean_pctr": float(np.mean(p)) if len(p) else None,
+        "ne": normalized_entropy(y, p),
+        "calibration_ratio": calibration_ratio(y, p),
+        "ece": expected_calibration_error(y, p),
+    }
     return {k: _none_if_nan(v) for k, v in out.items()}
 
 

@@ -12,6 +12,7 @@ A value that is a known default (airflow, minioadmin, the old example JWT secret
 or not URL-safe is refused: the secrets go into connection URLs, an ini file and shell arguments.
 Standard library only: it runs before any virtual environment exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,15 @@ SETTINGS: dict[str, Callable[[], str]] = {
     "MLFLOW_ADMIN_USERNAME": lambda: "admin",
 }
 # Values published with Airflow's, MinIO's and MLflow's examples or earlier versions of this repo.
-KNOWN_DEFAULTS = {"airflow", "minioadmin", "admin", "password", "password1234", "changeme",
-                  "ctr-local-dev-jwt-secret-change-me-please"}
+KNOWN_DEFAULTS = {
+    "airflow",
+    "minioadmin",
+    "admin",
+    "password",
+    "password1234",
+    "changeme",
+    "ctr-local-dev-jwt-secret-change-me-please",
+}
 MIN_LENGTH = {"MLFLOW_ADMIN_PASSWORD": 12, "MINIO_ROOT_PASSWORD": 8, "MINIO_ROOT_USER": 3}
 SAFE = re.compile(r"[A-Za-z0-9_=-]+")
 
@@ -131,9 +139,11 @@ def ensure(path: Path) -> list[str]:
     # Empty lines for secrets in an existing file are filled in below; anything else unfit is refused.
     unfit = [p for p in problems(current) if not p.endswith("is missing or empty")]
     if unfit:
-        raise SystemExit(f"{path}: " + "; ".join(unfit) + ".\nDelete those lines and run this again to "
-                         "generate new values (an existing Postgres volume keeps the password it was "
-                         "created with: `docker compose down -v`, or ALTER USER in it).")
+        raise SystemExit(
+            f"{path}: " + "; ".join(unfit) + ".\nDelete those lines and run this again to "
+            "generate new values (an existing Postgres volume keeps the password it was "
+            "created with: `docker compose down -v`, or ALTER USER in it)."
+        )
     lines, names = missing_lines(current)
     if not lines:
         return []
@@ -146,8 +156,12 @@ def ensure(path: Path) -> list[str]:
         template = TEMPLATE.read_text() if TEMPLATE.is_file() else ""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
-            fh.write(template + ("\n" if template and not template.endswith("\n") else "")
-                     + "\n".join([stamp, *lines]) + "\n")
+            fh.write(
+                template
+                + ("\n" if template and not template.endswith("\n") else "")
+                + "\n".join([stamp, *lines])
+                + "\n"
+            )
     os.chmod(path, 0o600)
     return names
 
@@ -164,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if found else 0
     names = ensure(args.env_file)
     print(f"{args.env_file}: " + (f"generated {', '.join(names)}" if names else "complete, nothing changed"))
-    print("Logins: Airflow user _AIRFLOW_WWW_USER_USERNAME / _AIRFLOW_WWW_USER_PASSWORD, MLflow "
-          "MLFLOW_ADMIN_USERNAME / MLFLOW_ADMIN_PASSWORD, MinIO MINIO_ROOT_USER / MINIO_ROOT_PASSWORD (in that file).")
+    print(
+        "Logins: Airflow user _AIRFLOW_WWW_USER_USERNAME / _AIRFLOW_WWW_USER_PASSWORD, MLflow "
+        "MLFLOW_ADMIN_USERNAME / MLFLOW_ADMIN_PASSWORD, MinIO MINIO_ROOT_USER / MINIO_ROOT_PASSWORD (in that file)."
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ events of days that land while a retrain still runs.
 The environment is the caller's (`source scripts/env.sh` for the demo's stack). The first failed DAG run
 stops the replay; its exit code is the script's, and the day and DAG are printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,11 @@ def days(first: str, last: str) -> list[str]:
 
 
 def steps(day: str, wait_timeout_s: int) -> list[tuple[str, dict]]:
-    return [("ctr_lake_arrival", {"day": day, "wait_timeout_s": wait_timeout_s}),
-            ("ctr_champion_monitor", {"day": day}),
-            ("ctr_lora_retrain", {"end_day": day})]
+    return [
+        ("ctr_lake_arrival", {"day": day, "wait_timeout_s": wait_timeout_s}),
+        ("ctr_champion_monitor", {"day": day}),
+        ("ctr_lora_retrain", {"end_day": day}),
+    ]
 
 
 def airflow_cli() -> str:

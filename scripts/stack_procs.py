@@ -1,6 +1,7 @@
 """The processes of `scripts/stack.py`: started in a session of their own, found by the PID file in
 <dir>/pids/<name>.pid, logging to <dir>/logs/<name>.log, stopped with their whole process group.
 Nothing here knows what the components are (stack.py does)."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,9 @@ def start(d: Path, comp: str, argv: list[str], env: dict, cwd: Path) -> str:
     (d / "pids").mkdir(parents=True, exist_ok=True)
     log = open(d / "logs" / f"{comp}.log", "ab")
     # a session of its own: `down` stops the component and every child it forked in one signal
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     (d / "pids" / f"{comp}.pid").write_text(str(proc.pid))
     return f"{comp}: started (pid {proc.pid})"
 

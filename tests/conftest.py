@@ -1,5 +1,6 @@
 """Shared fixtures: a real S3-compatible server (moto's server mode) on 127.0.0.1, over HTTP, and a real
 MLflow tracking server (`mlflow_server`, `on_mlflow_server`) whose artifacts it proxies to that S3."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,11 +20,18 @@ import pytest
 # The test files that take minutes, longest first (`make test` --durations). xdist's loadfile hands
 # files out in collection order, so a long file collected last runs alone at the end while the other
 # worker idles; collected first, the short files fill in around it.
-LONG_FILES = ("tests/e2e/test_replay_days.py", "tests/e2e/test_stack.py", "tests/e2e/test_lifecycle_dags.py",
-              "tests/pipelines/bench/test_backtest_served.py", "tests/e2e/test_monitor_dag.py",
-              "tests/pipelines/bench/test_backtest.py", "tests/e2e/test_cold_start_dag.py",
-              "tests/pipelines/registry/test_trust.py", "tests/pipelines/serving/test_http.py",
-              "tests/pipelines/bench/test_serving.py")
+LONG_FILES = (
+    "tests/e2e/test_replay_days.py",
+    "tests/e2e/test_stack.py",
+    "tests/e2e/test_lifecycle_dags.py",
+    "tests/pipelines/bench/test_backtest_served.py",
+    "tests/e2e/test_monitor_dag.py",
+    "tests/pipelines/bench/test_backtest.py",
+    "tests/e2e/test_cold_start_dag.py",
+    "tests/pipelines/registry/test_trust.py",
+    "tests/pipelines/serving/test_http.py",
+    "tests/pipelines/bench/test_serving.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,11 +72,25 @@ def s3_endpoint():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    old = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                          "AWS_DEFAULT_REGION", "MLFLOW_S3_ENDPOINT_URL")}
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "MLFLOW_S3_ENDPOINT_URL": endpoint,
-                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"})
+    old = {
+        k: os.environ.get(k)
+        for k in (
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "MLFLOW_S3_ENDPOINT_URL",
+        )
+    }
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "MLFLOW_S3_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
     yield endpoint
     server.stop()
     for k, v in old.items():
@@ -132,7 +154,7 @@ def template_db(tmp_path_factory):
 # (issue 11). One server per session: PostgreSQL backend (a fresh database), artifacts proxied by
 # the server to a bucket on the moto S3 server, so clients need nothing but the tracking URI.
 
-REDIS_URL = "redis://127.0.0.1:6379/15"   # db 15: out of the way of a Celery broker on db 0
+REDIS_URL = "redis://127.0.0.1:6379/15"  # db 15: out of the way of a Celery broker on db 0
 
 
 @contextlib.contextmanager
@@ -179,20 +201,31 @@ def cross_machine_lock_url(backend: str) -> str | None:
     return REDIS_URL if redis_available() else None
 
 
-def start_mlflow_server(backend: str, port: int, artifact_args: list[str], cwd: Path,
-                        env: dict | None = None, timeout_s: float = 120) -> subprocess.Popen:
+def start_mlflow_server(
+    backend: str, port: int, artifact_args: list[str], cwd: Path, env: dict | None = None, timeout_s: float = 120
+) -> subprocess.Popen:
     """`mlflow server` on 127.0.0.1:`port` (one uvicorn worker, no job runner), healthy on return.
 
     Its own session (process group), so `stop_mlflow_server` ends the CLI and its uvicorn child by
     the CLI's PID. Output goes to cwd/mlflow-server-<port>.log, quoted when it does not come up."""
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", backend, *artifact_args,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        backend,
+        *artifact_args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     # The job runner is a second long-lived process the registry never uses.
     env = {**(env or os.environ), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     log_path = Path(cwd) / f"mlflow-server-{port}.log"
     with open(log_path, "wb") as log_fh:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log_fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -202,8 +235,10 @@ def start_mlflow_server(backend: str, port: int, artifact_args: list[str], cwd: 
         except OSError:
             time.sleep(0.3)
     stop_mlflow_server(proc)
-    raise AssertionError(f"mlflow server on port {port} did not become healthy (exit {proc.returncode}):\n"
-                         + log_path.read_text(errors="replace")[-4000:])
+    raise AssertionError(
+        f"mlflow server on port {port} did not become healthy (exit {proc.returncode}):\n"
+        + log_path.read_text(errors="replace")[-4000:]
+    )
 
 
 def stop_mlflow_server(proc: subprocess.Popen) -> None:
@@ -218,15 +253,15 @@ def stop_mlflow_server(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):   # a uvicorn child that outlived its CLI
+    with contextlib.suppress(ProcessLookupError):  # a uvicorn child that outlived its CLI
         os.killpg(proc.pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
 class MlflowServer:
-    uri: str              # http://127.0.0.1:PORT: all a client needs
-    backend: str          # the backend store: postgresql://…/ctr_test_mlflow_<hex>, or sqlite:///… (fallback)
-    artifacts: str        # where the server puts artifacts: s3://<bucket>/mlflow on the moto server
+    uri: str  # http://127.0.0.1:PORT: all a client needs
+    backend: str  # the backend store: postgresql://…/ctr_test_mlflow_<hex>, or sqlite:///… (fallback)
+    artifacts: str  # where the server puts artifacts: s3://<bucket>/mlflow on the moto server
     lock_url: str | None  # a CTR_REGISTRY_LOCK_URL for its clients (see cross_machine_lock_url)
     pid: int
 
@@ -243,16 +278,23 @@ def mlflow_server(s3_endpoint, tmp_path_factory):
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     # Only the server talks to S3; these reach moto whatever the calling process's environment says.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "MLFLOW_REGISTRY"))}
-    env.update(MLFLOW_S3_ENDPOINT_URL=s3_endpoint, AWS_ENDPOINT_URL=s3_endpoint, AWS_ACCESS_KEY_ID="testing",
-               AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    env.update(
+        MLFLOW_S3_ENDPOINT_URL=s3_endpoint,
+        AWS_ENDPOINT_URL=s3_endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     with fresh_database("ctr_test_mlflow_", tmp) as backend:
         port = free_port()
         artifacts = f"s3://{bucket}/mlflow"
-        proc = start_mlflow_server(backend, port, ["--artifacts-destination", artifacts, "--serve-artifacts"],
-                                   cwd=tmp, env=env)
+        proc = start_mlflow_server(
+            backend, port, ["--artifacts-destination", artifacts, "--serve-artifacts"], cwd=tmp, env=env
+        )
         try:
-            yield MlflowServer(f"http://127.0.0.1:{port}", backend, artifacts, cross_machine_lock_url(backend),
-                               proc.pid)
+            yield MlflowServer(
+                f"http://127.0.0.1:{port}", backend, artifacts, cross_machine_lock_url(backend), proc.pid
+            )
         finally:
             stop_mlflow_server(proc)
 
@@ -328,10 +370,11 @@ def serving_base_fingerprint(base: str = "ctr_base") -> str:
     c = MlflowClient()
     try:
         c.create_registered_model(base)
-    except Exception:   # already there (a base version without the alias)
+    except Exception:  # already there (a base version without the alias)
         pass
-    v = c.create_model_version(base, source="s3://ctr-test/never-read",
-                               tags={"fingerprint": TEST_BASE_FINGERPRINT, "gate.passed": "true"}).version
+    v = c.create_model_version(
+        base, source="s3://ctr-test/never-read", tags={"fingerprint": TEST_BASE_FINGERPRINT, "gate.passed": "true"}
+    ).version
     c.set_registered_model_alias(base, "champion", v)
     return TEST_BASE_FINGERPRINT
 
@@ -349,8 +392,15 @@ def any_base_policy():
     chance). The base gate itself is tested with the shipped policy (tests/pipelines/flows/test_base.py)."""
     from pipelines.config import GatePolicy
 
-    return GatePolicy(min_auc_first_run=0.0, min_auc=0.0, max_logloss_first_run=1e9, auc_tolerance=0.49, logloss_tolerance=1e9,
-                      calibration_min=1e-9, calibration_max=1e9)
+    return GatePolicy(
+        min_auc_first_run=0.0,
+        min_auc=0.0,
+        max_logloss_first_run=1e9,
+        auc_tolerance=0.49,
+        logloss_tolerance=1e9,
+        calibration_min=1e-9,
+        calibration_max=1e9,
+    )
 
 
 def kill_at_marker(cmd: list[str], marker: Path, *, what: str, cwd, env: dict, timeout_s: float = 240) -> None:

@@ -3,6 +3,7 @@
 The second half is what makes the first worth anything: a copy of the tree gets one forbidden import
 per contract, and lint-imports must name that contract as broken.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,16 +40,22 @@ def tree_copy(tmp_path_factory) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("path, line, contract", [
-    # a lower layer reaching up: the model would depend on alias moves
-    ("pipelines/model/features.py", "from pipelines.promotion import aliases", "pipelines is a stack of layers"),
-    # two stages importing each other
-    ("pipelines/evaluation/slices.py", "from pipelines.training import loop", "pipelines is a stack of layers"),
-    ("pipelines/registry/integrity.py", "import airflow", "pipelines is plain Python: it never imports Airflow"),
-    ("plugins/ctr_airflow/runtime.py", "from pipelines.registry import mlflow_io",
-     "plugins and DAGs call entry functions and flows"),
-    ("dags/ctr_model_ops.py", "import mlflow", "plugins and DAGs call entry functions and flows"),
-])
+@pytest.mark.parametrize(
+    "path, line, contract",
+    [
+        # a lower layer reaching up: the model would depend on alias moves
+        ("pipelines/model/features.py", "from pipelines.promotion import aliases", "pipelines is a stack of layers"),
+        # two stages importing each other
+        ("pipelines/evaluation/slices.py", "from pipelines.training import loop", "pipelines is a stack of layers"),
+        ("pipelines/registry/integrity.py", "import airflow", "pipelines is plain Python: it never imports Airflow"),
+        (
+            "plugins/ctr_airflow/runtime.py",
+            "from pipelines.registry import mlflow_io",
+            "plugins and DAGs call entry functions and flows",
+        ),
+        ("dags/ctr_model_ops.py", "import mlflow", "plugins and DAGs call entry functions and flows"),
+    ],
+)
 def test_a_forbidden_import_breaks_its_contract(tree_copy, path, line, contract):
     target = tree_copy / path
     original = target.read_text()

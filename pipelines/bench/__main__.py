@@ -16,6 +16,7 @@ With --write, the results replace the generated section of the benchmarks docume
 BEGIN/END markers), stamped with the date, the machine and the command. The quality comparison is
 not one of them; run it alone: `python -m pipelines bench quality`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,9 +68,12 @@ def bench_serving_quick() -> dict:
     """`python -m pipelines bench serving --quick`: adapter switch / load times, routed and merged latency."""
     from pipelines.bench import serving as bench_serving
 
-    return {"benchmark": "multi-adapter serving, quick (goals: switch < 1 ms, refresh after promote_canary < 120 ms, "
-                         "load < 200 ms, routed/merged <= 1.2, merged/base <= 1.05; over HTTP: promote visible "
-                         "(webhook) < 120 ms, p99 during swaps / p99 <= 1.2, failed = misrouted = 0)", **{k: round(v, 3) for k, v in bench_serving.run(quick=True).items()}}
+    return {
+        "benchmark": "multi-adapter serving, quick (goals: switch < 1 ms, refresh after promote_canary < 120 ms, "
+        "load < 200 ms, routed/merged <= 1.2, merged/base <= 1.05; over HTTP: promote visible "
+        "(webhook) < 120 ms, p99 during swaps / p99 <= 1.2, failed = misrouted = 0)",
+        **{k: round(v, 3) for k, v in bench_serving.run(quick=True).items()},
+    }
 
 
 def bench_training_quick() -> dict:
@@ -77,8 +81,17 @@ def bench_training_quick() -> dict:
     from pipelines.bench import training as bench_training
 
     r = bench_training.run(quick=True)
-    keys = ("lora_samples_per_s", "full_samples_per_s", "sparse_full_samples_per_s", "speedup", "speedup_vs_sparse",
-            "optimizer_state_ratio", "artifact_ratio", "trainable_fraction", "all_goals_met")
+    keys = (
+        "lora_samples_per_s",
+        "full_samples_per_s",
+        "sparse_full_samples_per_s",
+        "speedup",
+        "speedup_vs_sparse",
+        "optimizer_state_ratio",
+        "artifact_ratio",
+        "trainable_fraction",
+        "all_goals_met",
+    )
     return {"benchmark": "LoRA vs full fine-tuning, quick", **{k: r[k] for k in keys}}
 
 
@@ -88,16 +101,30 @@ def bench_headroom() -> dict:
 
     r = bench_quality_headroom.run()
     fs = r["few_shot_reference"]
-    return {"benchmark": "MovieLens-100K headroom above the one-hot LR (goal margin 0.01)",
-            "variants": len(r["rows"]), "max_delta_auc": r["max_delta_auc"], "max_delta_auc_cold": r["max_delta_auc_cold"],
-            "chosen_on_validation": r["chosen_on_validation"],
-            "few_shot_k": fs["k_shot"], "few_shot_delta_auc_cold": round(fs["lr_with_support"]["auc_cold"]
-                                                                       - fs["lr_static"]["auc_cold"], 4)}
+    return {
+        "benchmark": "MovieLens-100K headroom above the one-hot LR (goal margin 0.01)",
+        "variants": len(r["rows"]),
+        "max_delta_auc": r["max_delta_auc"],
+        "max_delta_auc_cold": r["max_delta_auc_cold"],
+        "chosen_on_validation": r["chosen_on_validation"],
+        "few_shot_k": fs["k_shot"],
+        "few_shot_delta_auc_cold": round(fs["lr_with_support"]["auc_cold"] - fs["lr_static"]["auc_cold"], 4),
+    }
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}, {platform.system()}"
 
@@ -110,21 +137,27 @@ def write(results: list[dict], path: Path) -> None:
     block = "\n".join(lines)
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
     if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--write", type=Path, help="update the generated section of this markdown file")
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the synthetic validation benchmark")
     a = p.parse_args(argv)
     results = []
-    for fn in (lambda: bench_validation(a.rows), bench_lora_step, bench_serving_quick, bench_training_quick,
-               bench_headroom):
+    for fn in (
+        lambda: bench_validation(a.rows),
+        bench_lora_step,
+        bench_serving_quick,
+        bench_training_quick,
+        bench_headroom,
+    ):
         r = fn()
         r["peak_rss_mib"] = round(_rss_mib())
         print(json.dumps(r), flush=True)

@@ -10,6 +10,7 @@ is scored beside it at each cut as the reference. The rule: the highest mean AUC
 the earliest candidate (the shipped one first) within `MARGIN` of it is chosen. The chosen recipe, the
 shipped one and `lr_static` are then scored on the test days, which choose nothing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,13 +27,15 @@ log = logging.getLogger(__name__)
 CUTS = (("1997-11-15", "1997-12-14"), ("1997-12-15", "1998-01-19"), ("1998-01-20", "1998-03-06"))
 BASE_VARIANTS = {
     "shipped": {},
-    "fixed_l2": {"base_training": {"wide_l2_grid": ()}},                  # wide_l2 (3.33) at every fit
-    "every_field": {"base_training": {"wide_fields": ()}},                # hour and weekday in the LR too
-    "wide_ids_2e14": {"model": {"wide_id_buckets": 0}},                   # the LR's id rows = the embeddings'
+    "fixed_l2": {"base_training": {"wide_l2_grid": ()}},  # wide_l2 (3.33) at every fit
+    "every_field": {"base_training": {"wide_fields": ()}},  # hour and weekday in the LR too
+    "wide_ids_2e14": {"model": {"wide_id_buckets": 0}},  # the LR's id rows = the embeddings'
     "small_64": {"model": {"small_buckets": 64}},
-    "lr_alone": {"base_training": {"epochs": 0}},                         # no deep part
-    "before": {"model": {"small_buckets": 64, "wide_id_buckets": 0},      # the recipe this choice replaced
-               "base_training": {"wide_l2_grid": (), "wide_fields": ()}},
+    "lr_alone": {"base_training": {"epochs": 0}},  # no deep part
+    "before": {
+        "model": {"small_buckets": 64, "wide_id_buckets": 0},  # the recipe this choice replaced
+        "base_training": {"wide_l2_grid": (), "wide_fields": ()},
+    },
 }
 
 
@@ -41,8 +44,11 @@ def variant(cfg: PipelineConfig, overrides: dict) -> PipelineConfig:
     unknown = sorted(set(overrides) - {"model", "base_training"})
     if unknown:
         raise ConfigError(f"backtest --choose base: a candidate changes model and base_training only, not {unknown}")
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **overrides.get("model", {})),
-                               base_training=dataclasses.replace(cfg.base_training, **overrides.get("base_training", {})))
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, **overrides.get("model", {})),
+        base_training=dataclasses.replace(cfg.base_training, **overrides.get("base_training", {})),
+    )
 
 
 def choose(mean_auc: dict[str, float | None], margin: float = MARGIN) -> str:
@@ -54,8 +60,9 @@ def choose(mean_auc: dict[str, float | None], margin: float = MARGIN) -> str:
     return next(n for n in mean_auc if n in scored and scored[n] >= best - margin)
 
 
-def _static(cfg: PipelineConfig, frame, day_from: str | None, day_to: str | None, max_days: int | None,
-            with_lr: bool) -> dict:
+def _static(
+    cfg: PipelineConfig, frame, day_from: str | None, day_to: str | None, max_days: int | None, with_lr: bool
+) -> dict:
     from pipelines.bench import backtest
 
     names = ("static", "lr_static") if with_lr else ("static",)
@@ -66,8 +73,15 @@ def _static(cfg: PipelineConfig, frame, day_from: str | None, day_to: str | None
     return out
 
 
-def run(cfg: PipelineConfig, frame=None, *, cuts=CUTS, test: tuple[str | None, str | None] = (None, None),
-        max_days: int | None = None, only: list[str] | None = None) -> dict:
+def run(
+    cfg: PipelineConfig,
+    frame=None,
+    *,
+    cuts=CUTS,
+    test: tuple[str | None, str | None] = (None, None),
+    max_days: int | None = None,
+    only: list[str] | None = None,
+) -> dict:
     """Every candidate at every cut, the choice, then the chosen and shipped recipes on `test`. `only`: a
     subset of the candidates (the shipped one is always kept); `max_days`: at most this many days a cut."""
     if frame is None:
@@ -93,11 +107,16 @@ def run(cfg: PipelineConfig, frame=None, *, cuts=CUTS, test: tuple[str | None, s
     tested = {n: _static(variant(cfg, o), frame, *test, None, with_lr=n == "shipped") for n, o in final.items()}
     test_rows = {n: t["candidate"] for n, t in tested.items()}
     test_rows["lr_static"] = tested["shipped"]["lr_static"]
-    return {"choice": "base", "rule": f"the earliest candidate (shipped first) within {MARGIN} of the best mean "
-            f"static AUC over {len(cuts)} validation cuts", "chosen": chosen, "candidates": picked,
-            "validation": {"cuts": [list(c) for c in cuts], "per_cut": per_cut, "mean_auc": mean},
-            "test": {k: tested["shipped"][k] for k in ("from", "to", "days", "rows")} | {"candidates": test_rows},
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "choice": "base",
+        "rule": f"the earliest candidate (shipped first) within {MARGIN} of the best mean "
+        f"static AUC over {len(cuts)} validation cuts",
+        "chosen": chosen,
+        "candidates": picked,
+        "validation": {"cuts": [list(c) for c in cuts], "per_cut": per_cut, "mean_auc": mean},
+        "test": {k: tested["shipped"][k] for k in ("from", "to", "days", "rows")} | {"candidates": test_rows},
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _mean(values: list) -> float | None:
@@ -107,14 +126,25 @@ def _mean(values: list) -> float | None:
 def table(r: dict) -> str:
     """The validation cuts and the test days as markdown tables (the CLI's output without --json)."""
     cuts = r["validation"]["per_cut"]["shipped"]
-    lines = [f"backtest --choose base: chosen {r['chosen']} ({r['rule']})", "",
-             "| candidate | " + " | ".join(f"{c['from']}..{c['to']} ({c['rows']} rows)" for c in cuts) + " | mean |",
-             "|---|" + "---|" * (len(cuts) + 1)]
+    lines = [
+        f"backtest --choose base: chosen {r['chosen']} ({r['rule']})",
+        "",
+        "| candidate | " + " | ".join(f"{c['from']}..{c['to']} ({c['rows']} rows)" for c in cuts) + " | mean |",
+        "|---|" + "---|" * (len(cuts) + 1),
+    ]
     for name, rows in r["validation"]["per_cut"].items():
-        lines.append(f"| {name} {r['candidates'].get(name, '')} | " + " | ".join(
-            f"{c['auc']} ({c['auc_warm']} / {c['auc_cold']})" for c in rows) + f" | {r['validation']['mean_auc'][name]} |")
+        lines.append(
+            f"| {name} {r['candidates'].get(name, '')} | "
+            + " | ".join(f"{c['auc']} ({c['auc_warm']} / {c['auc_cold']})" for c in rows)
+            + f" | {r['validation']['mean_auc'][name]} |"
+        )
     t = r["test"]
-    lines += ["", f"test {t['from']}..{t['to']} ({t['days']} days, {t['rows']} rows)", "",
-              "| candidate | AUC | warm | cold |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"test {t['from']}..{t['to']} ({t['days']} days, {t['rows']} rows)",
+        "",
+        "| candidate | AUC | warm | cold |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {n} | {c['auc']} | {c['auc_warm']} | {c['auc_cold']} |" for n, c in t["candidates"].items()]
     return "\n".join(lines)

@@ -27,6 +27,7 @@ lower blocks against upper blocks). `orthogonality`: lambda in {0, 0.1, 1, 10} f
 the other slots' newest adapters (`lora.orthogonality_lambda`). Each candidate also reports its
 adapters' largest |cos| with those siblings (min / median / max over the adapters trained).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,22 +42,35 @@ from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-VALIDATION = ("1998-01-20", "1998-03-06")   # the 46 days before the test period (as adapter_ids was chosen)
+VALIDATION = ("1998-01-20", "1998-03-06")  # the 46 days before the test period (as adapter_ids was chosen)
 MARGIN = 0.003
 DEFAULT = {"ranks": "r8", "orthogonality": "lambda_0", "schedule": "all_layers", "delta": "shipped"}
 # The variations of the shipped delta recipe `--choose delta` replays (one setting changed each).
-DELTA_VARIANTS = {"shipped": {}, "per_slot": {"train_rows": "slot"}, "window_4": {"window_days": 4},
-                  "window_14": {"window_days": 14}, "window_28": {"window_days": 28}, "lr_0.1": {"lr": 0.1},
-                  "lr_1": {"lr": 1.0}, "l2_3": {"delta_l2": 3.0}, "l2_30": {"delta_l2": 30.0},
-                  "epochs_5": {"epochs": 5}, "early_stopping": {"val_fraction": 0.1}}
+DELTA_VARIANTS = {
+    "shipped": {},
+    "per_slot": {"train_rows": "slot"},
+    "window_4": {"window_days": 4},
+    "window_14": {"window_days": 14},
+    "window_28": {"window_days": 28},
+    "lr_0.1": {"lr": 0.1},
+    "lr_1": {"lr": 1.0},
+    "l2_3": {"delta_l2": 3.0},
+    "l2_30": {"delta_l2": 30.0},
+    "epochs_5": {"epochs": 5},
+    "early_stopping": {"val_fraction": 0.1},
+}
 
 
 def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
     """{name: `lora` overrides} of a choice, the default first. Layer patterns follow the config's
     blocks (lower half / upper half), so they name modules that exist."""
     if choice == "orthogonality":
-        return {"lambda_0": {}, "lambda_0.1": {"orthogonality_lambda": 0.1}, "lambda_1": {"orthogonality_lambda": 1.0},
-                "lambda_10": {"orthogonality_lambda": 10.0}}
+        return {
+            "lambda_0": {},
+            "lambda_0.1": {"orthogonality_lambda": 0.1},
+            "lambda_1": {"orthogonality_lambda": 1.0},
+            "lambda_10": {"orthogonality_lambda": 10.0},
+        }
     if choice == "schedule":
         return _schedule(cfg)
     if choice == "delta":
@@ -73,19 +87,33 @@ def candidates(cfg: PipelineConfig, choice: str) -> dict[str, dict]:
     if half:
         lower = {f"blocks.{i}.{t}": 2 for i in range(half) for t in targets}
         upper = {f"blocks.{i}.{t}": 2 for i in range(half, cfg.model.n_blocks) for t in targets}
-        out.update({"r8_lower_blocks_r2": {"r": 8, "rank_pattern": lower},
-                    "r8_upper_blocks_r2": {"r": 8, "rank_pattern": upper}})
+        out.update(
+            {
+                "r8_lower_blocks_r2": {"r": 8, "rank_pattern": lower},
+                "r8_upper_blocks_r2": {"r": 8, "rank_pattern": upper},
+            }
+        )
     return out
 
 
 def _schedule(cfg: PipelineConfig) -> dict[str, dict]:
-    lora = bm.lora_only_config(cfg.lora)   # a LoRA recipe's schedule, whatever kind the config ships
+    lora = bm.lora_only_config(cfg.lora)  # a LoRA recipe's schedule, whatever kind the config ships
     lr, window = lora.lr, lora.window_days
-    out = {"all_layers": {}, "lr_div5": {"lr": lr / 5}, "lr_div25": {"lr": lr / 25}, "keep_base": {"keep_base_if_no_gain": True}}
+    out = {
+        "all_layers": {},
+        "lr_div5": {"lr": lr / 5},
+        "lr_div25": {"lr": lr / 25},
+        "keep_base": {"keep_base_if_no_gain": True},
+    }
     top = top_layer(cfg)
     if top is not None:
-        out.update({"top_layer": {"layers": (top,)}, "top_layer_lr_div5": {"layers": (top,), "lr": lr / 5},
-                    "top_layer_lr_div5_window_x4": {"layers": (top,), "lr": lr / 5, "window_days": 4 * window}})
+        out.update(
+            {
+                "top_layer": {"layers": (top,)},
+                "top_layer_lr_div5": {"layers": (top,), "lr": lr / 5},
+                "top_layer_lr_div5_window_x4": {"layers": (top,), "lr": lr / 5, "window_days": 4 * window},
+            }
+        )
     return out
 
 
@@ -112,12 +140,21 @@ def choose(rows: dict[str, dict], margin: float = MARGIN, by_bytes: bool = True)
     best = max(r["auc"] for r in scored.values())
     order = list(rows)
     near = [n for n, r in scored.items() if r["auc"] >= best - margin]
-    return min(near, key=lambda n: ((scored[n].get("adapter_bytes") or float("inf")) if by_bytes else 0,
-                                    order.index(n)))
+    return min(
+        near, key=lambda n: ((scored[n].get("adapter_bytes") or float("inf")) if by_bytes else 0, order.index(n))
+    )
 
 
-def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: str | None, day_to: str | None,
-             max_days: int | None, base_cache: str | None = None, choice: str = "") -> dict:
+def _measure(
+    cfg: PipelineConfig,
+    frame,
+    overrides: dict[str, dict],
+    day_from: str | None,
+    day_to: str | None,
+    max_days: int | None,
+    base_cache: str | None = None,
+    choice: str = "",
+) -> dict:
     """One replay of `static` and every candidate over the days: AUC (warm / cold), CPU, bytes, |cos|."""
     bt = build(frame, day_from, day_to, max_days)
     static = bm.Static(cfg, base_cache)
@@ -125,32 +162,64 @@ def _measure(cfg: PipelineConfig, frame, overrides: dict[str, dict], day_from: s
     for name, over in overrides.items():
         # from the config's lora with both options off, so a candidate is exactly what its name says (a
         # delta recipe: the config's, one setting changed)
-        plain = cfg.lora if cfg.lora.kind == "delta" and choice == "delta" else dataclasses.replace(
-            bm.lora_only_config(cfg.lora), rank_pattern={}, orthogonality_lambda=0.0, layers=(),
-            keep_base_if_no_gain=False)
+        plain = (
+            cfg.lora
+            if cfg.lora.kind == "delta" and choice == "delta"
+            else dataclasses.replace(
+                bm.lora_only_config(cfg.lora),
+                rank_pattern={},
+                orthogonality_lambda=0.0,
+                layers=(),
+                keep_base_if_no_gain=False,
+            )
+        )
         lora = dataclasses.replace(plain, **over)
         models[name] = bm.SlotAdapters(name, cfg, lora, static, per_slot=lora.train_rows == "slot")
     t0 = time.perf_counter()
     preds = replay(models, bt)
-    y, warm, groups = bt.labels(), bt.warm[bt.first:bt.last], bt.slot_days()
-    out = {"from": bt.days[0].date, "to": bt.days[-1].date, "days": len(bt.days), "rows": int(len(y)),
-           "candidates": {}, "wall_s": 0.0}
+    y, warm, groups = bt.labels(), bt.warm[bt.first : bt.last], bt.slot_days()
+    out = {
+        "from": bt.days[0].date,
+        "to": bt.days[-1].date,
+        "days": len(bt.days),
+        "rows": int(len(y)),
+        "candidates": {},
+        "wall_s": 0.0,
+    }
     for name, model in models.items():
         s = summary(y, preds[name], warm)
-        row = {"auc": s["auc"], "auc_warm": s["auc_warm"], "auc_cold": s["auc_cold"],
-               "auc_within_slot_day": auc_within(y, preds[name], groups)}
+        row = {
+            "auc": s["auc"],
+            "auc_warm": s["auc_warm"],
+            "auc_cold": s["auc_cold"],
+            "auc_within_slot_day": auc_within(y, preds[name], groups),
+        }
         if name != "static":
             info = model.info()
-            row.update(cpu_s=round(model.cpu_s, 1), adapter_bytes=info["adapter_bytes"],
-                       max_abs_cos=info["max_abs_cos"], update_norm=info["update_norm"], lora=overrides[name])
+            row.update(
+                cpu_s=round(model.cpu_s, 1),
+                adapter_bytes=info["adapter_bytes"],
+                max_abs_cos=info["max_abs_cos"],
+                update_norm=info["update_norm"],
+                lora=overrides[name],
+            )
         out["candidates"][name] = row
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
 
-def run(cfg: PipelineConfig, frame=None, *, choice: str, validation: tuple[str, str] = VALIDATION,
-        test: tuple[str | None, str | None] = (None, None), max_days: int | None = None,
-        only: list[str] | None = None, base_cache: str | None = None, val_days: int | None = None) -> dict:
+def run(
+    cfg: PipelineConfig,
+    frame=None,
+    *,
+    choice: str,
+    validation: tuple[str, str] = VALIDATION,
+    test: tuple[str | None, str | None] = (None, None),
+    max_days: int | None = None,
+    only: list[str] | None = None,
+    base_cache: str | None = None,
+    val_days: int | None = None,
+) -> dict:
     """Choose on `validation`, then replay the chosen candidate and the default on `test` (default: the
     backtest's test days). `only`: a subset of the candidates (the default is always kept); `max_days`:
     at most this many days of each range (a smoke run); `val_days`: at most this many validation days (the
@@ -171,11 +240,20 @@ def run(cfg: PipelineConfig, frame=None, *, choice: str, validation: tuple[str, 
     chosen = choose({n: r for n, r in val["candidates"].items() if n != "static"}, by_bytes=by_bytes)
     log.info("backtest --choose %s: %s chosen on %s..%s", choice, chosen, val["from"], val["to"])
     final = {n: picked[n] for n in dict.fromkeys((default, chosen))}
-    rule = (f"fewest adapter bytes within {MARGIN} of the best validation AUC, then the earlier candidate (the "
-            "default first)" if by_bytes else f"the earliest candidate (the default first) within {MARGIN} of the best "
-            "validation AUC")
-    return {"choice": choice, "rule": rule, "default": default, "chosen": chosen, "validation": val,
-            "test": _measure(cfg, frame, final, *test, max_days, base_cache, choice)}
+    rule = (
+        f"fewest adapter bytes within {MARGIN} of the best validation AUC, then the earlier candidate (the "
+        "default first)"
+        if by_bytes
+        else f"the earliest candidate (the default first) within {MARGIN} of the best validation AUC"
+    )
+    return {
+        "choice": choice,
+        "rule": rule,
+        "default": default,
+        "chosen": chosen,
+        "validation": val,
+        "test": _measure(cfg, frame, final, *test, max_days, base_cache, choice),
+    }
 
 
 def table(r: dict) -> str:
@@ -183,13 +261,21 @@ def table(r: dict) -> str:
     lines = [f"backtest --choose {r['choice']}: chosen {r['chosen']} (default {r['default']}; {r['rule']})"]
     for part in ("validation", "test"):
         p = r[part]
-        lines += ["", f"{part} {p['from']}..{p['to']} ({p['days']} days, {p['rows']} rows)", "",
-                  "| candidate | lora | AUC | warm | cold | within slot-day | CPU s | bytes "
-                  "| max abs cos (min / median / max) | median norm of dW |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"{part} {p['from']}..{p['to']} ({p['days']} days, {p['rows']} rows)",
+            "",
+            "| candidate | lora | AUC | warm | cold | within slot-day | CPU s | bytes "
+            "| max abs cos (min / median / max) | median norm of dW |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for name, c in p["candidates"].items():
             cos, norm = c.get("max_abs_cos"), c.get("update_norm")
             spread = " / ".join(f"{cos[k]:.2f}" for k in ("min", "median", "max")) if cos else "-"
             median_norm = f"{norm['median']:.3f}" if norm else "-"
-            lines.append(f"| {name} | {c.get('lora', '-')} | {c['auc']} | {c['auc_warm']} | {c['auc_cold']} | "
-                         f"{c['auc_within_slot_day']} | {c.get('cpu_s', '-')} | {c.get('adapter_bytes', '-')} | {spread} | {median_norm} |")
+            lines.append(
+                f"| {name} | {c.get('lora', '-')} | {c['auc']} | {c['auc_warm']} | {c['auc_cold']} | "
+                f"{c['auc_within_slot_day']} | {c.get('cpu_s', '-')} | {c.get('adapter_bytes', '-')} | {spread} | "
+                f"{median_norm} |"
+            )
     return "\n".join(lines)

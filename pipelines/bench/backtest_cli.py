@@ -1,4 +1,5 @@
 """The `backtest` subcommand of `python -m pipelines` (issue 14): its arguments and what it runs."""
+
 from __future__ import annotations
 
 import json
@@ -15,60 +16,114 @@ def add_parser(sub) -> None:
     bt.add_argument("--to", dest="day_to", help="last scored day (default: the last day)")
     bt.add_argument("--days", type=int, help="at most this many scored days")
     bt.add_argument("--only", help="comma-separated comparators (default: all)")
-    bt.add_argument("--few-shot", type=int, metavar="K",
-                    help="instead: new users scored after their first K labelled rows (the few-shot mode)")
-    bt.add_argument("--cut", choices=("test", "validation"),
-                    help="--few-shot: the protocol on the test period (default) or on the rows before it (to choose on)")
-    bt.add_argument("--cold-items", type=int, metavar="K",
-                    help="instead: every scored row scored by a static base fitted without its item (the items in K "
-                         "folds): the new-item question asked of every row (--from/--to/--days, --base-cache, --scores)")
-    bt.add_argument("--choose", choices=("ranks", "orthogonality", "schedule", "delta", "base"),
-                    help="instead: choose that adapter option on the validation days (base: the base recipe on three "
-                         "validation cuts), then replay it on the test days (--from/--to; --only: a subset of its "
-                         "candidates)")
+    bt.add_argument(
+        "--few-shot",
+        type=int,
+        metavar="K",
+        help="instead: new users scored after their first K labelled rows (the few-shot mode)",
+    )
+    bt.add_argument(
+        "--cut",
+        choices=("test", "validation"),
+        help="--few-shot: the protocol on the test period (default) or on the rows before it (to choose on)",
+    )
+    bt.add_argument(
+        "--cold-items",
+        type=int,
+        metavar="K",
+        help="instead: every scored row scored by a static base fitted without its item (the items in K "
+        "folds): the new-item question asked of every row (--from/--to/--days, --base-cache, --scores)",
+    )
+    bt.add_argument(
+        "--choose",
+        choices=("ranks", "orthogonality", "schedule", "delta", "base"),
+        help="instead: choose that adapter option on the validation days (base: the base recipe on three "
+        "validation cuts), then replay it on the test days (--from/--to; --only: a subset of its "
+        "candidates)",
+    )
     bt.add_argument("--val-days", type=int, help="--choose: at most this many validation days (the first ones)")
     bt.add_argument("--quick", action="store_true", help="7 days of one slot's rows (a smoke run, minutes)")
     bt.add_argument("--served-dir", help="served: the replay's lake and MLflow store (default: a new temp folder)")
     bt.add_argument("--flip-labels", metavar="DAY", help="served: that day lands with its labels flipped (a fault)")
-    bt.add_argument("--faults", action="store_const", const=True,
-                    help="instead: the fault suite, six faults injected into the served replay of the --quick days "
-                         "(every slot); prints what stopped each (--served-dir)")
-    bt.add_argument("--ids-all-slots", action="store_true",
-                    help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)")
-    bt.add_argument("--base-cache", metavar="DIR",
-                    help="keep the fitted static base in DIR and load it on a later replay with the same settings "
-                         "and history (the text family's base costs about 20 CPU minutes)")
-    bt.add_argument("--scores", metavar="FILE",
-                    help="also write every scored row's scores to this parquet file (for backtest-compare)")
+    bt.add_argument(
+        "--faults",
+        action="store_const",
+        const=True,
+        help="instead: the fault suite, six faults injected into the served replay of the --quick days "
+        "(every slot); prints what stopped each (--served-dir)",
+    )
+    bt.add_argument(
+        "--ids-all-slots",
+        action="store_true",
+        help="adapter_ids: one adapter a day for every slot (default: one per slot, as the pipeline)",
+    )
+    bt.add_argument(
+        "--base-cache",
+        metavar="DIR",
+        help="keep the fitted static base in DIR and load it on a later replay with the same settings "
+        "and history (the text family's base costs about 20 CPU minutes)",
+    )
+    bt.add_argument(
+        "--scores",
+        metavar="FILE",
+        help="also write every scored row's scores to this parquet file (for backtest-compare)",
+    )
     bt.add_argument("--config")
     bt.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bt.add_argument("--report", help="write backtest.html, auc_over_time.png and backtest.json to this folder")
-    bt.add_argument("--mlflow", action="store_true",
-                    help="log the result and the report to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
+    bt.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="log the result and the report to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)",
+    )
     bt.set_defaults(fn=cmd)
 
-    cp = sub.add_parser("backtest-compare", help="two `backtest --scores` files on the same rows: the paired AUC "
-                                                 "difference with its 95%% interval, all / warm / cold / new items")
+    cp = sub.add_parser(
+        "backtest-compare",
+        help="two `backtest --scores` files on the same rows: the paired AUC "
+        "difference with its 95%% interval, all / warm / cold / new items",
+    )
     cp.add_argument("a", metavar="A[:COMPARATOR]", help="a scores file; its comparator (default static)")
     cp.add_argument("b", metavar="B[:COMPARATOR]", help="the file compared against; its comparator (default static)")
     cp.add_argument("--margin", type=float, help="a goal A - B >= MARGIN: met, missed or undecided per part")
     cp.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     cp.add_argument("--plot", metavar="FILE", help="also draw the differences and intervals (a forest plot) to FILE")
-    cp.add_argument("--mlflow", action="store_true",
-                    help="log the comparison and its plot to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)")
+    cp.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="log the comparison and its plot to a run of the ctr-backtest experiment (MLFLOW_TRACKING_URI)",
+    )
     cp.set_defaults(fn=cmd_compare)
 
 
 # The options each mode other than the replay reads (besides --config and --json); any other one given
 # with it is refused rather than ignored: `--cold-items 5 --mlflow` would otherwise log nothing, silently.
-MODE_OPTIONS = {"few_shot": {"cut"}, "faults": {"served_dir"},
-                "choose": {"day_from", "day_to", "days", "only", "base_cache", "val_days"},
-                "cold_items": {"day_from", "day_to", "days", "base_cache", "scores"}}
-_FLAGS = {"day_from": "--from", "day_to": "--to", "days": "--days", "only": "--only", "few_shot": "--few-shot",
-          "choose": "--choose", "val_days": "--val-days", "quick": "--quick", "served_dir": "--served-dir",
-          "flip_labels": "--flip-labels", "ids_all_slots": "--ids-all-slots", "base_cache": "--base-cache",
-          "scores": "--scores", "report": "--report", "mlflow": "--mlflow", "cold_items": "--cold-items",
-          "cut": "--cut", "faults": "--faults"}
+MODE_OPTIONS = {
+    "few_shot": {"cut"},
+    "faults": {"served_dir"},
+    "choose": {"day_from", "day_to", "days", "only", "base_cache", "val_days"},
+    "cold_items": {"day_from", "day_to", "days", "base_cache", "scores"},
+}
+_FLAGS = {
+    "day_from": "--from",
+    "day_to": "--to",
+    "days": "--days",
+    "only": "--only",
+    "few_shot": "--few-shot",
+    "choose": "--choose",
+    "val_days": "--val-days",
+    "quick": "--quick",
+    "served_dir": "--served-dir",
+    "flip_labels": "--flip-labels",
+    "ids_all_slots": "--ids-all-slots",
+    "base_cache": "--base-cache",
+    "scores": "--scores",
+    "report": "--report",
+    "mlflow": "--mlflow",
+    "cold_items": "--cold-items",
+    "cut": "--cut",
+    "faults": "--faults",
+}
 
 
 def check_mode(a) -> None:
@@ -82,8 +137,11 @@ def check_mode(a) -> None:
         if a.cut is not None:
             raise ConfigError("backtest: --cut is an option of --few-shot")
         return
-    unread = [_FLAGS[k] for k in _FLAGS if k not in MODE_OPTIONS[modes[0]] and k != modes[0]
-              and getattr(a, k) not in (None, False)]
+    unread = [
+        _FLAGS[k]
+        for k in _FLAGS
+        if k not in MODE_OPTIONS[modes[0]] and k != modes[0] and getattr(a, k) not in (None, False)
+    ]
     if unread:
         raise ConfigError(f"backtest {_FLAGS[modes[0]]}: it does not read {', '.join(unread)}")
 
@@ -94,7 +152,7 @@ def cmd(a) -> int:
     from pipelines.config import load_pipeline_config
 
     check_mode(a)
-    logging.getLogger(backtest.__name__).setLevel(logging.INFO)   # a line per day: the run takes a while
+    logging.getLogger(backtest.__name__).setLevel(logging.INFO)  # a line per day: the run takes a while
     if a.few_shot is not None:
         from pipelines.bench import backtest_fewshot
 
@@ -111,32 +169,58 @@ def cmd(a) -> int:
         from pipelines.bench import backtest_cold_items
 
         logging.getLogger(backtest_cold_items.__name__).setLevel(logging.INFO)
-        out = backtest_cold_items.run(load_pipeline_config(a.config), folds=a.cold_items, day_from=a.day_from,
-                                      day_to=a.day_to, max_days=a.days, base_cache=a.base_cache, scores=a.scores)
+        out = backtest_cold_items.run(
+            load_pipeline_config(a.config),
+            folds=a.cold_items,
+            day_from=a.day_from,
+            day_to=a.day_to,
+            max_days=a.days,
+            base_cache=a.base_cache,
+            scores=a.scores,
+        )
         print(json.dumps(out) if a.json else backtest_cold_items.table(out))
         return 0
     if a.choose == "base":
         from pipelines.bench import backtest_base_choice as bbc
 
-        if a.base_cache or a.val_days is not None:   # every candidate is a different base: nothing to cache
+        if a.base_cache or a.val_days is not None:  # every candidate is a different base: nothing to cache
             raise ConfigError("backtest --choose base reads neither --base-cache nor --val-days")
 
-        out = bbc.run(load_pipeline_config(a.config), test=(a.day_from, a.day_to), max_days=a.days,
-                      only=a.only.split(",") if a.only else None)
+        out = bbc.run(
+            load_pipeline_config(a.config),
+            test=(a.day_from, a.day_to),
+            max_days=a.days,
+            only=a.only.split(",") if a.only else None,
+        )
         print(json.dumps(out) if a.json else bbc.table(out))
         return 0
     if a.choose is not None:
         from pipelines.bench import backtest_choice
 
-        out = backtest_choice.run(load_pipeline_config(a.config), choice=a.choose, test=(a.day_from, a.day_to),
-                                  max_days=a.days, only=a.only.split(",") if a.only else None,
-                                  base_cache=a.base_cache, val_days=a.val_days)
+        out = backtest_choice.run(
+            load_pipeline_config(a.config),
+            choice=a.choose,
+            test=(a.day_from, a.day_to),
+            max_days=a.days,
+            only=a.only.split(",") if a.only else None,
+            base_cache=a.base_cache,
+            val_days=a.val_days,
+        )
         print(json.dumps(out) if a.json else backtest_choice.table(out))
         return 0
-    out = backtest.run(load_pipeline_config(a.config), day_from=a.day_from, day_to=a.day_to, max_days=a.days,
-                       names=a.only.split(",") if a.only else backtest.COMPARATORS, ids_per_slot=not a.ids_all_slots,
-                       quick=a.quick, served_dir=a.served_dir, flip_labels=a.flip_labels, base_cache=a.base_cache,
-                       scores=a.scores)
+    out = backtest.run(
+        load_pipeline_config(a.config),
+        day_from=a.day_from,
+        day_to=a.day_to,
+        max_days=a.days,
+        names=a.only.split(",") if a.only else backtest.COMPARATORS,
+        ids_per_slot=not a.ids_all_slots,
+        quick=a.quick,
+        served_dir=a.served_dir,
+        flip_labels=a.flip_labels,
+        base_cache=a.base_cache,
+        scores=a.scores,
+    )
     if a.report or a.mlflow:
         from pipelines.bench import backtest_report
 
@@ -166,7 +250,7 @@ def cmd_compare(a) -> int:
 
 
 def _file_and_comparator(arg: str) -> tuple[str, str]:
-    """"FILE:adapter" -> (FILE, "adapter"); "FILE" -> (FILE, "static"). A suffix with "/" or "." is the path's."""
+    """ "FILE:adapter" -> (FILE, "adapter"); "FILE" -> (FILE, "static"). A suffix with "/" or "." is the path's."""
     path, sep, comparator = arg.rpartition(":")
     if not sep or not comparator or "/" in comparator or "." in comparator:
         return arg, "static"

@@ -21,6 +21,7 @@ the scored rows of one who arrived early. That is the definition the reference f
 80%): new users of the validation period, to choose a recipe on; `cut="test"` (the default) is the
 reference protocol, which chooses nothing.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,7 +48,7 @@ def split(frame: pd.DataFrame, shots: int) -> tuple[pd.DataFrame, pd.DataFrame, 
         raise ConfigError(f"backtest --few-shot: the number of revealed rows per new user must be >= 1, got {shots}")
     before, after = qp.temporal_split(frame, qp.TRAIN_FRACTION)
     new = after[~after["user_id"].isin(set(before["user_id"]))]
-    rank = new.groupby("user_id", sort=False).cumcount()   # rows are in event order: 0 = the user's first
+    rank = new.groupby("user_id", sort=False).cumcount()  # rows are in event order: 0 = the user's first
     return before, new[rank < shots], new[rank >= shots]
 
 
@@ -62,15 +63,27 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, shots: int = 
         from pipelines.data import movielens
 
         frame = movielens.load()
-    if cut == "validation":   # the rows before the test period only
+    if cut == "validation":  # the rows before the test period only
         frame = qp.temporal_split(frame, qp.TRAIN_FRACTION)[0]
     before, revealed, scored = split(frame, shots)
-    log.info("backtest --few-shot %d: %d rows before the cut, %d new users, %d revealed rows, %d scored rows",
-             shots, len(before), revealed["user_id"].nunique(), len(revealed), len(scored))
+    log.info(
+        "backtest --few-shot %d: %d rows before the cut, %d new users, %d revealed rows, %d scored rows",
+        shots,
+        len(before),
+        revealed["user_id"].nunique(),
+        len(revealed),
+        len(scored),
+    )
     y = scored["label"].to_numpy().astype(np.int64)
-    out: dict = {"mode": "few_shot", "cut": cut, "shots": shots, "adapter_kind": cfg.lora.kind,
-                 "rows": int(len(scored)), "revealed_rows": int(len(revealed)),
-                 "new_users": int(revealed["user_id"].nunique())}
+    out: dict = {
+        "mode": "few_shot",
+        "cut": cut,
+        "shots": shots,
+        "adapter_kind": cfg.lora.kind,
+        "rows": int(len(scored)),
+        "revealed_rows": int(len(revealed)),
+        "new_users": int(revealed["user_id"].nunique()),
+    }
     preds, cpu = {}, {}
 
     t = time.process_time()
@@ -91,8 +104,14 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, shots: int = 
 
     for name in COMPARATORS:
         out[f"{name}_auc"] = round(float(auc(y, preds[name])), 4)
-    out.update({"lr_C": C, "static_cpu_s": round(cpu["static"], 1),
-                "adapter_few_shot_cpu_s": round(cpu["adapter_few_shot"], 1), "lr_cpu_s": round(cpu["lr"], 1)})
+    out.update(
+        {
+            "lr_C": C,
+            "static_cpu_s": round(cpu["static"], 1),
+            "adapter_few_shot_cpu_s": round(cpu["adapter_few_shot"], 1),
+            "lr_cpu_s": round(cpu["lr"], 1),
+        }
+    )
     return out
 
 
@@ -108,14 +127,24 @@ def _shipped_adapter(cfg: PipelineConfig, base, revealed: pd.DataFrame):
     rows = {t: features.id_buckets(revealed[t], t, cfg.model) for t in lc.trainable_tokens} or None
     seed_everything(lc.seed)
     model = adapters.attach(copy.deepcopy(base), lc, token_rows=rows)
-    train(model, family.encode(revealed, cfg.model), features.labels(revealed), delta.loop_settings(lc),
-          desc="few-shot-adapter", regularizer=delta.regularizer(lc, len(revealed)))
+    train(
+        model,
+        family.encode(revealed, cfg.model),
+        features.labels(revealed),
+        delta.loop_settings(lc),
+        desc="few-shot-adapter",
+        regularizer=delta.regularizer(lc, len(revealed)),
+    )
     return model.eval()
 
 
 def table(r: dict) -> str:
-    lines = [f"backtest --few-shot {r['shots']} ({r['cut']} cut, adapter kind {r['adapter_kind']}): {r['rows']} scored "
-             f"rows of {r['new_users']} new users ({r['revealed_rows']} revealed rows)", "",
-             "| comparator | AUC |", "|---|---|"]
+    lines = [
+        f"backtest --few-shot {r['shots']} ({r['cut']} cut, adapter kind {r['adapter_kind']}): {r['rows']} scored "
+        f"rows of {r['new_users']} new users ({r['revealed_rows']} revealed rows)",
+        "",
+        "| comparator | AUC |",
+        "|---|---|",
+    ]
     lines += [f"| {n} | {r[f'{n}_auc']} |" for n in COMPARATORS]
     return "\n".join(lines)

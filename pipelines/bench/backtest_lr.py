@@ -11,6 +11,7 @@
 C is chosen once for all three, on the latest 10% of the first day's history, as the static benchmark
 chooses it. The delta's L2 (`DELTA_L2`) was chosen on the validation days (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -96,8 +97,12 @@ class LrDelta(_LrBase):
         return _sigmoid(offset + _design(rows, index) @ delta)
 
     def info(self) -> dict:
-        return {**super().info(), "l2": self.l2, "window_days": self.window_days,
-                "deltas_mean": int(np.mean(self.deltas)) if self.deltas else None}
+        return {
+            **super().info(),
+            "l2": self.l2,
+            "window_days": self.window_days,
+            "deltas_mean": int(np.mean(self.deltas)) if self.deltas else None,
+        }
 
 
 def _lr_x(frame: pd.DataFrame):
@@ -112,8 +117,11 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 def _keys(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     user = rows["user_id"].astype(str).to_numpy()
-    keys = {"user": user, "item": rows["item_id"].astype(str).to_numpy(),
-            "user_slot": np.char.add(np.char.add(user.astype(str), "|"), rows["slot"].astype(str).to_numpy().astype(str))}
+    keys = {
+        "user": user,
+        "item": rows["item_id"].astype(str).to_numpy(),
+        "user_slot": np.char.add(np.char.add(user.astype(str), "|"), rows["slot"].astype(str).to_numpy().astype(str)),
+    }
     return {k: keys[k] for k in DELTA_KEYS}
 
 

@@ -1,6 +1,7 @@
 """The comparators of the backtest: what scores each day's rows, fitted only on the rows before them.
 
-* ``static``: the base (of the configured model family) trained once on the history of the first scored day (the cutoff);
+* ``static``: the base (of the configured model family) trained once on the history of the first scored day
+  (the cutoff);
 * ``full_retrain``: the same base trained from scratch every day on all earlier rows (the cost reference);
 * ``adapter``: the static base + one daily LoRA adapter per slot (the config's `lora`, id rows off);
 * ``adapter_ids``: daily adapters that learn ids: the config's `lora` if it names `trainable_tokens`,
@@ -16,6 +17,7 @@ as the adapter stage trains; the evaluation holdout the gate needs is the stage 
 a comparator's. `cpu_s` counts the process CPU seconds of training only (scoring is not a cost of
 retraining), with torch on one thread as the pipeline trains.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,7 +73,7 @@ def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base
     from pipelines.training.loop import seed_everything
 
     bt = cfg.base_training
-    rows = rows[rows["event_ts"] >= pd.Timestamp(bt.train_start, tz="UTC")]   # the base window starts there
+    rows = rows[rows["event_ts"] >= pd.Timestamp(bt.train_start, tz="UTC")]  # the base window starts there
     seed_everything(bt.seed)
     fam = family.resolve(cfg.model.family)
     model = fam.build(cfg.model)
@@ -112,8 +114,9 @@ class Static(Comparator):
     def ensure(self, bt: Backtest):
         if self.model is None:
             t = time.process_time()
-            self.model, self.loaded_from = cached_base(self.cfg, bt.history(bt.days[0]), self.cache_dir,
-                                                       "backtest-static")
+            self.model, self.loaded_from = cached_base(
+                self.cfg, bt.history(bt.days[0]), self.cache_dir, "backtest-static"
+            )
             if self.loaded_from is None:
                 self.cpu_s += time.process_time() - t
         return self.model
@@ -144,7 +147,7 @@ def _save_base(model, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)   # a reader never sees half a file
+    os.replace(tmp, path)  # a reader never sees half a file
 
 
 def _load_base(cfg: PipelineConfig, path: Path):
@@ -175,8 +178,15 @@ def lora_only_config(lc: LoraTrainConfig) -> LoraTrainConfig:
     `lc`'s shape, id rows off: what `adapter_lora` trains whatever kind the config ships."""
     if lc.kind == "lora":
         return dataclasses.replace(lc, trainable_tokens=(), tokens_only=False)
-    return LoraTrainConfig(r=lc.r, alpha=lc.alpha, target_modules=lc.target_modules, rank_pattern=lc.rank_pattern,
-                           layers=lc.layers, min_rows=lc.min_rows, seed=lc.seed)
+    return LoraTrainConfig(
+        r=lc.r,
+        alpha=lc.alpha,
+        target_modules=lc.target_modules,
+        rank_pattern=lc.rank_pattern,
+        layers=lc.layers,
+        min_rows=lc.min_rows,
+        seed=lc.seed,
+    )
 
 
 def id_token_config(lc: LoraTrainConfig) -> LoraTrainConfig:
@@ -192,16 +202,17 @@ class SlotAdapters(Comparator):
     slot on its slot's window rows; otherwise one for every slot on all of the window's rows. Fewer than
     `lora.min_rows` rows: the base scores, as the pipeline leaves such a slot without a candidate."""
 
-    def __init__(self, name: str, cfg: PipelineConfig, lora: LoraTrainConfig, static: Static, *,
-                 per_slot: bool = True) -> None:
+    def __init__(
+        self, name: str, cfg: PipelineConfig, lora: LoraTrainConfig, static: Static, *, per_slot: bool = True
+    ) -> None:
         super().__init__()
         self.name, self.cfg, self.lora, self.static, self.per_slot = name, cfg, lora, static, per_slot
         self.trained = 0
         self.bytes: list[int] = []
         self.token_rows: list[int] = []
-        self.latest: dict = {}            # slot -> LoRA factors of its newest adapter (the slot's champion here)
-        self.cos: list[float] = []        # each adapter's largest |cos| with the other slots' champions
-        self.norms: list[float] = []      # each adapter's ||dW||_F (all modules)
+        self.latest: dict = {}  # slot -> LoRA factors of its newest adapter (the slot's champion here)
+        self.cos: list[float] = []  # each adapter's largest |cos| with the other slots' champions
+        self.norms: list[float] = []  # each adapter's ||dW||_F (all modules)
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
         rows = bt.scored(day)
@@ -209,7 +220,7 @@ class SlotAdapters(Comparator):
         if not self.per_slot:
             return score(self._model(bt, window, day.date), self.cfg, rows)
         out = np.empty(len(rows))
-        champions = dict(self.latest)     # this morning's: a slot trained today is no sibling of today's others
+        champions = dict(self.latest)  # this morning's: a slot trained today is no sibling of today's others
         for slot in sorted(set(rows["slot"])):
             at = (rows["slot"] == slot).to_numpy()
             siblings = {s: f for s, f in champions.items() if s != slot}
@@ -242,7 +253,7 @@ class SlotAdapters(Comparator):
 
         lc = self.lora
         token_rows = None
-        if lc.trainable_tokens:   # every id of the adapter's train and val rows, as training.adapter picks them
+        if lc.trainable_tokens:  # every id of the adapter's train and val rows, as training.adapter picks them
             token_rows = {t: features.id_buckets(rows[t], t, self.cfg.model) for t in lc.trainable_tokens}
             self.token_rows.append(sum(len(v) for v in token_rows.values()))
         seed_everything(lc.seed)
@@ -252,33 +263,55 @@ class SlotAdapters(Comparator):
         enc = self.cfg.model
         ortho = Regularizer(lc.orthogonality_lambda, siblings) if lc.orthogonality_lambda > 0 and siblings else None
         reg = delta.regularizer(lc, len(fit), ortho)
-        train(model, family.encode(fit, enc), features.labels(fit), settings, desc=f"{self.name}-{label}",
-              val=(family.encode(val, enc), features.labels(val)) if len(val) else None, regularizer=reg)
+        train(
+            model,
+            family.encode(fit, enc),
+            features.labels(fit),
+            settings,
+            desc=f"{self.name}-{label}",
+            val=(family.encode(val, enc), features.labels(val)) if len(val) else None,
+            regularizer=reg,
+        )
         self.trained += 1
         self.bytes.append(_saved_bytes(model))
         return model.eval()
 
     def info(self) -> dict:
-        return {"adapters_trained": self.trained, "per_slot": self.per_slot,
-                "cpu_s_per_adapter": round(self.cpu_s / self.trained, 2) if self.trained else None,
-                "adapter_bytes": int(np.mean(self.bytes)) if self.bytes else None,
-                "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
-                "lora": {"r": self.lora.r, "target_modules": list(self.lora.target_modules),
-                         "trainable_tokens": list(self.lora.trainable_tokens),
-                         "tokens_only": self.lora.tokens_only, "window_days": self.lora.window_days,
-                         "rank_pattern": dict(self.lora.rank_pattern), "layers": list(self.lora.layers),
-                         "lr": self.lora.stable_lr(), "keep_base_if_no_gain": self.lora.keep_base_if_no_gain,
-                         "orthogonality_lambda": self.lora.orthogonality_lambda, "kind": self.lora.kind,
-                         "delta_l2": self.lora.delta_l2},
-                "max_abs_cos": _spread(self.cos), "update_norm": _spread(self.norms)}
+        return {
+            "adapters_trained": self.trained,
+            "per_slot": self.per_slot,
+            "cpu_s_per_adapter": round(self.cpu_s / self.trained, 2) if self.trained else None,
+            "adapter_bytes": int(np.mean(self.bytes)) if self.bytes else None,
+            "token_rows_mean": int(np.mean(self.token_rows)) if self.token_rows else None,
+            "lora": {
+                "r": self.lora.r,
+                "target_modules": list(self.lora.target_modules),
+                "trainable_tokens": list(self.lora.trainable_tokens),
+                "tokens_only": self.lora.tokens_only,
+                "window_days": self.lora.window_days,
+                "rank_pattern": dict(self.lora.rank_pattern),
+                "layers": list(self.lora.layers),
+                "lr": self.lora.stable_lr(),
+                "keep_base_if_no_gain": self.lora.keep_base_if_no_gain,
+                "orthogonality_lambda": self.lora.orthogonality_lambda,
+                "kind": self.lora.kind,
+                "delta_l2": self.lora.delta_l2,
+            },
+            "max_abs_cos": _spread(self.cos),
+            "update_norm": _spread(self.norms),
+        }
 
 
 def _spread(values: list[float]) -> dict | None:
     """n, min, median and max of one figure over the adapters (None before there is one)."""
     if not values:
         return None
-    return {"n": len(values), "min": float(np.min(values)), "median": float(np.median(values)),
-            "max": float(np.max(values))}
+    return {
+        "n": len(values),
+        "min": float(np.min(values)),
+        "median": float(np.median(values)),
+        "max": float(np.max(values)),
+    }
 
 
 def _saved_bytes(model) -> int:

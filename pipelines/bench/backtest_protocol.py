@@ -12,6 +12,7 @@ otherwise; `summary` reports AUC over all scored rows, the warm ones and the col
 of a *new item* when its item has no row before the first scored day (first seen in the test period: where a
 family that reads the item's text should beat one that learns an id's row); `summary` reports those too.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ from pipelines.bench.quality_protocol import TRAIN_FRACTION
 from pipelines.errors import ConfigError
 from pipelines.metrics import auc
 
-EXPERIMENT = "ctr-backtest"   # the MLflow experiment of backtest runs and comparisons (--mlflow)
+EXPERIMENT = "ctr-backtest"  # the MLflow experiment of backtest runs and comparisons (--mlflow)
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class Backtest:
     frame: pd.DataFrame
     days: tuple[Day, ...]
     warm: np.ndarray
-    dates: np.ndarray          # "YYYY-MM-DD" (UTC) of every row of `frame`
-    new_item: np.ndarray | None = None   # True for a scored row whose item has no row before the first day
+    dates: np.ndarray  # "YYYY-MM-DD" (UTC) of every row of `frame`
+    new_item: np.ndarray | None = None  # True for a scored row whose item has no row before the first day
 
     @property
     def first(self) -> int:
@@ -59,30 +60,33 @@ class Backtest:
         return self.days[-1].stop
 
     def history(self, day: Day) -> pd.DataFrame:
-        return self.frame.iloc[:day.start]
+        return self.frame.iloc[: day.start]
 
     def scored(self, day: Day) -> pd.DataFrame:
-        return self.frame.iloc[day.start:day.stop]
+        return self.frame.iloc[day.start : day.stop]
 
     def window(self, day: Day, days: int) -> pd.DataFrame:
         """The history rows of the `days` calendar days before `day` (the trailing window an adapter
         trained that morning would read)."""
         first = (pd.Timestamp(day.date) - pd.Timedelta(days=days)).strftime("%Y-%m-%d")
-        lo = int(np.searchsorted(self.dates[:day.start], first, side="left"))
-        return self.frame.iloc[lo:day.start]
+        lo = int(np.searchsorted(self.dates[: day.start], first, side="left"))
+        return self.frame.iloc[lo : day.start]
 
     def slot_days(self) -> np.ndarray:
-        """"<day>/<slot>" of every scored row: the groups one adapter scores (`auc_within`)."""
+        """ "<day>/<slot>" of every scored row: the groups one adapter scores (`auc_within`)."""
         scored = slice(self.first, self.last)
-        return np.char.add(np.char.add(self.dates[scored].astype(str), "/"),
-                           self.frame["slot"].iloc[scored].astype(str).to_numpy().astype(str))
+        return np.char.add(
+            np.char.add(self.dates[scored].astype(str), "/"),
+            self.frame["slot"].iloc[scored].astype(str).to_numpy().astype(str),
+        )
 
     def labels(self) -> np.ndarray:
-        return self.frame["label"].to_numpy()[self.first:self.last].astype(np.int64)
+        return self.frame["label"].to_numpy()[self.first : self.last].astype(np.int64)
 
 
-def build(frame: pd.DataFrame, day_from: str | None = None, day_to: str | None = None,
-          max_days: int | None = None) -> Backtest:
+def build(
+    frame: pd.DataFrame, day_from: str | None = None, day_to: str | None = None, max_days: int | None = None
+) -> Backtest:
     """The scored days of `frame` from `day_from` (default: the static benchmark's cut) through
     `day_to` (default: the last day), at most `max_days` of them. A range with no rows, or none
     before it to train on, is a ConfigError."""
@@ -107,8 +111,8 @@ def build(frame: pd.DataFrame, day_from: str | None = None, day_to: str | None =
     users = f["user_id"].to_numpy()
     seen = set(users[:start])
     for d in days:
-        day_users = users[d.start:d.stop]
-        warm[d.start:d.stop] = [u in seen for u in day_users]
+        day_users = users[d.start : d.stop]
+        warm[d.start : d.stop] = [u in seen for u in day_users]
         seen.update(day_users)
     # pandas hashes; np.isin on object ids (strings) compares every pair: minutes on MovieLens
     new_item = ~f["item_id"].isin(set(f["item_id"].iloc[:start])).to_numpy()
@@ -126,6 +130,7 @@ def _day(value: str, flag: str) -> str:
 def summary(y: np.ndarray, p: np.ndarray, warm: np.ndarray, new_item: np.ndarray | None = None) -> dict:
     """AUC over all rows, the warm rows and the cold rows, and with `new_item` the rows of new items (None
     where a part has one class or no rows)."""
+
     def clean(mask: np.ndarray):
         if mask.sum() == 0 or len(set(y[mask])) < 2:
             return None

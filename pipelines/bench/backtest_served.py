@@ -36,6 +36,7 @@ nothing (`backtest_verdicts.fault_outcome`; `trust`, `gate_precision` and the co
 `flip_labels` DAY is `faults={DAY: "flip_labels"}`. `repair_faults`: after its evening, a faulty day's true
 rows land over it (an operator's fix), so each fault meets a clean lake.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,14 @@ from pipelines.errors import DataValidationError, PipelineError
 
 log = logging.getLogger(__name__)
 
-_ENV_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CTR_MLFLOW_ARTIFACT_ROOT", "CTR_REGISTRY_LOCK_URL",
-             "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+_ENV_KEYS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_REGISTRY_URI",
+    "CTR_MLFLOW_ARTIFACT_ROOT",
+    "CTR_REGISTRY_LOCK_URL",
+    "MLFLOW_EXPERIMENT_ID",
+    "MLFLOW_EXPERIMENT_NAME",
+)
 
 
 @contextlib.contextmanager
@@ -68,7 +75,7 @@ def replay_registry(workdir: Path):
     from mlflow.tracking._tracking_service import utils as tracking_utils
 
     saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
-    saved_uri = tracking_utils._tracking_uri   # None: MLflow reads MLFLOW_TRACKING_URI
+    saved_uri = tracking_utils._tracking_uri  # None: MLflow reads MLFLOW_TRACKING_URI
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     for k in _ENV_KEYS:
         os.environ.pop(k, None)
@@ -91,21 +98,28 @@ class Served(Comparator):
 
     name = "served"
 
-    def __init__(self, cfg: PipelineConfig, policy: GatePolicy, workdir: str | os.PathLike | None = None, *,
-                 flip_labels: str | None = None, faults: dict[str, str] | None = None,
-                 repair_faults: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        policy: GatePolicy,
+        workdir: str | os.PathLike | None = None,
+        *,
+        flip_labels: str | None = None,
+        faults: dict[str, str] | None = None,
+        repair_faults: bool = False,
+    ) -> None:
         super().__init__()
         self.cfg, self.policy, self.repair_faults = cfg, policy, repair_faults
         self.faults = {**({flip_labels: "flip_labels"} if flip_labels else {}), **(faults or {})}
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ctr-backtest-served-")).resolve()
         self.lake_uri = str(self.workdir / "lake")
         self.server = None
-        self.scorer = None   # the pyfuncs `_judge` loaded
+        self.scorer = None  # the pyfuncs `_judge` loaded
         self.days: list[dict] = []
-        self.pending: list[dict] = []     # yesterday's gate decisions, judged on today's rows
+        self.pending: list[dict] = []  # yesterday's gate decisions, judged on today's rows
         self.judged: list[dict] = []
         self.base: dict | None = None
-        self.newest: dict[str, str] = {}          # slot -> its newest candidate (always_release serves it)
+        self.newest: dict[str, str] = {}  # slot -> its newest candidate (always_release serves it)
         self.first_champion: dict[str, str] = {}  # slot -> its first champion (never_release keeps it)
         self.policies: dict[str, list[np.ndarray]] = {"always_release": [], "never_release": []}
 
@@ -117,8 +131,12 @@ class Served(Comparator):
             rows = bt.scored(day)
             routes = self.server.refresh()["routes"]
             scores, keys = self.server.score(rows, return_versions=True)
-            record = {"date": day.date, "routes": routes, "scored_by": _counts(keys),
-                      "slots": per_slot(rows, scores, routes, self.cfg)}
+            record = {
+                "date": day.date,
+                "routes": routes,
+                "scored_by": _counts(keys),
+                "slots": per_slot(rows, scores, routes, self.cfg),
+            }
             self.judged += [self._judge(p, rows) for p in self.pending]
             for policy, versions in (("always_release", self.newest), ("never_release", self.first_champion)):
                 self.policies[policy].append(self._score_policy(rows, np.asarray(scores, dtype=np.float64), versions))
@@ -138,11 +156,20 @@ class Served(Comparator):
         return {k: np.concatenate(v) for k, v in self.policies.items() if v}
 
     def info(self) -> dict:
-        outcomes = {day: {"fault": name, **fault_outcome(self.days, day, self.policy.revert_windows)}
-                    for day, name in self.faults.items()}
-        return {"workdir": str(self.workdir), "base": self.base, **counts(self.days),
-                "trust": trust(self.judged, self.policy.auc_tolerance), "gate_precision": gate_precision(self.judged),
-                "fault": next(iter(outcomes.values()), None), "faults": outcomes, "days": self.days}
+        outcomes = {
+            day: {"fault": name, **fault_outcome(self.days, day, self.policy.revert_windows)}
+            for day, name in self.faults.items()
+        }
+        return {
+            "workdir": str(self.workdir),
+            "base": self.base,
+            **counts(self.days),
+            "trust": trust(self.judged, self.policy.auc_tolerance),
+            "gate_precision": gate_precision(self.judged),
+            "fault": next(iter(outcomes.values()), None),
+            "faults": outcomes,
+            "days": self.days,
+        }
 
     # ------------------------------------------------------------------ the stages
     def _start(self, bt: Backtest, first: Day) -> None:
@@ -152,22 +179,33 @@ class Served(Comparator):
         from pipelines.serving.router import AdapterServer
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        history = bt.frame.iloc[:first.start]
+        history = bt.frame.iloc[: first.start]
         cutoff = (pd.Timestamp(first.date) - pd.Timedelta(days=1)).strftime("%Y-%m-%d")
-        history = history[bt.dates[:first.start] <= cutoff]
+        history = history[bt.dates[: first.start] <= cutoff]
         t = time.perf_counter()
-        for date, part in history.groupby(bt.dates[:len(history)], sort=True):
+        for date, part in history.groupby(bt.dates[: len(history)], sort=True):
             self._land(date, part)
         windows.validate_first(self.cfg, self.lake_uri, cutoff, windows.base_days(self.cfg, cutoff))
         released = self._timed(base_flow.run, self.cfg, self.lake_uri, cutoff, actor="backtest", policy=self.policy)
-        self.base = {"cutoff": cutoff, "version": released["version"], "passed": released["passed"],
-                     "moved": released["moved"], "seconds": round(time.perf_counter() - t, 1)}
+        self.base = {
+            "cutoff": cutoff,
+            "version": released["version"],
+            "passed": released["passed"],
+            "moved": released["moved"],
+            "seconds": round(time.perf_counter() - t, 1),
+        }
         if not released["moved"]:
-            raise PipelineError(f"backtest served: the base trained on data up to {cutoff} did not pass its gate "
-                                f"({released['model']} v{released['version']}); nothing would serve")
+            raise PipelineError(
+                f"backtest served: the base trained on data up to {cutoff} did not pass its gate "
+                f"({released['model']} v{released['version']}); nothing would serve"
+            )
         self.server = AdapterServer.from_config(self.cfg, canary_share=self.policy.canary_share, new_users=None)
-        log.info("backtest served: base v%s released in %.0f s (lake %s)", released["version"],
-                 self.base["seconds"], self.lake_uri)
+        log.info(
+            "backtest served: base v%s released in %.0f s (lake %s)",
+            released["version"],
+            self.base["seconds"],
+            self.lake_uri,
+        )
 
     def _land(self, date: str, frame: pd.DataFrame) -> None:
         from pipelines.data import commit
@@ -185,38 +223,58 @@ class Served(Comparator):
         if day.date in self.faults:
             part = self._inject(bt, day, part)
         self._land(day.date, part)
-        self.pending = []   # judged this morning; tonight's candidates are judged tomorrow
+        self.pending = []  # judged this morning; tonight's candidates are judged tomorrow
         out: dict = {"validated": True, "monitor": {}, "gate": {}}
         try:
             windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
         except DataValidationError as exc:
             log.warning("backtest served dt=%s: validation failed, nothing trains on it: %s", day.date, exc)
-            return {**out, "validated": False, "validation_error": str(exc)[:500],
-                    "failed_checks": [f["check"].partition(" @ ")[0] for f in exc.failures]}
-        watched = monitor.monitor_day(self.cfg, self.policy, self.lake_uri, day.date, actor="backtest",
-                                      apply_reverts=True)
+            return {
+                **out,
+                "validated": False,
+                "validation_error": str(exc)[:500],
+                "failed_checks": [f["check"].partition(" @ ")[0] for f in exc.failures],
+            }
+        watched = monitor.monitor_day(
+            self.cfg, self.policy, self.lake_uri, day.date, actor="backtest", apply_reverts=True
+        )
         out["monitor"] = _monitor_summary(watched)
         for slot in self.cfg.data.slots:
             model = self.cfg.adapter_model_name(slot)
             champion = mlflow_io.version_by_alias(model, "champion")
             try:
                 result = retrain.run(self.cfg, self.policy, self.lake_uri, day.date, slot, actor="backtest")
-            except PipelineError as exc:   # e.g. too few rows in the window: the slot keeps what it serves
+            except PipelineError as exc:  # e.g. too few rows in the window: the slot keeps what it serves
                 out["gate"][slot] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 continue
             against = str(champion.version) if champion else None
-            if "judged_on" in result:   # lora.judged_on next_day: judged the waiting ones, trained, released
+            if "judged_on" in result:  # lora.judged_on next_day: judged the waiting ones, trained, released
                 gate = _judged_summary(result)
-                decided = [{"version": j["version"], "against": j["against"], "passed": False, "released": False}
-                           for j in result["judged"]["judged"] if j["verdict"] == "reject" and not j.get("serving")]
+                decided = [
+                    {"version": j["version"], "against": j["against"], "passed": False, "released": False}
+                    for j in result["judged"]["judged"]
+                    if j["verdict"] == "reject" and not j.get("serving")
+                ]
                 if result.get("decision"):
                     d = result["decision"]
-                    decided.append({"version": str(d["version"]), "against": d.get("champion_version"),
-                                    "passed": bool(d["passed"]), "released": _released(result, d["version"])})
+                    decided.append(
+                        {
+                            "version": str(d["version"]),
+                            "against": d.get("champion_version"),
+                            "passed": bool(d["passed"]),
+                            "released": _released(result, d["version"]),
+                        }
+                    )
             else:
                 gate = _gate_summary(result)
-                decided = [{"version": gate["version"], "against": against, "passed": gate["passed"],
-                            "released": gate["released"]}]
+                decided = [
+                    {
+                        "version": gate["version"],
+                        "against": against,
+                        "passed": gate["passed"],
+                        "released": gate["released"],
+                    }
+                ]
             out["gate"][slot] = gate
             self.newest[slot] = gate.get("trained", gate.get("version"))
             first = mlflow_io.version_by_alias(model, "champion")
@@ -263,7 +321,7 @@ class Served(Comparator):
         from pipelines.metrics import auc
         from pipelines.promotion.monitor import Scorer
 
-        self.scorer = self.scorer or Scorer()   # a slot's champion is judged against for many days: load it once
+        self.scorer = self.scorer or Scorer()  # a slot's champion is judged against for many days: load it once
         out = {**pending, "candidate_auc": None, "against_auc": None}
         part = rows[rows["slot"] == pending["slot"]]
         y = part["label"].to_numpy(dtype="float64")
@@ -294,10 +352,11 @@ def per_slot(rows: pd.DataFrame, scores, routes: dict, cfg: PipelineConfig) -> d
         at = (rows["slot"] == slot).to_numpy()
         y = rows["label"].to_numpy()[at]
         model = cfg.adapter_model_name(slot)
-        out[slot] = {"rows": int(at.sum()),
-                     "auc": round(float(auc(y, np.asarray(scores)[at])), 4) if len(set(y)) == 2 else None,
-                     **{a: (routes.get(f"{model}@{a}") or "").rpartition(":")[2] or None
-                        for a in ("champion", "canary")}}
+        out[slot] = {
+            "rows": int(at.sum()),
+            "auc": round(float(auc(y, np.asarray(scores)[at])), 4) if len(set(y)) == 2 else None,
+            **{a: (routes.get(f"{model}@{a}") or "").rpartition(":")[2] or None for a in ("champion", "canary")},
+        }
     return out
 
 
@@ -305,9 +364,15 @@ def _gate_summary(decision: dict) -> dict:
     release = decision.get("release") or {}
     failed = [c.get("name") for c in decision.get("checks", []) if not c.get("passed", True)]
     cos = next((c.get("value") for c in decision.get("checks", []) if c.get("name") == "interference"), None)
-    return {"version": str(decision.get("version")), "passed": bool(decision["passed"]),
-            "released": bool(release.get("moved")), "held": bool(release.get("held")), "alias": release.get("alias"),
-            "failed_checks": failed, "interference": cos}
+    return {
+        "version": str(decision.get("version")),
+        "passed": bool(decision["passed"]),
+        "released": bool(release.get("moved")),
+        "held": bool(release.get("held")),
+        "alias": release.get("alias"),
+        "failed_checks": failed,
+        "interference": cos,
+    }
 
 
 def _released(result: dict, version: str) -> bool:
@@ -319,23 +384,57 @@ def _judged_summary(result: dict) -> dict:
     """A prequential evening of a slot (flows.retrain.judge_then_train): the candidate it trained (`trained`),
     each waiting one's verdict (`judged`), and, as `_gate_summary`, the decision it made: the release, else
     the newest rejection (`rejections` counts them all), else none (every waiting one waits on)."""
-    judged = [{k: j.get(k) for k in ("version", "verdict", "n", "lower", "upper", "candidate_auc", "champion_auc",
-                                     "against", "failed", "reason", "serving")} for j in result["judged"]["judged"]]
-    out = {"trained": str(result["version"]), "judged": judged,
-           "rejections": sum(j["verdict"] == "reject" for j in judged)}
+    judged = [
+        {
+            k: j.get(k)
+            for k in (
+                "version",
+                "verdict",
+                "n",
+                "lower",
+                "upper",
+                "candidate_auc",
+                "champion_auc",
+                "against",
+                "failed",
+                "reason",
+                "serving",
+            )
+        }
+        for j in result["judged"]["judged"]
+    ]
+    out = {
+        "trained": str(result["version"]),
+        "judged": judged,
+        "rejections": sum(j["verdict"] == "reject" for j in judged),
+    }
     if result.get("decision"):
         return {**out, **_gate_summary(result["decision"])}
     rejected = [j for j in judged if j["verdict"] == "reject"]
     if rejected:
-        return {**out, "version": rejected[-1]["version"], "passed": False, "released": False, "held": False,
-                "alias": None, "failed_checks": rejected_checks(rejected[-1]),
-                "interference": None}
+        return {
+            **out,
+            "version": rejected[-1]["version"],
+            "passed": False,
+            "released": False,
+            "held": False,
+            "alias": None,
+            "failed_checks": rejected_checks(rejected[-1]),
+            "interference": None,
+        }
     return out
 
 
 def _monitor_summary(result: dict) -> dict:
-    moves = [{"model": m.get("model"), "kind": m.get("kind"), "to_version": m.get("to_version")}
-             for entry in result["models"] for m in entry["moves"] if m.get("moved")]
-    reverts = [{"model": r.get("model"), "to_version": r.get("to_version"), "reason": r.get("reason")}
-               for r in result["applied_reverts"] if r.get("moved")]
+    moves = [
+        {"model": m.get("model"), "kind": m.get("kind"), "to_version": m.get("to_version")}
+        for entry in result["models"]
+        for m in entry["moves"]
+        if m.get("moved")
+    ]
+    reverts = [
+        {"model": r.get("model"), "to_version": r.get("to_version"), "reason": r.get("reason")}
+        for r in result["applied_reverts"]
+        if r.get("moved")
+    ]
     return {"moves": moves, "reverts": reverts, "errors": result["errors"]}

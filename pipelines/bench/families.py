@@ -16,6 +16,7 @@ One JSON object: per family
 * ``pyfunc_p50_ms`` / ``pyfunc_p99_ms``: latency of one `predict` of 32 rows (encode included);
 and ``day``, ``slot``, ``threads``. `--quick` trains on a 2-day window and scores fewer batches.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = {"feature_transformer": "configs/pipeline.yaml", "dcn": "configs/movielens_dcn.yaml",
-           "minilm_text": "configs/movielens_text.yaml"}
+CONFIGS = {
+    "feature_transformer": "configs/pipeline.yaml",
+    "dcn": "configs/movielens_dcn.yaml",
+    "minilm_text": "configs/movielens_text.yaml",
+}
 DAY, SLOT, BATCH = "1998-03-10", "night", 32
 
 
@@ -48,7 +52,7 @@ def _latency_ms(model, frame, calls: int) -> tuple[float, float]:
 
     # cut to the signature's columns, as serving sends them (and as evaluation scores)
     batches = [model_input(model, frame.sample(BATCH, random_state=i).reset_index(drop=True)) for i in range(calls)]
-    for b in batches[:5]:   # warm-up
+    for b in batches[:5]:  # warm-up
         model.predict(b)
     times = []
     for b in batches:
@@ -76,8 +80,11 @@ def measure(name: str, frame, quick: bool) -> dict:
     fam.load_pretrained(base, cfg.model)
     base.eval()
     end = pd.Timestamp(DAY, tz="UTC")
-    window = frame[(frame["event_ts"] >= end - pd.Timedelta(days=cfg.lora.window_days)) & (frame["event_ts"] < end)
-                   & (frame["slot"] == SLOT)]
+    window = frame[
+        (frame["event_ts"] >= end - pd.Timedelta(days=cfg.lora.window_days))
+        & (frame["event_ts"] < end)
+        & (frame["slot"] == SLOT)
+    ]
     adapter, cpu_s, nbytes = _adapter(cfg, base, window)
     scored = frame[frame["event_ts"] >= end]
     example = mlflow_io.input_example(scored, base.cfg)
@@ -87,8 +94,13 @@ def measure(name: str, frame, quick: bool) -> dict:
         demo.register_adapter(logged, f"ctr_lora_{SLOT}", SLOT, alias="champion", base=version)
         served = pyfunc.load(f"models:/ctr_lora_{SLOT}@champion")
         p50, p99 = _latency_ms(served, scored, 30 if quick else 300)
-    return {"adapter_cpu_s": round(cpu_s, 3), "adapter_rows": int(len(window)), "adapter_bytes": nbytes,
-            "pyfunc_p50_ms": round(p50, 2), "pyfunc_p99_ms": round(p99, 2)}
+    return {
+        "adapter_cpu_s": round(cpu_s, 3),
+        "adapter_rows": int(len(window)),
+        "adapter_bytes": nbytes,
+        "pyfunc_p50_ms": round(p50, 2),
+        "pyfunc_p99_ms": round(p99, 2),
+    }
 
 
 def run(quick: bool = False, names=tuple(CONFIGS)) -> dict:
@@ -100,5 +112,10 @@ def run(quick: bool = False, names=tuple(CONFIGS)) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     configure_threads()
     frame = movielens.load()
-    return {"day": DAY, "slot": SLOT, "threads": int(os.environ["CTR_TORCH_THREADS"]), "quick": quick,
-            "families": {n: measure(n, frame, quick) for n in names}}
+    return {
+        "day": DAY,
+        "slot": SLOT,
+        "threads": int(os.environ["CTR_TORCH_THREADS"]),
+        "quick": quick,
+        "families": {n: measure(n, frame, quick) for n in names},
+    }

@@ -4,6 +4,7 @@ Each is a pure function of the day's rows (and the day before's, for a replay) t
 the columns, their types and domains, and every event time inside the day all stay valid, so the fault
 tests judgement (validation's consistency checks, the gate), not the schema. `inject` names them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +54,9 @@ def single_slot(day: pd.DataFrame, previous: pd.DataFrame) -> pd.DataFrame:
     return day[day["slot"] == day["slot"].value_counts().idxmax()]
 
 
-FAULTS = {f.__name__: f for f in (flip_labels, shuffle_items, constant_feature, restamped_yesterday, label_leak,
-                                  single_slot)}
+FAULTS = {
+    f.__name__: f for f in (flip_labels, shuffle_items, constant_feature, restamped_yesterday, label_leak, single_slot)
+}
 
 
 def inject(name: str, day: pd.DataFrame, previous: pd.DataFrame) -> pd.DataFrame:

@@ -34,6 +34,7 @@ Output: one flat JSON object; per row ``<row>_auc``, ``_auc_cold``, ``_auc_warm`
 AUC overall and on cold users); each row's selection trail (``lr_val_auc_by_C``, ``base_search``,
 ``lora_val_by_slot``), wall times (``*_secs``) and ``table`` (the rows side by side).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,30 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality_models import (BASE_GRID, LORA_MAX_EPOCHS, BaseCandidate, predict_base, slot_adapters,
-                                            train_base, tune_base)
-from pipelines.bench.quality_protocol import (GOAL_MARGIN, LR_C_GRID, SEED, TRAIN_FRACTION, VAL_FRACTION,
-                                              DistilledFn, QualityContext, cold_mask, fit_lr, predict_lr, scores,
-                                              temporal_split, tune_lr)
+from pipelines.bench.quality_models import (
+    BASE_GRID,
+    LORA_MAX_EPOCHS,
+    BaseCandidate,
+    predict_base,
+    slot_adapters,
+    train_base,
+    tune_base,
+)
+from pipelines.bench.quality_protocol import (
+    GOAL_MARGIN,
+    LR_C_GRID,
+    SEED,
+    TRAIN_FRACTION,
+    VAL_FRACTION,
+    DistilledFn,
+    QualityContext,
+    cold_mask,
+    fit_lr,
+    predict_lr,
+    scores,
+    temporal_split,
+    tune_lr,
+)
 from pipelines.config import LoraTrainConfig
 from pipelines.metrics import auc
 
@@ -77,11 +97,18 @@ class _Table:
         fit, val = temporal_split(train, 1.0 - VAL_FRACTION)
         t = cls(train, test, fit, val)
         val_cold = cold_mask(fit, val)
-        t.out.update({
-            "benchmark": "MovieLens-100K temporal split 80/20: LR one-hot vs CTRModel vs CTRModel+slot LoRA",
-            "rows": len(frame), "train_rows": len(train), "test_rows": len(test), "val_rows": len(val),
-            "test_cold_share": round(float(t.cold.mean()), 4), "val_cold_share": round(float(val_cold.mean()), 4),
-            "test_label_rate": round(float(t.y_test.mean()), 4)})
+        t.out.update(
+            {
+                "benchmark": "MovieLens-100K temporal split 80/20: LR one-hot vs CTRModel vs CTRModel+slot LoRA",
+                "rows": len(frame),
+                "train_rows": len(train),
+                "test_rows": len(test),
+                "val_rows": len(val),
+                "test_cold_share": round(float(t.cold.mean()), 4),
+                "val_cold_share": round(float(val_cold.mean()), 4),
+                "test_label_rate": round(float(t.y_test.mean()), 4),
+            }
+        )
         return t
 
     @property
@@ -118,8 +145,12 @@ def _base_row(t: _Table, base_grid: tuple[BaseCandidate, ...], spread_seeds: int
     cand, epoch, base_val_auc, fit_model = tune_base(t.fit, t.val, base_grid, log=search)
     base_model, _ = train_base(cand, t.train, stop_epoch=epoch)
     t.add("base", predict_base(base_model, cand, t.test), round(base_val_auc, 4))
-    t.out.update(base_config=cand.describe(), base_epochs=epoch, base_search=search,
-                 base_secs=round(time.perf_counter() - start, 1))
+    t.out.update(
+        base_config=cand.describe(),
+        base_epochs=epoch,
+        base_search=search,
+        base_secs=round(time.perf_counter() - start, 1),
+    )
     _seed_spread(t, cand, epoch, spread_seeds)
     return cand, base_model, fit_model
 
@@ -127,28 +158,45 @@ def _base_row(t: _Table, base_grid: tuple[BaseCandidate, ...], spread_seeds: int
 def _seed_spread(t: _Table, cand: BaseCandidate, epoch: int, spread_seeds: int) -> None:
     """The chosen base refit with `spread_seeds` other seeds: the noise a difference to LR is read
     against (reported only, never used to choose)."""
-    spread = [scores(t.y_test, predict_base(train_base(cand, t.train, stop_epoch=epoch, seed=SEED + 1 + i)[0],
-                                            cand, t.test), t.cold) for i in range(spread_seeds)]
+    spread = [
+        scores(
+            t.y_test,
+            predict_base(train_base(cand, t.train, stop_epoch=epoch, seed=SEED + 1 + i)[0], cand, t.test),
+            t.cold,
+        )
+        for i in range(spread_seeds)
+    ]
     if not spread:
         return
     for k in ("auc", "auc_cold"):
         vals = [t.rows["base"][k]] + [r[k] for r in spread]
-        t.out[f"base_seed_spread_{k}"] = {"seeds": len(vals), "min": min(vals), "max": max(vals),
-                                          "mean": round(float(np.mean(vals)), 4)}
+        t.out[f"base_seed_spread_{k}"] = {
+            "seeds": len(vals),
+            "min": min(vals),
+            "max": max(vals),
+            "mean": round(float(np.mean(vals)), 4),
+        }
 
 
-def _lora_row(t: _Table, cand: BaseCandidate, base_dir: Path, fit_base_dir: Path, lcfg: LoraTrainConfig,
-              max_epochs: int) -> None:
+def _lora_row(
+    t: _Table, cand: BaseCandidate, base_dir: Path, fit_base_dir: Path, lcfg: LoraTrainConfig, max_epochs: int
+) -> None:
     """(iii) base + one LoRA adapter per slot; adapter epochs chosen on validation (on the fit-only
     base), then the same epochs on the refit base."""
     start = time.perf_counter()
     p_val, val_info = slot_adapters(fit_base_dir, cand, t.fit, t.val, lcfg, max_epochs=max_epochs)
     epochs_by_slot = {s: i["epoch"] for s, i in val_info.items()}
-    p_test, _ = slot_adapters(base_dir, cand, t.train, t.test, lcfg, epochs_by_slot=epochs_by_slot,
-                              max_epochs=max_epochs)
+    p_test, _ = slot_adapters(
+        base_dir, cand, t.train, t.test, lcfg, epochs_by_slot=epochs_by_slot, max_epochs=max_epochs
+    )
     t.add("lora", p_test, round(auc(t.y_val, p_val), 4))
-    t.out.update(lora_epochs_by_slot=epochs_by_slot, lora_val_by_slot=val_info, lora_r=lcfg.r,
-                 lora_targets=list(lcfg.target_modules), lora_secs=round(time.perf_counter() - start, 1))
+    t.out.update(
+        lora_epochs_by_slot=epochs_by_slot,
+        lora_val_by_slot=val_info,
+        lora_r=lcfg.r,
+        lora_targets=list(lcfg.target_modules),
+        lora_secs=round(time.perf_counter() - start, 1),
+    )
 
 
 def _distilled_row(t: _Table, distilled: DistilledFn, ctx: QualityContext) -> None:
@@ -195,10 +243,15 @@ def _verdict(t: _Table) -> dict:
 
 
 # ------------------------------------------------------------------------------------ driver
-def run(distilled: DistilledFn | None = None, frame: pd.DataFrame | None = None,
-        base_grid: tuple[BaseCandidate, ...] = BASE_GRID, lr_grid=LR_C_GRID,
-        lora_cfg: LoraTrainConfig | None = None, lora_max_epochs: int = LORA_MAX_EPOCHS,
-        spread_seeds: int = 3) -> dict:
+def run(
+    distilled: DistilledFn | None = None,
+    frame: pd.DataFrame | None = None,
+    base_grid: tuple[BaseCandidate, ...] = BASE_GRID,
+    lr_grid=LR_C_GRID,
+    lora_cfg: LoraTrainConfig | None = None,
+    lora_max_epochs: int = LORA_MAX_EPOCHS,
+    spread_seeds: int = 3,
+) -> dict:
     """The full comparison on MovieLens-100K (or on `frame`, for tests); returns one JSON-safe dict.
 
     `distilled`: optional fourth row, see QualityContext. `spread_seeds`: the chosen base
@@ -223,9 +276,21 @@ def run(distilled: DistilledFn | None = None, frame: pd.DataFrame | None = None,
         store.save_base(fit_model, fit_base_dir)
         _lora_row(t, cand, base_dir, fit_base_dir, lcfg, lora_max_epochs)
         if distilled is not None:
-            _distilled_row(t, distilled, QualityContext(
-                base_dir=base_dir, fit_base_dir=fit_base_dir, model_cfg=cand.model, drop_fields=cand.drop_fields,
-                train=t.train, test=t.test, fit=t.fit, val=t.val, lora_cfg=lcfg))
+            _distilled_row(
+                t,
+                distilled,
+                QualityContext(
+                    base_dir=base_dir,
+                    fit_base_dir=fit_base_dir,
+                    model_cfg=cand.model,
+                    drop_fields=cand.drop_fields,
+                    train=t.train,
+                    test=t.test,
+                    fit=t.fit,
+                    val=t.val,
+                    lora_cfg=lcfg,
+                ),
+            )
     out = {**t.out, **_verdict(t)}
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
     return out
@@ -241,8 +306,11 @@ def markdown_table(result: dict) -> str:
 def main(argv=None) -> int:
     from pipelines.bench.quality_distill import make_distilled
 
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench.quality", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.bench.quality",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--table", action="store_true", help="also print a markdown table (to stderr)")
     a = p.parse_args(argv)
     r = run(distilled=make_distilled())

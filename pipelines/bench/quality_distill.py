@@ -25,6 +25,7 @@ A protocol that uses the first K labelled rows of each *scored* cold user (as th
 serving time) would have to drop those rows from the scoring of every row of the table; it is not
 implemented here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,9 +37,12 @@ from pipelines.config import ColdStartConfig
 RECENT_FRACTION = 0.2
 
 
-def recent_user_rows(train: pd.DataFrame, recent_fraction: float = RECENT_FRACTION,
-                     labelled_per_user: int = 10, max_transfer_rows: int = 200_000
-                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def recent_user_rows(
+    train: pd.DataFrame,
+    recent_fraction: float = RECENT_FRACTION,
+    labelled_per_user: int = 10,
+    max_transfer_rows: int = 200_000,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(labelled, transfer) rows of the users first seen in the newest `recent_fraction` of `train`
     (time-sorted): labelled = the first `labelled_per_user` rows of each such user (0 = all), transfer
     = all their rows (the newest `max_transfer_rows`)."""
@@ -51,7 +55,7 @@ def recent_user_rows(train: pd.DataFrame, recent_fraction: float = RECENT_FRACTI
     rows = f[f["user_id"].astype(str).isin(recent)]
     rank = first_row[rows.index]
     labelled = rows[rank < labelled_per_user] if labelled_per_user > 0 else rows
-    transfer = rows.iloc[max(0, len(rows) - max_transfer_rows):]
+    transfer = rows.iloc[max(0, len(rows) - max_transfer_rows) :]
     return labelled.reset_index(drop=True), transfer.reset_index(drop=True)
 
 
@@ -89,9 +93,17 @@ def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = R
         x_t = tok(transfer)
         t_logits, t_pooled = inference.forward_by_group({None: teacher}, x_t, np.zeros(len(x_t), dtype=object))
         student = student_for(store.load_base(base_dir), cs, cs.seed)
-        init_student(student, cs, x_t)   # the stage's own init (covariance A by default)
-        settings = D.DistillSettings(cs.epochs, cs.batch_size, cs.transfer_batch_size, cs.lr, cs.weight_decay,
-                                     cs.warmup_steps, cs.seed, cs.loss_weights)
+        init_student(student, cs, x_t)  # the stage's own init (covariance A by default)
+        settings = D.DistillSettings(
+            cs.epochs,
+            cs.batch_size,
+            cs.transfer_batch_size,
+            cs.lr,
+            cs.weight_decay,
+            cs.warmup_steps,
+            cs.seed,
+            cs.loss_weights,
+        )
         torch.manual_seed(cs.seed)
         D.distill(student, (x_l, y_l), D.TransferSet(x_t, t_logits, t_pooled), settings, desc=f"bench-distill-{stage}")
         out = p_base.astype(np.float64)

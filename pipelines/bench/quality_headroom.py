@@ -25,6 +25,7 @@ serves in production: the first `k_shot` labelled rows of every cold test user a
 remaining test rows. That is where labels of new users move the numbers; the static protocol
 has no such rows by construction.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,14 +33,30 @@ import time
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality_protocol import (GOAL_MARGIN, LR_C_GRID, LR_FEATURES, TRAIN_FRACTION, VAL_FRACTION,
-                                              cold_mask, fit_lr, predict_lr, scores, temporal_split)
+from pipelines.bench.quality_protocol import (
+    GOAL_MARGIN,
+    LR_C_GRID,
+    LR_FEATURES,
+    TRAIN_FRACTION,
+    VAL_FRACTION,
+    cold_mask,
+    fit_lr,
+    predict_lr,
+    scores,
+    temporal_split,
+)
 from pipelines.metrics import auc
 
-CROSSES = (("gender", "item_id"), ("age_bucket", "item_id"), ("gender", "category"), ("age_bucket", "category"),
-           ("occupation", "category"), ("gender", "age_bucket"))
+CROSSES = (
+    ("gender", "item_id"),
+    ("age_bucket", "item_id"),
+    ("gender", "category"),
+    ("age_bucket", "category"),
+    ("occupation", "category"),
+    ("gender", "age_bucket"),
+)
 DECAY_DAYS = 120.0
-TASTE_PRIOR_ROWS = 10     # shrinkage of an item's positive rate towards the global rate
+TASTE_PRIOR_ROWS = 10  # shrinkage of an item's positive rate towards the global rate
 K_SHOT = 10
 
 
@@ -54,8 +71,13 @@ def side_info() -> tuple[pd.DataFrame, pd.DataFrame]:
     items.columns = [c.split(":")[0] for c in items.columns]
     users.columns = [c.split(":")[0] for c in users.columns]
     year = pd.to_numeric(items["release_year"], errors="coerce")
-    items = pd.DataFrame({"item_id": items["item_id"], "genres": items["class"].fillna(""),
-                          "release_bucket": (year // 5 * 5).fillna(0).astype(int).astype(str)})
+    items = pd.DataFrame(
+        {
+            "item_id": items["item_id"],
+            "genres": items["class"].fillna(""),
+            "release_bucket": (year // 5 * 5).fillna(0).astype(int).astype(str),
+        }
+    )
     return items, pd.DataFrame({"user_id": users["user_id"], "zip1": users["zip_code"].str[:1].fillna("?")})
 
 
@@ -102,8 +124,11 @@ def _lr_design(fit: pd.DataFrame, cols, multi_genre: bool, numeric=()):
     def transform(f: pd.DataFrame):
         blocks = [enc.transform(f[list(cols)].astype(str))]
         if genres:
-            blocks.append(sp.csr_matrix(f["genres"].str.get_dummies(sep=" ").reindex(columns=genres, fill_value=0)
-                                        .to_numpy(dtype=float)))
+            blocks.append(
+                sp.csr_matrix(
+                    f["genres"].str.get_dummies(sep=" ").reindex(columns=genres, fill_value=0).to_numpy(dtype=float)
+                )
+            )
         for c in numeric:
             blocks.append(sp.csr_matrix(((f[c] - mu[c]) / sd[c]).to_numpy()[:, None]))
         return sp.hstack(blocks).tocsr()
@@ -154,11 +179,13 @@ def gbdt_variant(fit, val, train, test, grid=(0.03, 0.1)):
     from sklearn.ensemble import HistGradientBoostingClassifier
 
     def fitted(src: pd.DataFrame, lr: float):
-        return HistGradientBoostingClassifier(learning_rate=lr, max_iter=300, max_leaf_nodes=15, l2_regularization=1.0,
-                                              random_state=0).fit(_oof_encode(src), src["label"].to_numpy())
+        return HistGradientBoostingClassifier(
+            learning_rate=lr, max_iter=300, max_leaf_nodes=15, l2_regularization=1.0, random_state=0
+        ).fit(_oof_encode(src), src["label"].to_numpy())
 
-    val_auc = {lr: auc(val["label"].to_numpy(), fitted(fit, lr).predict_proba(_target_encode(fit, val))[:, 1])
-               for lr in grid}
+    val_auc = {
+        lr: auc(val["label"].to_numpy(), fitted(fit, lr).predict_proba(_target_encode(fit, val))[:, 1]) for lr in grid
+    }
     lr = max(val_auc, key=val_auc.get)
     return fitted(train, lr).predict_proba(_target_encode(train, test))[:, 1], lr, round(val_auc[lr], 4)
 
@@ -171,9 +198,13 @@ def few_shot(train: pd.DataFrame, test: pd.DataFrame, C: float, k: int = K_SHOT)
     support = cold & (test.groupby("user_id").cumcount().to_numpy() < k)
     query, q_cold = test[~support], cold[~support]
     y = query["label"].to_numpy()
-    return {"k_shot": k, "support_rows": int(support.sum()), "query_rows": int(len(query)),
-            "lr_static": scores(y, predict_lr(fit_lr(train, C), query), q_cold),
-            "lr_with_support": scores(y, predict_lr(fit_lr(pd.concat([train, test[support]]), C), query), q_cold)}
+    return {
+        "k_shot": k,
+        "support_rows": int(support.sum()),
+        "query_rows": int(len(query)),
+        "lr_static": scores(y, predict_lr(fit_lr(train, C), query), q_cold),
+        "lr_with_support": scores(y, predict_lr(fit_lr(pd.concat([train, test[support]]), C), query), q_cold),
+    }
 
 
 def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID) -> dict:
@@ -192,7 +223,7 @@ def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID)
     # and the fit/val pair reads fit labels only.
     crossed = add_crosses(frame)
     train_c, test_c = temporal_split(add_counters(crossed, train), TRAIN_FRACTION)
-    fit_c, val_c = temporal_split(add_counters(crossed.iloc[:len(train)], fit), 1.0 - VAL_FRACTION)
+    fit_c, val_c = temporal_split(add_counters(crossed.iloc[: len(train)], fit), 1.0 - VAL_FRACTION)
     cold = cold_mask(train, test)
     y = test["label"].to_numpy()
     base = list(LR_FEATURES)
@@ -203,8 +234,11 @@ def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID)
         "lr_crosses": dict(cols=base + crosses),
         "lr_behaviour_counters": dict(cols=base + ["user_seen", "item_seen"], numeric=("taste",)),
         "lr_recency_weighted": dict(cols=base, decay=True),
-        "lr_everything": dict(cols=base + ["release_bucket", "zip1", "user_seen", "item_seen"] + crosses,
-                              multi_genre=True, numeric=("taste",)),
+        "lr_everything": dict(
+            cols=base + ["release_bucket", "zip1", "user_seen", "item_seen"] + crosses,
+            multi_genre=True,
+            numeric=("taste",),
+        ),
     }
     rows: dict[str, dict] = {}
     for name, kw in variants.items():
@@ -218,9 +252,13 @@ def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID)
         r["delta_auc"] = round(r["auc"] - ref["auc"], 4)
         r["delta_auc_cold"] = round(r["auc_cold"] - ref["auc_cold"], 4)
     best = max(rows, key=lambda n: rows[n]["val_auc"])
-    return {"benchmark": "MovieLens-100K temporal split: headroom above the one-hot LR under the static protocol",
-            "rows": rows, "chosen_on_validation": best,
-            "max_delta_auc": max(r["delta_auc"] for r in rows.values()),
-            "max_delta_auc_cold": max(r["delta_auc_cold"] for r in rows.values()),
-            "goal_margin": GOAL_MARGIN, "few_shot_reference": few_shot(train, test, ref["C"], k_shot),
-            "secs": round(time.perf_counter() - t0, 1)}
+    return {
+        "benchmark": "MovieLens-100K temporal split: headroom above the one-hot LR under the static protocol",
+        "rows": rows,
+        "chosen_on_validation": best,
+        "max_delta_auc": max(r["delta_auc"] for r in rows.values()),
+        "max_delta_auc_cold": max(r["delta_auc_cold"] for r in rows.values()),
+        "goal_margin": GOAL_MARGIN,
+        "few_shot_reference": few_shot(train, test, ref["C"], k_shot),
+        "secs": round(time.perf_counter() - t0, 1),
+    }

@@ -7,6 +7,7 @@
 
 What is measured of them (the split, the metrics) is in `pipelines.bench.quality_protocol`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,9 +38,19 @@ class BaseCandidate:
 
     def describe(self) -> dict:
         m = self.model
-        return {"embed_dim": m.embed_dim, "n_blocks": m.n_blocks, "dropout": m.dropout, "id_buckets": m.id_buckets,
-                "small_buckets": m.small_buckets, "wide": m.wide, "lr": self.lr, "weight_decay": self.weight_decay,
-                "batch_size": self.batch_size, "max_epochs": self.max_epochs, "drop_fields": list(self.drop_fields)}
+        return {
+            "embed_dim": m.embed_dim,
+            "n_blocks": m.n_blocks,
+            "dropout": m.dropout,
+            "id_buckets": m.id_buckets,
+            "small_buckets": m.small_buckets,
+            "wide": m.wide,
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "batch_size": self.batch_size,
+            "max_epochs": self.max_epochs,
+            "drop_fields": list(self.drop_fields),
+        }
 
 
 # The search grid, each point scored per epoch on the validation split. It is the short list kept from
@@ -59,14 +70,15 @@ class BaseCandidate:
 # seeds for wide + batch 2048); LR on the same split: 0.7195 (C=0.3).
 _HW = ("hour", "weekday")
 BASE_GRID: tuple[BaseCandidate, ...] = (
-    BaseCandidate(),                                                             # the pipeline's defaults
+    BaseCandidate(),  # the pipeline's defaults
     BaseCandidate(model=ModelConfig(embed_dim=16, dropout=0.3), drop_fields=_HW),
     BaseCandidate(model=ModelConfig(embed_dim=16, dropout=0.5), drop_fields=_HW),
     BaseCandidate(model=ModelConfig(embed_dim=16, dropout=0.3), drop_fields=_HW, lr=1e-3),
     BaseCandidate(model=ModelConfig(embed_dim=8, dropout=0.3), drop_fields=_HW),
     BaseCandidate(model=ModelConfig(embed_dim=8, dropout=0.3, wide=True), drop_fields=_HW),
-    BaseCandidate(model=ModelConfig(embed_dim=8, dropout=0.3, wide=True), drop_fields=_HW, batch_size=2048, lr=1e-2,
-                  max_epochs=6),
+    BaseCandidate(
+        model=ModelConfig(embed_dim=8, dropout=0.3, wide=True), drop_fields=_HW, batch_size=2048, lr=1e-2, max_epochs=6
+    ),
 )
 LORA_MAX_EPOCHS = 3
 
@@ -87,8 +99,13 @@ def _train(model, x: np.ndarray, y: np.ndarray, settings, desc: str, on_epoch) -
 
 
 # ---------------------------------------------------------------------------------- base model
-def train_base(cand: BaseCandidate, train: pd.DataFrame, val: pd.DataFrame | None = None,
-               stop_epoch: int | None = None, seed: int = SEED):
+def train_base(
+    cand: BaseCandidate,
+    train: pd.DataFrame,
+    val: pd.DataFrame | None = None,
+    stop_epoch: int | None = None,
+    seed: int = SEED,
+):
     """Train a CTRModel on `train` under `cand` (cosine schedule over cand.max_epochs).
 
     With `val`: every epoch is scored on `val` and the weights of the best epoch are returned with
@@ -118,8 +135,14 @@ def train_base(cand: BaseCandidate, train: pd.DataFrame, val: pd.DataFrame | Non
         if stop_epoch is not None and m["epoch"] >= stop_epoch:
             raise _Stop
 
-    settings = LoopSettings(epochs=cand.max_epochs, batch_size=cand.batch_size, lr=cand.lr,
-                            weight_decay=cand.weight_decay, warmup_steps=cand.warmup_steps, seed=seed)
+    settings = LoopSettings(
+        epochs=cand.max_epochs,
+        batch_size=cand.batch_size,
+        lr=cand.lr,
+        weight_decay=cand.weight_decay,
+        warmup_steps=cand.warmup_steps,
+        seed=seed,
+    )
     _train(model, x, y, settings, "bench-base", on_epoch)
     if "weights" in best:
         model.load_state_dict(best["weights"])
@@ -140,17 +163,30 @@ def tune_base(fit: pd.DataFrame, val: pd.DataFrame, grid=BASE_GRID, log: list | 
         model, curve = train_base(cand, fit, val=val)
         k = int(np.nanargmax(curve))
         if log is not None:
-            log.append({"candidate": i, **cand.describe(), "val_auc_per_epoch": [round(a, 4) for a in curve],
-                        "secs": round(time.perf_counter() - t, 1)})
+            log.append(
+                {
+                    "candidate": i,
+                    **cand.describe(),
+                    "val_auc_per_epoch": [round(a, 4) for a in curve],
+                    "secs": round(time.perf_counter() - t, 1),
+                }
+            )
         if best is None or curve[k] > best[2]:
             best = (cand, k + 1, curve[k], model)
     return best
 
 
 # ------------------------------------------------------------------------------ LoRA per slot
-def slot_adapters(base_dir: Path, cand: BaseCandidate, train: pd.DataFrame, test: pd.DataFrame,
-                  lcfg: LoraTrainConfig, epochs_by_slot: dict[str, int] | None = None,
-                  max_epochs: int = LORA_MAX_EPOCHS, seed: int = SEED) -> tuple[np.ndarray, dict]:
+def slot_adapters(
+    base_dir: Path,
+    cand: BaseCandidate,
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+    lcfg: LoraTrainConfig,
+    epochs_by_slot: dict[str, int] | None = None,
+    max_epochs: int = LORA_MAX_EPOCHS,
+    seed: int = SEED,
+) -> tuple[np.ndarray, dict]:
     """One adapter per slot, each on a fresh copy of the base saved in `base_dir`, trained on the
     slot's `train` rows; returns (pCTR for every row of `test`, in order, each row scored by its
     slot's adapter; per-slot info).
@@ -176,14 +212,21 @@ def slot_adapters(base_dir: Path, cand: BaseCandidate, train: pd.DataFrame, test
             info[slot] = {"epoch": 0, "train_rows": len(tr_rows)}
             continue
         stop_epoch = None if epochs_by_slot is None else epochs_by_slot[slot]
-        out[te_idx], info[slot] = _slot_adapter(base, cand, slot, tr_rows, te_rows, lcfg, stop_epoch, max_epochs,
-                                                seed)
+        out[te_idx], info[slot] = _slot_adapter(base, cand, slot, tr_rows, te_rows, lcfg, stop_epoch, max_epochs, seed)
     return out, info
 
 
-def _slot_adapter(base, cand: BaseCandidate, slot: str, tr_rows: pd.DataFrame, te_rows: pd.DataFrame,
-                  lcfg: LoraTrainConfig, stop_epoch: int | None, max_epochs: int, seed: int
-                  ) -> tuple[np.ndarray, dict]:
+def _slot_adapter(
+    base,
+    cand: BaseCandidate,
+    slot: str,
+    tr_rows: pd.DataFrame,
+    te_rows: pd.DataFrame,
+    lcfg: LoraTrainConfig,
+    stop_epoch: int | None,
+    max_epochs: int,
+    seed: int,
+) -> tuple[np.ndarray, dict]:
     """Attach one adapter to `base`, train it on `tr_rows`; (pCTR of `te_rows`, info). `stop_epoch`
     None is selection mode: train `max_epochs`, keep the predictions of the epoch with the best AUC
     on `te_rows`."""
@@ -210,10 +253,19 @@ def _slot_adapter(base, cand: BaseCandidate, slot: str, tr_rows: pd.DataFrame, t
 
     # the lr the pipeline trains adapters with (LoraTrainConfig.stable_lr, where the config has it)
     lr = lcfg.stable_lr() if hasattr(lcfg, "stable_lr") else lcfg.lr
-    settings = LoopSettings(epochs=max_epochs, batch_size=lcfg.batch_size, lr=lr,
-                            weight_decay=lcfg.weight_decay, warmup_steps=lcfg.warmup_steps, seed=seed)
+    settings = LoopSettings(
+        epochs=max_epochs,
+        batch_size=lcfg.batch_size,
+        lr=lr,
+        weight_decay=lcfg.weight_decay,
+        warmup_steps=lcfg.warmup_steps,
+        seed=seed,
+    )
     _train(model, x_tr, y_tr, settings, f"bench-lora-{slot}", on_epoch)
     if select:
-        return best["p"], {"epoch": best["epoch"], "train_rows": len(tr_rows),
-                           "auc_per_epoch": [round(a, 4) for a in curve]}
+        return best["p"], {
+            "epoch": best["epoch"],
+            "train_rows": len(tr_rows),
+            "auc_per_epoch": [round(a, 4) for a in curve],
+        }
     return predict(model, x_te), {"epoch": stop, "train_rows": len(tr_rows)}

@@ -12,6 +12,7 @@
 
 It imports no other benchmark module, so the quality modules can all share it without a cycle.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.metrics import auc, logloss
 
 TRAIN_FRACTION = 0.8
-VAL_FRACTION = 0.1           # of the train part, its latest rows
+VAL_FRACTION = 0.1  # of the train part, its latest rows
 LR_FEATURES = ("user_id", "item_id", "gender", "age_bucket", "occupation", "category", "slot")
 LR_C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
 GOAL_MARGIN = 0.01
@@ -49,11 +50,16 @@ def cold_mask(train: pd.DataFrame, frame: pd.DataFrame) -> np.ndarray:
 
 def scores(y: np.ndarray, p: np.ndarray, cold: np.ndarray) -> dict:
     """AUC overall / on cold rows / on warm rows and logloss, rounded to 4 digits (None where undefined)."""
+
     def clean(v: float):
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 4)
 
-    return {"auc": clean(auc(y, p)), "auc_cold": clean(auc(y[cold], p[cold])),
-            "auc_warm": clean(auc(y[~cold], p[~cold])), "logloss": clean(logloss(y, p))}
+    return {
+        "auc": clean(auc(y, p)),
+        "auc_cold": clean(auc(y[cold], p[cold])),
+        "auc_warm": clean(auc(y[~cold], p[~cold])),
+        "logloss": clean(logloss(y, p)),
+    }
 
 
 # ---------------------------------------------------------------------------------------- LR

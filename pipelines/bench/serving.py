@@ -19,8 +19,8 @@ Printed keys (one JSON object, exactly these):
   `ctr_lora_feed` (`pipelines.promotion.aliases`: @canary becomes @champion, the canary alias is
   removed, both recorded): the alias lookups of every watched route, a new adapter set, the stacks
   rebuilt, the swap (the old champion stays in memory, idle, within max_loaded_adapters). The
-  promoted version was already in memory as the canary, as in production. The versions carry `gate.passed=true` so the promotion's own checks
-  pass (the benchmark has no gate). Goal < 120 ms.
+  promoted version was already in memory as the canary, as in production. The versions carry
+  `gate.passed=true` so the promotion's own checks pass (the benchmark has no gate). Goal < 120 ms.
 * ``load_ms``: time of `apply(routes)` in which `ctr_lora_search@champion` names a version not in
   memory: resolve its `models:/` URI, download `artifacts/` from the local file store, verify the
   adapter file hashes against the registry tag and the base fingerprint, inject it into the shared
@@ -38,13 +38,14 @@ Printed keys (one JSON object, exactly these):
   architecture: a merged adapter is free at inference).
 
 The same object carries the figures measured over HTTP against `python -m pipelines serve` with
-concurrent clients (`rps_*`, `p50_ms_*`, `p99_ms_*`, `promote_visible_ms`, `promote_routes_ms`, `promote_visible_ms_poll`,
-`p99_during_swaps_ratio`, `base_switch_ms`, `failed_requests`, `misrouted_requests`, and the
+concurrent clients (`rps_*`, `p50_ms_*`, `p99_ms_*`, `promote_visible_ms`, `promote_routes_ms`,
+`promote_visible_ms_poll`, `p99_during_swaps_ratio`, `base_switch_ms`, `failed_requests`, `misrouted_requests`, and the
 `requests_checked` / `moves` they count over); their definitions are in `pipelines.bench.serving_http`.
 `--in-process-only` leaves them out.
 
 Quick mode (about 2 minutes: creating the stores and logging the models is most of it) takes fewer samples.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,18 +111,25 @@ def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
     base = demo.register_base(base_model, example, experiment_id=experiment_id)
     logged, champions = {}, {}
     for i, slot in enumerate(SLOTS):
-        logged[slot] = demo.log_adapter(demo.random_adapter(base_model, seed=10 + i), slot, base, example,
-                                        experiment_id=experiment_id)
+        logged[slot] = demo.log_adapter(
+            demo.random_adapter(base_model, seed=10 + i), slot, base, example, experiment_id=experiment_id
+        )
         champions[slot] = demo.register_adapter(logged[slot], f"ctr_lora_{slot}", slot, alias="champion", base=base)
-    canary = demo.log_adapter(demo.random_adapter(base_model, seed=99), "feed", base, example,
-                              experiment_id=experiment_id)
+    canary = demo.log_adapter(
+        demo.random_adapter(base_model, seed=99), "feed", base, example, experiment_id=experiment_id
+    )
     on_canary = demo.register_adapter(canary, "ctr_lora_feed", "feed", alias="canary", base=base)
-    for v in (champions["feed"], on_canary):   # promote_canary releases only gated versions
+    for v in (champions["feed"], on_canary):  # promote_canary releases only gated versions
         mlflow_io.client().set_model_version_tag("ctr_lora_feed", v, "gate.passed", "true")
     # Versions of the same logged files: each is a distinct version to download, verify and load.
-    extra = [demo.register_adapter(logged["search"], "ctr_lora_search", "search", base=base)
-             for _ in range(extra_versions)]
-    return {"base_model": base_model, "adapter_uri": f"models:/ctr_lora_feed/{champions['feed']}", "extra_search": extra}
+    extra = [
+        demo.register_adapter(logged["search"], "ctr_lora_search", "search", base=base) for _ in range(extra_versions)
+    ]
+    return {
+        "base_model": base_model,
+        "adapter_uri": f"models:/ctr_lora_feed/{champions['feed']}",
+        "extra_search": extra,
+    }
 
 
 def _median_ms(fn: Callable[[], object], n: int) -> float:
@@ -178,8 +186,7 @@ def _load_ms(server, versions: list[str]) -> float:
     times = []
     for v in versions:
         mv = server.registry.client.get_model_version("ctr_lora_search", v)
-        target = {**routes, ("ctr_lora_search", "champion"): VersionRef("ctr_lora_search", v, dict(mv.tags),
-                                                                          mv.run_id)}
+        target = {**routes, ("ctr_lora_search", "champion"): VersionRef("ctr_lora_search", v, dict(mv.tags), mv.run_id)}
         start = time.perf_counter()
         report = server.apply(target)
         times.append(time.perf_counter() - start)
@@ -213,7 +220,7 @@ def _plain_scorer(model) -> Callable:
 def _latencies(scorers: dict[str, Callable], batch, calls: int) -> dict[str, float]:
     """Median seconds per call of each scorer; calls alternate between the scorers, so a load spike
     from another process hits all of them alike."""
-    for fn in scorers.values():   # warm-up
+    for fn in scorers.values():  # warm-up
         for _ in range(max(20, calls // 10)):
             fn(batch)
     samples: dict[str, list[float]] = {k: [] for k in scorers}
@@ -243,10 +250,18 @@ def run(quick: bool, http: bool = True) -> dict:
         refresh = _refresh_ms(server, n_refresh)
         load = _load_ms(server, built["extra_search"])
         merged = _merged_model(built["base_model"], built["adapter_uri"])
-    lat = _latencies({"routed": server.score, "merged": _plain_scorer(merged),
-                      "base": _plain_scorer(built["base_model"])}, batch, calls)
-    out = {"switch_ms": switch, "refresh_ms": refresh, "load_ms": load, "routed_vs_merged": lat["routed"] / lat["merged"],
-           "merged_vs_base": lat["merged"] / lat["base"]}
+    lat = _latencies(
+        {"routed": server.score, "merged": _plain_scorer(merged), "base": _plain_scorer(built["base_model"])},
+        batch,
+        calls,
+    )
+    out = {
+        "switch_ms": switch,
+        "refresh_ms": refresh,
+        "load_ms": load,
+        "routed_vs_merged": lat["routed"] / lat["merged"],
+        "merged_vs_base": lat["merged"] / lat["base"],
+    }
     if http:
         from pipelines.bench import serving_http
 
@@ -255,8 +270,11 @@ def run(quick: bool, http: bool = True) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench.serving", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.bench.serving",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="fewer samples (about 2 minutes)")
     p.add_argument("--in-process-only", action="store_true", help="leave out the HTTP figures")
     a = p.parse_args(argv)

@@ -34,6 +34,7 @@ Figures (keys of `run()`):
   (names only; tests/pipelines/serving/test_http_base_change.py also checks every score against the
   named version's pyfunc).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -77,7 +78,7 @@ class RouteWatcher:
 
     def __init__(self, url: str, every_s: float = 0.01):
         self.url, self.every_s = url, every_s
-        self.seen: list[tuple[float, dict]] = []   # (time, routes) at each change (and the first)
+        self.seen: list[tuple[float, dict]] = []  # (time, routes) at each change (and the first)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -126,12 +127,12 @@ def misrouted(record: tuple, slots: list[str], watcher: RouteWatcher, prefix: st
     if any(len(v) != 1 for v in by_slot.values()):
         return True
     got = {s: next(iter(v)) for s, v in by_slot.items()}
-    return not any(all(t.get(f"{prefix}{s}@champion") == k for s, k in got.items())
-                   for t in watcher.tables(start, end))
+    return not any(all(t.get(f"{prefix}{s}@champion") == k for s, k in got.items()) for t in watcher.tables(start, end))
 
 
-def load(url: str, body: bytes, *, seconds: float | None = None, until: threading.Event | None = None,
-         clients: int = CLIENTS) -> list[tuple]:
+def load(
+    url: str, body: bytes, *, seconds: float | None = None, until: threading.Event | None = None, clients: int = CLIENTS
+) -> list[tuple]:
     """Every (status, out, start, end) of `clients` threads sending `body` back to back, for `seconds`
     or until `until` is set."""
     records: list[tuple] = []
@@ -176,6 +177,7 @@ def visible_ms(client: Client, body: bytes, move: Callable[[], None], done: Call
 
 # ----------------------------------------------------------------------------- the run
 
+
 @contextlib.contextmanager
 def _tracking(uri: str) -> Iterator[None]:
     import mlflow
@@ -213,18 +215,21 @@ def _populate(frame) -> dict:
         base = demo.register_base(model, example, alias=alias, experiment_id=experiment)
         out[f"base{b}"] = base.version
         for i, slot in enumerate(("feed", "feed", "search", "splash")):
-            logged = demo.log_adapter(demo.random_adapter(model, seed=100 * b + i), slot, base, example,
-                                      experiment_id=experiment)
+            logged = demo.log_adapter(
+                demo.random_adapter(model, seed=100 * b + i), slot, base, example, experiment_id=experiment
+            )
             first = f"b{b}_{slot}" not in out
-            v = demo.register_adapter(logged, f"ctr_lora_{slot}", slot, base=base,
-                                      alias="champion" if alias and first else None)
+            v = demo.register_adapter(
+                logged, f"ctr_lora_{slot}", slot, base=base, alias="champion" if alias and first else None
+            )
             out[f"b{b}_{slot}" if first else f"b{b}_{slot}_alt"] = v
     return out
 
 
 def _body(frame) -> bytes:
-    return json.dumps({"dataframe_split": json.loads(frame.to_json(orient="split", index=False,
-                                                                  date_format="iso"))}).encode()
+    return json.dumps(
+        {"dataframe_split": json.loads(frame.to_json(orient="split", index=False, date_format="iso"))}
+    ).encode()
 
 
 def _under_load(url: str, body: bytes, work: Callable[[], object]) -> tuple[list[tuple], object]:
@@ -245,7 +250,7 @@ def run(quick: bool) -> dict:
     moves, steady_s, polls = (20, 3.0, 3) if quick else (100, 10.0, 10)
     saved_affinity = os.sched_getaffinity(0) if CORES["others"] else None
     if saved_affinity:
-        os.sched_setaffinity(0, CORES["others"])   # this process's client threads stay off the server's cores
+        os.sched_setaffinity(0, CORES["others"])  # this process's client threads stay off the server's cores
     try:
         return _run(moves, steady_s, polls)
     finally:
@@ -282,8 +287,9 @@ def _run(moves: int, steady_s: float, polls: int) -> dict:
                         box["start"] = time.perf_counter()
                         client.set_registered_model_alias("ctr_lora_feed", "champion", target)
 
-                    times.append(visible_ms(probe, _body(feed_row), move,
-                                            lambda o: o["served_by"][0]["version"] == target))
+                    times.append(
+                        visible_ms(probe, _body(feed_row), move, lambda o: o["served_by"][0]["version"] == target)
+                    )
                     watcher.wait_for(lambda r: r["ctr_lora_feed@champion"] == f"ctr_lora_feed:{target}")
                     seen.append(1000 * (watcher.seen[-1][0] - box["start"]))
                 return times, seen
@@ -292,8 +298,9 @@ def _run(moves: int, steady_s: float, polls: int) -> dict:
             out["promote_visible_ms"] = statistics.median(times)
             out["promote_routes_ms"] = statistics.median(seen)
             out["p99_during_swaps_ratio"] = percentiles(records["swaps"])["p99_ms"] / out["p99_ms_b32"]
-            records["base"], out["base_switch_ms"] = _under_load(url, _body(b32), lambda: _base_switch(
-                url, client, v, _body(one_each)))
+            records["base"], out["base_switch_ms"] = _under_load(
+                url, _body(b32), lambda: _base_switch(url, client, v, _body(one_each))
+            )
             watcher.wait_for(lambda r: r["ctr_lora_splash@champion"] == f"ctr_lora_splash:{v['b2_splash']}")
         slots = {"b1": b1["slot"].tolist(), "b32": b32["slot"].tolist()}
         checked = [(r, slots["b1" if k == "b1" else "b32"]) for k, rs in records.items() for r in rs]
@@ -304,8 +311,14 @@ def _run(moves: int, steady_s: float, polls: int) -> dict:
             probe, times = Client(url), []
             for i in range(polls):
                 target = v["b2_feed_alt"] if i % 2 == 0 else v["b2_feed"]
-                times.append(visible_ms(probe, _body(feed_row), lambda: client.set_registered_model_alias(
-                    "ctr_lora_feed", "champion", target), lambda o: o["served_by"][0]["version"] == target))
+                times.append(
+                    visible_ms(
+                        probe,
+                        _body(feed_row),
+                        lambda: client.set_registered_model_alias("ctr_lora_feed", "champion", target),
+                        lambda o: o["served_by"][0]["version"] == target,
+                    )
+                )
             out["promote_visible_ms_poll"] = statistics.median(times)
     out["moves"] = moves
     return out
@@ -319,15 +332,20 @@ def _base_switch(url: str, client, v: dict, body: bytes) -> float:
         client.set_registered_model_alias(f"ctr_lora_{slot}", "champion", v[f"b2_{slot}"])
     deadline = time.monotonic() + 120
     while True:
-        routes = get_json(url, "/routes")[1]   # one read: pending and loaded of the same moment
+        routes = get_json(url, "/routes")[1]  # one read: pending and loaded of the same moment
         pending = (routes["base"] or {}).get("pending") or {}
         if len(pending.get("waiting_for", [])) == 1 and set(routes["loaded"]) >= {
-                f"ctr_lora_feed:{v['b2_feed']}", f"ctr_lora_search:{v['b2_search']}"}:
+            f"ctr_lora_feed:{v['b2_feed']}",
+            f"ctr_lora_search:{v['b2_search']}",
+        }:
             break
         if time.monotonic() > deadline:
             raise RuntimeError(f"the new base never became pending with two adapters loaded: {pending}")
         time.sleep(0.05)
     new = {"ctr_lora_feed": v["b2_feed"], "ctr_lora_search": v["b2_search"], "ctr_lora_splash": v["b2_splash"]}
-    return visible_ms(Client(url), body, lambda: client.set_registered_model_alias(
-        "ctr_lora_splash", "champion", v["b2_splash"]),
-        lambda o: all(new.get(s["model"]) == s["version"] for s in o["served_by"]))
+    return visible_ms(
+        Client(url),
+        body,
+        lambda: client.set_registered_model_alias("ctr_lora_splash", "champion", v["b2_splash"]),
+        lambda o: all(new.get(s["model"]) == s["version"] for s in o["served_by"]),
+    )

@@ -2,6 +2,7 @@
 processes `pipelines.bench.serving_http` measures: a real `mlflow server` that may send alias webhooks to
 loopback, and `python -m pipelines serve`, each in its own session, pinned to cores apart from the clients
 where the machine allows it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -51,14 +52,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def _process(cmd: list[str], log: Path, env: dict, url: str, ready_path: str,
-             cpus: set[int] | None = None) -> Iterator[subprocess.Popen]:
+def _process(
+    cmd: list[str], log: Path, env: dict, url: str, ready_path: str, cpus: set[int] | None = None
+) -> Iterator[subprocess.Popen]:
     """`cmd` in its own session (on `cpus` only, when given) until `url + ready_path` answers 200;
     SIGTERM (then SIGKILL) on exit."""
     pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=log.parent, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=pin)
+        proc = subprocess.Popen(
+            cmd, cwd=log.parent, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin
+        )
     try:
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline:
@@ -98,12 +101,29 @@ def mlflow_server(root: Path) -> Iterator[str]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
-           "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": Fernet.generate_key().decode(), "MLFLOW_WEBHOOK_CACHE_TTL": "1",
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-           f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {
+        **os.environ,
+        "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
+        "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+        "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": Fernet.generate_key().decode(),
+        "MLFLOW_WEBHOOK_CACHE_TTL": "1",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--serve-artifacts",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     with _process(cmd, root / "mlflow-server.log", env, url, "/health", CORES["others"]):
         yield url
 
@@ -111,12 +131,28 @@ def mlflow_server(root: Path) -> Iterator[str]:
 @contextlib.contextmanager
 def serving(root: Path, tracking_uri: str, *, port: int, poll_seconds: float, webhook: bool) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONPATH": str(REPO),
-           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
     env.pop("CTR_SERVING_WEBHOOK_SECRET", None)
     if webhook:
         env["CTR_SERVING_WEBHOOK_SECRET"] = SECRET
-    cmd = [sys.executable, "-m", "pipelines", "serve", "--config", str(REPO / "configs" / "synthetic.yaml"),
-           "--port", str(port), "--poll-seconds", str(poll_seconds), "--canary-share", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines",
+        "serve",
+        "--config",
+        str(REPO / "configs" / "synthetic.yaml"),
+        "--port",
+        str(port),
+        "--poll-seconds",
+        str(poll_seconds),
+        "--canary-share",
+        "0",
+    ]
     with _process(cmd, root / f"serve-{port}.log", env, url, "/healthz", CORES["server"]):
         yield url

@@ -29,6 +29,7 @@ optimizer's ``state``), trainable parameters, and artifact bytes -- what must be
 result: the adapter's ``adapter_model.safetensors`` (``save_pretrained``) for LoRA, the full
 ``state_dict`` as safetensors for the two full variants.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,12 +52,12 @@ VARIANTS = ("full", "sparse_full", "lora")
 BATCH_SIZE = 512
 ID_BUCKETS = 1 << 20
 LR = 1e-3
-WEIGHT_DECAY = 1e-4          # BaseTrainConfig.weight_decay; AdamW groups only (SparseAdam has none)
+WEIGHT_DECAY = 1e-4  # BaseTrainConfig.weight_decay; AdamW groups only (SparseAdam has none)
 DATA_SEED = 3
 MODEL_SEED = 0
 
 # Goals (GitHub issue 4, section 3)
-GOAL_SPEEDUP = 6.0           # LoRA samples/s >= 6x baseline (a)
+GOAL_SPEEDUP = 6.0  # LoRA samples/s >= 6x baseline (a)
 GOAL_SPEEDUP_VS_SPARSE = 1.0  # LoRA samples/s >= baseline (b)
 GOAL_OPT_STATE_RATIO = 0.01  # LoRA optimizer state <= 1 % of (b)'s
 GOAL_ARTIFACT_RATIO = 0.001  # LoRA artifact <= 0.1 % of (b)'s
@@ -119,8 +120,7 @@ def build(variant: str, id_buckets: int = ID_BUCKETS):
         table_params = [e.weight for e in model.embeddings.values()]
         table_ids = {id(p) for p in table_params}
         rest = [p for p in model.parameters() if id(p) not in table_ids]
-        opts = [torch.optim.SparseAdam(table_params, lr=LR),
-                torch.optim.AdamW(rest, lr=LR, weight_decay=WEIGHT_DECAY)]
+        opts = [torch.optim.SparseAdam(table_params, lr=LR), torch.optim.AdamW(rest, lr=LR, weight_decay=WEIGHT_DECAY)]
         return model.train(), opts
     from pipelines.model import adapters
 
@@ -172,9 +172,15 @@ def _step(model, opts, xb, yb) -> tuple[float, float, float, float]:
     return t1 - t0, t2 - t1, t3 - t2, value
 
 
-def _measure(variant: str, steps: int = 3, warmup: int = 1, id_buckets: int = ID_BUCKETS,
-             batch_size: int = BATCH_SIZE, data: tuple[np.ndarray, np.ndarray] | None = None,
-             threads: int = 1) -> dict:
+def _measure(
+    variant: str,
+    steps: int = 3,
+    warmup: int = 1,
+    id_buckets: int = ID_BUCKETS,
+    batch_size: int = BATCH_SIZE,
+    data: tuple[np.ndarray, np.ndarray] | None = None,
+    threads: int = 1,
+) -> dict:
     """Train `variant` for `warmup` untimed + `steps` timed steps in this process; return its numbers.
 
     `data` (tokens, labels) must hold at least (warmup + steps) * batch_size rows; made here if None.
@@ -194,37 +200,52 @@ def _measure(variant: str, steps: int = 3, warmup: int = 1, id_buckets: int = ID
     times, phases, losses = [], [], []
     for step in range(warmup + steps):
         lo = step * batch_size
-        fwd, bwd, opt_s, loss = _step(model, opts, x_all[lo:lo + batch_size], y_all[lo:lo + batch_size])
+        fwd, bwd, opt_s, loss = _step(model, opts, x_all[lo : lo + batch_size], y_all[lo : lo + batch_size])
         losses.append(loss)
         if step >= warmup:
             times.append(fwd + bwd + opt_s)
             phases.append((fwd, bwd, opt_s))
-    peak_rss = _rss_mib()   # before saving the artifact (serialisation buffers are not training memory)
+    peak_rss = _rss_mib()  # before saving the artifact (serialisation buffers are not training memory)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     with tempfile.TemporaryDirectory() as tmp:
         art = artifact_bytes(variant, model, Path(tmp))
     med, mean = statistics.median(times), statistics.fmean(times)
     return {
-        "variant": variant, "steps": steps, "warmup_steps": warmup, "batch_size": batch_size,
-        "id_buckets": id_buckets, "threads": threads,
-        "samples_per_s": batch_size / med, "samples_per_s_mean": batch_size / mean,
-        "step_ms_median": 1000 * med, "step_ms_p90": 1000 * float(np.quantile(times, 0.9)),
+        "variant": variant,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "batch_size": batch_size,
+        "id_buckets": id_buckets,
+        "threads": threads,
+        "samples_per_s": batch_size / med,
+        "samples_per_s_mean": batch_size / mean,
+        "step_ms_median": 1000 * med,
+        "step_ms_p90": 1000 * float(np.quantile(times, 0.9)),
         # where a step's time goes (medians of each phase; they need not add up to the step median)
         "forward_ms": 1000 * statistics.median(p[0] for p in phases),
         "backward_ms": 1000 * statistics.median(p[1] for p in phases),
         "optimizer_ms": 1000 * statistics.median(p[2] for p in phases),
-        "peak_rss_mib": peak_rss, "rss_before_model_mib": rss_before_model,
+        "peak_rss_mib": peak_rss,
+        "rss_before_model_mib": rss_before_model,
         "optimizer_state_bytes": optimizer_state_bytes(opts),
-        "trainable_params": int(trainable), "total_params": int(total),
+        "trainable_params": int(trainable),
+        "total_params": int(total),
         "trainable_fraction": trainable / max(total, 1),
         "artifact_bytes": int(art),
-        "first_loss": losses[0], "last_loss": losses[-1],
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
     }
 
 
-def _paired(steps: int = 3, warmup: int = 1, id_buckets: int = ID_BUCKETS, batch_size: int = BATCH_SIZE,
-            data: tuple[np.ndarray, np.ndarray] | None = None, threads: int = 1) -> dict:
+def _paired(
+    steps: int = 3,
+    warmup: int = 1,
+    id_buckets: int = ID_BUCKETS,
+    batch_size: int = BATCH_SIZE,
+    data: tuple[np.ndarray, np.ndarray] | None = None,
+    threads: int = 1,
+) -> dict:
     """LoRA vs baseline (b) in ONE process, alternating steps on the same batch (order flipped every
     step): a paired measurement, so load from other processes on a shared machine hits both alike.
     Only timing comes from here (RSS would be the sum of both models)."""
@@ -238,18 +259,22 @@ def _paired(steps: int = 3, warmup: int = 1, id_buckets: int = ID_BUCKETS, batch
     times: dict[str, list[float]] = {v: [] for v in models}
     for step in range(warmup + steps):
         lo = step * batch_size
-        xb, yb = x_all[lo:lo + batch_size], y_all[lo:lo + batch_size]
+        xb, yb = x_all[lo : lo + batch_size], y_all[lo : lo + batch_size]
         order = list(models) if step % 2 == 0 else list(models)[::-1]
         for v in order:
             f, b, o, _ = _step(*models[v], xb, yb)
             if step >= warmup:
                 times[v].append(f + b + o)
     ratios = [tb / tl for tb, tl in zip(times["sparse_full"], times["lora"])]
-    return {"variant": "paired", "steps": steps, "warmup_steps": warmup,
-            "speedup_vs_sparse_paired": statistics.median(ratios),
-            "lora_samples_per_s_paired": batch_size / statistics.median(times["lora"]),
-            "sparse_full_samples_per_s_paired": batch_size / statistics.median(times["sparse_full"]),
-            "paired_steps_lora_faster_fraction": sum(r > 1 for r in ratios) / len(ratios)}
+    return {
+        "variant": "paired",
+        "steps": steps,
+        "warmup_steps": warmup,
+        "speedup_vs_sparse_paired": statistics.median(ratios),
+        "lora_samples_per_s_paired": batch_size / statistics.median(times["lora"]),
+        "sparse_full_samples_per_s_paired": batch_size / statistics.median(times["sparse_full"]),
+        "paired_steps_lora_faster_fraction": sum(r > 1 for r in ratios) / len(ratios),
+    }
 
 
 # ------------------------------------------------------------------------------------ summary
@@ -270,24 +295,49 @@ def summarize(results: dict[str, dict], paired: dict | None = None) -> dict:
         "artifact_ratio": float(f"{lo['artifact_bytes'] / max(b['artifact_bytes'], 1):.6g}"),
         "trainable_fraction": float(f"{lo['trainable_fraction']:.6g}"),
     }
-    out.update({
-        "goal_speedup_6x": out["speedup"] >= GOAL_SPEEDUP,
-        "goal_faster_than_sparse": out["speedup_vs_sparse"] >= GOAL_SPEEDUP_VS_SPARSE,
-        "goal_optimizer_state_le_1pct": out["optimizer_state_ratio"] <= GOAL_OPT_STATE_RATIO,
-        "goal_artifact_le_0_1pct": out["artifact_ratio"] <= GOAL_ARTIFACT_RATIO,
-        "goal_trainable_lt_1pct": out["trainable_fraction"] < GOAL_TRAINABLE_FRACTION,
-    })
+    out.update(
+        {
+            "goal_speedup_6x": out["speedup"] >= GOAL_SPEEDUP,
+            "goal_faster_than_sparse": out["speedup_vs_sparse"] >= GOAL_SPEEDUP_VS_SPARSE,
+            "goal_optimizer_state_le_1pct": out["optimizer_state_ratio"] <= GOAL_OPT_STATE_RATIO,
+            "goal_artifact_le_0_1pct": out["artifact_ratio"] <= GOAL_ARTIFACT_RATIO,
+            "goal_trainable_lt_1pct": out["trainable_fraction"] < GOAL_TRAINABLE_FRACTION,
+        }
+    )
     out["all_goals_met"] = all(v for k, v in out.items() if k.startswith("goal_"))
     if paired is not None:
-        out.update({k: float(f"{paired[k]:.6g}") for k in ("speedup_vs_sparse_paired", "lora_samples_per_s_paired",
-                                                            "sparse_full_samples_per_s_paired",
-                                                            "paired_steps_lora_faster_fraction")})
+        out.update(
+            {
+                k: float(f"{paired[k]:.6g}")
+                for k in (
+                    "speedup_vs_sparse_paired",
+                    "lora_samples_per_s_paired",
+                    "sparse_full_samples_per_s_paired",
+                    "paired_steps_lora_faster_fraction",
+                )
+            }
+        )
         out["paired_steps"] = paired["steps"]
         out["goal_faster_than_sparse_paired"] = out["speedup_vs_sparse_paired"] >= GOAL_SPEEDUP_VS_SPARSE
-    keys = ("steps", "warmup_steps", "samples_per_s_mean", "step_ms_median", "step_ms_p90",
-            "forward_ms", "backward_ms", "optimizer_ms", "peak_rss_mib", "rss_before_model_mib",
-            "optimizer_state_bytes", "trainable_params", "total_params", "trainable_fraction", "artifact_bytes",
-            "first_loss", "last_loss")
+    keys = (
+        "steps",
+        "warmup_steps",
+        "samples_per_s_mean",
+        "step_ms_median",
+        "step_ms_p90",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
+        "peak_rss_mib",
+        "rss_before_model_mib",
+        "optimizer_state_bytes",
+        "trainable_params",
+        "total_params",
+        "trainable_fraction",
+        "artifact_bytes",
+        "first_loss",
+        "last_loss",
+    )
     for name, r in results.items():
         for k in keys:
             v = r[k]
@@ -301,9 +351,23 @@ def summarize(results: dict[str, dict], paired: dict | None = None) -> dict:
 
 # -------------------------------------------------------------------------------------- driver
 def _child(variant: str, data_path: Path, steps: int, warmup: int, id_buckets: int, batch_size: int) -> dict:
-    cmd = [sys.executable, "-m", "pipelines.bench.training", "--variant", variant, "--data", str(data_path),
-           "--steps", str(steps), "--warmup", str(warmup), "--id-buckets", str(id_buckets),
-           "--batch-size", str(batch_size)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.bench.training",
+        "--variant",
+        variant,
+        "--data",
+        str(data_path),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--id-buckets",
+        str(id_buckets),
+        "--batch-size",
+        str(batch_size),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -311,8 +375,15 @@ def _child(variant: str, data_path: Path, steps: int, warmup: int, id_buckets: i
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _run(steps: int, warmup: int, repeats: int = 1, full_steps: int | None = None, full_warmup: int | None = None,
-         id_buckets: int = ID_BUCKETS, batch_size: int = BATCH_SIZE) -> dict:
+def _run(
+    steps: int,
+    warmup: int,
+    repeats: int = 1,
+    full_steps: int | None = None,
+    full_warmup: int | None = None,
+    id_buckets: int = ID_BUCKETS,
+    batch_size: int = BATCH_SIZE,
+) -> dict:
     """Each variant in its own child process, `repeats` rounds interleaved (a, b, lora, a, b, lora, ...);
     per variant the round with the median samples/s is kept.
 
@@ -355,10 +426,13 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.bench.training", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.bench.training",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="fewer steps, one round (< 60 s)")
-    p.add_argument("--variant", choices=VARIANTS + ("paired",), help=argparse.SUPPRESS)   # child mode
+    p.add_argument("--variant", choices=VARIANTS + ("paired",), help=argparse.SUPPRESS)  # child mode
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=20, help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=3, help=argparse.SUPPRESS)

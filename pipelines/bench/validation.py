@@ -8,6 +8,7 @@ column, unseen-id rates), and write the validation markers. Not in it: generatin
 synthetic days (reported apart, ``generate_and_write_all_days_s``) and building the GX context, which
 one untimed call on the first day builds and caches beforehand.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -38,7 +39,14 @@ def bench_validation(rows: int = 1_000_000, reference_days: int = 7) -> dict:
         report = check_partition(cfg, part, ref)
         record(lake, days[-1], report, suite_version(cfg.validation, cfg.data.slots))
         val_s = time.perf_counter() - t
-    return {"benchmark": "validate one synthetic day against a reference window (GX + drift + markers)",
-            "rows": rows, "reference_rows": rows * reference_days, "generate_and_write_all_days_s": round(gen_s, 1),
-            "validate_s": round(val_s, 2), "target_s": 10, "expectations": report["evaluated"],
-            "drift_checks": len((report.get("drift") or {}).get("checks", [])), "valid": report["success"]}
+    return {
+        "benchmark": "validate one synthetic day against a reference window (GX + drift + markers)",
+        "rows": rows,
+        "reference_rows": rows * reference_days,
+        "generate_and_write_all_days_s": round(gen_s, 1),
+        "validate_s": round(val_s, 2),
+        "target_s": 10,
+        "expectations": report["evaluated"],
+        "drift_checks": len((report.get("drift") or {}).get("checks", [])),
+        "valid": report["success"],
+    }

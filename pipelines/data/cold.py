@@ -6,6 +6,7 @@ window. The split (`split`) holds out the cold users who showed up last, entirel
 evaluation slice is users the student never saw. `prepare` reads a window from the lake and applies
 both; the cold-start stages (training.cold_start, evaluation.cold_start) start from it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,13 +20,14 @@ from pipelines.data.lake import Lake, concat, lineage
 from pipelines.data.validated import read_validated_window
 from pipelines.errors import PipelineError
 
-ALL = "all"   # a cold-start run over every slot (one model), as opposed to one slot's
+ALL = "all"  # a cold-start run over every slot (one model), as opposed to one slot's
 
 
 @dataclass(frozen=True)
 class ColdEntities:
     """Cold users / items: `new_*` first seen after the base's cutoff, `sparse_*` with fewer than
     `min_impressions` impressions in the history before the window."""
+
     new_users: frozenset
     sparse_users: frozenset
     new_items: frozenset
@@ -40,13 +42,19 @@ class ColdEntities:
         return self.new_items | self.sparse_items
 
     def counts(self) -> dict:
-        return {"new_users": len(self.new_users), "sparse_users": len(self.sparse_users - self.new_users),
-                "cold_users": len(self.users), "new_items": len(self.new_items),
-                "sparse_items": len(self.sparse_items - self.new_items), "cold_items": len(self.items)}
+        return {
+            "new_users": len(self.new_users),
+            "sparse_users": len(self.sparse_users - self.new_users),
+            "cold_users": len(self.users),
+            "new_items": len(self.new_items),
+            "sparse_items": len(self.sparse_items - self.new_items),
+            "cold_items": len(self.items),
+        }
 
 
-def detect(history: pd.DataFrame, window: pd.DataFrame, cutoff: str, min_impressions: int,
-           items: bool = True) -> ColdEntities:
+def detect(
+    history: pd.DataFrame, window: pd.DataFrame, cutoff: str, min_impressions: int, items: bool = True
+) -> ColdEntities:
     """Cold entities among those with impressions in `window`.
 
     - new: no impression on or before `cutoff` (the last day the base model trained on) in
@@ -54,8 +62,9 @@ def detect(history: pd.DataFrame, window: pd.DataFrame, cutoff: str, min_impress
     - sparse: fewer than `min_impressions` impressions in `history` (the rows before the window).
     """
     cut = pd.Timestamp(cutoff, tz="UTC") + pd.Timedelta(days=1)  # cutoff is a whole day
-    both = pd.concat([history[["event_ts", "user_id", "item_id"]], window[["event_ts", "user_id", "item_id"]]],
-                     ignore_index=True)
+    both = pd.concat(
+        [history[["event_ts", "user_id", "item_id"]], window[["event_ts", "user_id", "item_id"]]], ignore_index=True
+    )
     seen_by_base = both[both["event_ts"] < cut]
     out = {}
     for col, key in (("user_id", "users"), ("item_id", "items")):
@@ -67,8 +76,9 @@ def detect(history: pd.DataFrame, window: pd.DataFrame, cutoff: str, min_impress
         counts = history[col].astype(str).value_counts()
         sparse = {e for e in present if counts.get(e, 0) < min_impressions}
         out[key] = (frozenset(present - known), frozenset(sparse))
-    return ColdEntities(new_users=out["users"][0], sparse_users=out["users"][1],
-                        new_items=out["items"][0], sparse_items=out["items"][1])
+    return ColdEntities(
+        new_users=out["users"][0], sparse_users=out["users"][1], new_items=out["items"][0], sparse_items=out["items"][1]
+    )
 
 
 def cold_mask(frame: pd.DataFrame, cold: ColdEntities) -> np.ndarray:
@@ -78,15 +88,16 @@ def cold_mask(frame: pd.DataFrame, cold: ColdEntities) -> np.ndarray:
 
 @dataclass
 class ColdSplit:
-    labelled: pd.DataFrame   # the few labelled cold rows (BCE)
-    transfer: pd.DataFrame   # rows the teacher labels softly (distillation, alignment, covariance)
-    holdout: pd.DataFrame    # every row of the held-out cold users (evaluation only)
-    holdout_start: str       # the first impression of the held-out users: nothing at or after it trains
+    labelled: pd.DataFrame  # the few labelled cold rows (BCE)
+    transfer: pd.DataFrame  # rows the teacher labels softly (distillation, alignment, covariance)
+    holdout: pd.DataFrame  # every row of the held-out cold users (evaluation only)
+    holdout_start: str  # the first impression of the held-out users: nothing at or after it trains
     holdout_users: int
 
 
-def split(window: pd.DataFrame, cold: ColdEntities, holdout_fraction: float, labelled_per_entity: int,
-          transfer: str = "cold") -> ColdSplit:
+def split(
+    window: pd.DataFrame, cold: ColdEntities, holdout_fraction: float, labelled_per_entity: int, transfer: str = "cold"
+) -> ColdSplit:
     """Entity-level temporal split of the window.
 
     The cold users who showed up last (by their first impression in the window) are held out: all
@@ -121,13 +132,18 @@ def split(window: pd.DataFrame, cold: ColdEntities, holdout_fraction: float, lab
     if transfer not in ("cold", "window"):
         raise ValueError(f"transfer must be 'cold' or 'window', got {transfer!r}")
     tr = before[mask] if transfer == "cold" else before
-    return ColdSplit(labelled=cold_rows.reset_index(drop=True), transfer=tr.reset_index(drop=True),
-                     holdout=holdout, holdout_start=t_h.isoformat(), holdout_users=len(holdout_users))
+    return ColdSplit(
+        labelled=cold_rows.reset_index(drop=True),
+        transfer=tr.reset_index(drop=True),
+        holdout=holdout,
+        holdout_start=t_h.isoformat(),
+        holdout_users=len(holdout_users),
+    )
 
 
 def cap_transfer(transfer: pd.DataFrame, max_rows: int) -> pd.DataFrame:
     """The newest `max_rows` rows (the frame is time-sorted)."""
-    return transfer if len(transfer) <= max_rows else transfer.iloc[len(transfer) - max_rows:].reset_index(drop=True)
+    return transfer if len(transfer) <= max_rows else transfer.iloc[len(transfer) - max_rows :].reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- a window, prepared
@@ -171,8 +187,9 @@ def prepare(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, base: d
     in_window = [p for p in parts if p.dt >= window_first]
     if not in_window:
         raise PipelineError(f"no partitions in {lake_uri} for the window {window_first}..{end_day}")
-    history = concat([p for p in parts if p.dt < window_first]) if len(in_window) < len(parts) else \
-        concat(in_window).iloc[:0]
+    history = (
+        concat([p for p in parts if p.dt < window_first]) if len(in_window) < len(parts) else concat(in_window).iloc[:0]
+    )
     window = concat(in_window)
     cold = detect(history, window, base["cutoff"], cs.min_impressions, items=cs.detect_items)
     scoped = window if slot == ALL else window[window["slot"].astype(str) == slot]
@@ -181,32 +198,56 @@ def prepare(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, base: d
     except ValueError as exc:
         raise PipelineError(f"cold start for the window {window_first}..{end_day} (slot {slot}): {exc}") from exc
     sp.transfer = cap_transfer(sp.transfer, cs.max_transfer_rows)
-    for what, n, key in (("labelled", len(sp.labelled), "min_labelled_rows"),
-                         ("held-out", len(sp.holdout), "min_holdout_rows")):
+    for what, n, key in (
+        ("labelled", len(sp.labelled), "min_labelled_rows"),
+        ("held-out", len(sp.holdout), "min_holdout_rows"),
+    ):
         if n < getattr(cs, key):
-            raise PipelineError(f"only {n} {what} cold rows in the window {window_first}..{end_day} (slot {slot}); "
-                                f"need at least {getattr(cs, key)} (cold_start.{key})")
-    return Prepared(base=base, cold=cold, split=sp, lineage=lineage(parts), window_first=window_first,
-                    rows_window=int(len(scoped)), rows_cold=int(cold_mask(scoped, cold).sum()))
+            raise PipelineError(
+                f"only {n} {what} cold rows in the window {window_first}..{end_day} (slot {slot}); "
+                f"need at least {getattr(cs, key)} (cold_start.{key})"
+            )
+    return Prepared(
+        base=base,
+        cold=cold,
+        split=sp,
+        lineage=lineage(parts),
+        window_first=window_first,
+        rows_window=int(len(scoped)),
+        rows_cold=int(cold_mask(scoped, cold).sum()),
+    )
 
 
 def describe(cfg: PipelineConfig, prep: Prepared, end_day: str, slot: str) -> dict:
     """The JSON-safe summary of a prepared window that every cold-start task passes on."""
     sp = prep.split
-    return {"end_day": end_day, "slot": slot, "model_name": model_name(cfg, slot), "cutoff": prep.base["cutoff"],
-            "base": {k: prep.base[k] for k in ("name", "version", "fingerprint", "family") if k in prep.base},
-            "window": {"first": prep.window_first, "last": end_day},
-            "data": {k: prep.lineage[k] for k in ("first", "last", "count", "sha256")},
-            "cold": prep.cold.counts(),
-            "rows": {"window": prep.rows_window, "cold": prep.rows_cold, "labelled": int(len(sp.labelled)),
-                     "transfer": int(len(sp.transfer)), "holdout": int(len(sp.holdout))},
-            "holdout_users": sp.holdout_users, "holdout_start": sp.holdout_start}
+    return {
+        "end_day": end_day,
+        "slot": slot,
+        "model_name": model_name(cfg, slot),
+        "cutoff": prep.base["cutoff"],
+        "base": {k: prep.base[k] for k in ("name", "version", "fingerprint", "family") if k in prep.base},
+        "window": {"first": prep.window_first, "last": end_day},
+        "data": {k: prep.lineage[k] for k in ("first", "last", "count", "sha256")},
+        "cold": prep.cold.counts(),
+        "rows": {
+            "window": prep.rows_window,
+            "cold": prep.rows_cold,
+            "labelled": int(len(sp.labelled)),
+            "transfer": int(len(sp.transfer)),
+            "holdout": int(len(sp.holdout)),
+        },
+        "holdout_users": sp.holdout_users,
+        "holdout_start": sp.holdout_start,
+    }
 
 
 def same_data(prep: Prepared, earlier: dict | None, what: str) -> None:
     if earlier is not None and earlier["data"]["sha256"] != prep.lineage["sha256"]:
-        raise PipelineError(f"the lake data changed between detection and {what} (lineage "
-                            f"{earlier['data']['sha256'][:12]} != {prep.lineage['sha256'][:12]}); re-run the DAG")
+        raise PipelineError(
+            f"the lake data changed between detection and {what} (lineage "
+            f"{earlier['data']['sha256'][:12]} != {prep.lineage['sha256'][:12]}); re-run the DAG"
+        )
 
 
 def base_of(summary: dict) -> dict:

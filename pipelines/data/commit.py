@@ -14,6 +14,7 @@ that finds, at commit, that another one committed since it started refuses rathe
 The content hash is sha256 over the parts' bytes in manifest order: what `Lake.read_partition` hashes,
 what lineage and the validation marker record.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 MANIFEST = "_MANIFEST.json"
 FORMAT = "ctr-lake-manifest/1"
-TMP_INFIX = ".tmp-"     # local writes go to `.<name>.tmp-<id>` first (Lake.put_bytes)
+TMP_INFIX = ".tmp-"  # local writes go to `.<name>.tmp-<id>` first (Lake.put_bytes)
 
 
 class PartitionExistsError(LakeError):
@@ -44,9 +45,11 @@ class PartitionExistsError(LakeError):
     def __init__(self, lake_uri: str, days: list[str]):
         self.days = days
         names = ", ".join(f"dt={d}" for d in days)
-        super().__init__(f"{lake_uri} already has committed partition(s) {names}: refusing to replace them; "
-                         "pass overwrite=True (CLI: generate --overwrite) to write new ones, the old parts are "
-                         "kept until the new ones are committed")
+        super().__init__(
+            f"{lake_uri} already has committed partition(s) {names}: refusing to replace them; "
+            "pass overwrite=True (CLI: generate --overwrite) to write new ones, the old parts are "
+            "kept until the new ones are committed"
+        )
 
 
 class UncommittedPartitionError(LakeError):
@@ -54,17 +57,19 @@ class UncommittedPartitionError(LakeError):
 
     def __init__(self, where: str):
         self.where = where
-        super().__init__(f"partition {where} is not committed (no {MANIFEST}): its writer is still running, was "
-                         "killed mid-write, or wrote it before lake commits existed; re-run the writer "
-                         "(e.g. python -m pipelines generate ...) to commit it")
+        super().__init__(
+            f"partition {where} is not committed (no {MANIFEST}): its writer is still running, was "
+            "killed mid-write, or wrote it before lake commits existed; re-run the writer "
+            "(e.g. python -m pipelines generate ...) to commit it"
+        )
 
 
 @dataclass(frozen=True)
 class Part:
-    name: str            # object name inside the partition
+    name: str  # object name inside the partition
     sha256: str
     bytes: int
-    rows: int | None     # None for parts put as raw bytes (not parsed at write time)
+    rows: int | None  # None for parts put as raw bytes (not parsed at write time)
 
 
 @dataclass(frozen=True)
@@ -72,14 +77,23 @@ class Manifest:
     dt: str
     generation: str
     committed_at: str
-    sha256: str          # the partition's content hash
+    sha256: str  # the partition's content hash
     rows: int | None
     parts: tuple[Part, ...]
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": FORMAT, "dt": self.dt, "generation": self.generation,
-                           "committed_at": self.committed_at, "sha256": self.sha256, "rows": self.rows,
-                           "parts": [vars(p) for p in self.parts]}, indent=2).encode()
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "dt": self.dt,
+                "generation": self.generation,
+                "committed_at": self.committed_at,
+                "sha256": self.sha256,
+                "rows": self.rows,
+                "parts": [vars(p) for p in self.parts],
+            },
+            indent=2,
+        ).encode()
 
     @classmethod
     def parse(cls, payload: bytes, where: str) -> "Manifest":
@@ -88,12 +102,22 @@ class Manifest:
             raw = json.loads(payload)
             if raw.get("format") != FORMAT:
                 raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT!r}")
-            parts = tuple(Part(str(p["name"]), str(p["sha256"]), int(p["bytes"]),
-                               None if p.get("rows") is None else int(p["rows"])) for p in raw["parts"])
+            parts = tuple(
+                Part(
+                    str(p["name"]), str(p["sha256"]), int(p["bytes"]), None if p.get("rows") is None else int(p["rows"])
+                )
+                for p in raw["parts"]
+            )
             if not parts or any("/" in p.name or not p.name for p in parts):
                 raise ValueError("no parts, or a part name that is not a plain object name")
-            return cls(str(raw["dt"]), str(raw["generation"]), str(raw["committed_at"]), str(raw["sha256"]),
-                       None if raw.get("rows") is None else int(raw["rows"]), parts)
+            return cls(
+                str(raw["dt"]),
+                str(raw["generation"]),
+                str(raw["committed_at"]),
+                str(raw["sha256"]),
+                None if raw.get("rows") is None else int(raw["rows"]),
+                parts,
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LakeError(f"{where}/{MANIFEST} is not a valid lake manifest: {exc}") from exc
 
@@ -106,8 +130,10 @@ def read_manifest(lake: "Lake", day: str) -> Manifest | None:
 def check_content(man: Manifest, sha256: str, where: str) -> None:
     """The bytes read must be the bytes committed: a part replaced after its commit fails the read."""
     if sha256 != man.sha256:
-        raise LakeError(f"partition {where} changed after it was committed (generation {man.generation}): "
-                        f"its parts hash to {sha256[:12]}, the manifest says {man.sha256[:12]}; re-write it")
+        raise LakeError(
+            f"partition {where} changed after it was committed (generation {man.generation}): "
+            f"its parts hash to {sha256[:12]}, the manifest says {man.sha256[:12]}; re-write it"
+        )
 
 
 def refuse_existing(lake: "Lake", days: list[str]) -> None:
@@ -128,7 +154,7 @@ class PartitionWriter:
     def __init__(self, lake: "Lake", day: str, *, overwrite: bool = False):
         try:
             dt.date.fromisoformat(day)
-        except (TypeError, ValueError) as exc:   # a malformed day would name a prefix no reader looks at
+        except (TypeError, ValueError) as exc:  # a malformed day would name a prefix no reader looks at
             raise LakeError(f"not a partition day YYYY-MM-DD: {day!r}") from exc
         self.lake, self.day = lake, day
         self.previous = read_manifest(lake, day)
@@ -162,11 +188,19 @@ class PartitionWriter:
             raise LakeError(f"{where}: nothing to commit (no parts written)")
         current = read_manifest(self.lake, self.day)
         if (current and current.generation) != (self.previous and self.previous.generation):
-            raise LakeError(f"{where} was committed by another writer (generation {current and current.generation}) "
-                            f"while generation {self.generation} was being written; re-run one writer at a time")
+            raise LakeError(
+                f"{where} was committed by another writer (generation {current and current.generation}) "
+                f"while generation {self.generation} was being written; re-run one writer at a time"
+            )
         rows = None if any(p.rows is None for p in self.parts) else sum(p.rows for p in self.parts)
-        man = Manifest(self.day, self.generation, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       self._digest.hexdigest(), rows, tuple(self.parts))
+        man = Manifest(
+            self.day,
+            self.generation,
+            dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            self._digest.hexdigest(),
+            rows,
+            tuple(self.parts),
+        )
         self.lake.put_bytes(f"dt={self.day}/{MANIFEST}", man.to_json())
         self.committed = man
         remove_unlisted(self.lake, self.day, man)
@@ -182,15 +216,22 @@ def remove_unlisted(lake: "Lake", day: str, man: Manifest) -> list[str]:
     """Delete the partition's part files (and interrupted local writes) that `man` does not list: earlier
     generations and strays of killed writers. Markers and reports stay. Returns what was deleted."""
     keep = {lake.key_of(f"dt={day}/{p.name}") for p in man.parts}
-    stale = [k for k in lake.objects(day)
-             if k not in keep and (k.endswith(".parquet") or TMP_INFIX in k.rsplit("/", 1)[-1])]
+    stale = [
+        k for k in lake.objects(day) if k not in keep and (k.endswith(".parquet") or TMP_INFIX in k.rsplit("/", 1)[-1])
+    ]
     if stale:
         lake.delete(stale)
     return stale
 
 
-def write_frames(lake: "Lake", day: str, frames: Iterable[pd.DataFrame], *, overwrite: bool = False,
-                 on_part: Callable[[pd.DataFrame], None] | None = None) -> Manifest:
+def write_frames(
+    lake: "Lake",
+    day: str,
+    frames: Iterable[pd.DataFrame],
+    *,
+    overwrite: bool = False,
+    on_part: Callable[[pd.DataFrame], None] | None = None,
+) -> Manifest:
     """Write `frames` (one part each) as partition `day` and commit them. A failure before the commit
     leaves the partition as it was and removes this writer's parts; a kill leaves them for the next commit."""
     writer = PartitionWriter(lake, day, overwrite=overwrite)
@@ -205,5 +246,5 @@ def write_frames(lake: "Lake", day: str, frames: Iterable[pd.DataFrame], *, over
             try:
                 writer.abandon()
             except LakeError:
-                pass   # the original error matters more; the next commit removes these parts
+                pass  # the original error matters more; the next commit removes these parts
         raise

@@ -9,6 +9,7 @@ variable, `~/.aws/config`), or an explicit `endpoint_url` that the Airflow side 
 connection; so the same code talks to AWS, MinIO or the embedded moto server. Every client retries
 transient S3 errors (`s3_config`); what still fails after that raises LakeError.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -32,7 +33,7 @@ from pipelines.errors import LakeError
 log = logging.getLogger(__name__)
 
 _PART_RE = re.compile(r"dt=(\d{4}-\d{2}-\d{2})/?$")
-_KEY_RE = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})/(.+)$")   # an object of a partition, relative to the lake
+_KEY_RE = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})/(.+)$")  # an object of a partition, relative to the lake
 
 
 # botocore's standard retry mode retries throttling, 500/502/503/504 and connection errors (refused,
@@ -43,7 +44,7 @@ _KEY_RE = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})/(.+)$")   # an object of a partit
 # wait ~53 s, at most ~105 s; with 12, one request in ~11 gave up inside a 20 s outage, by simulating
 # the waits) before LakeError; longer outages are for the Airflow task's retries.
 S3_MAX_ATTEMPTS = 14
-S3_CONNECT_TIMEOUT_S = 10   # a blackholed endpoint costs 10 s an attempt, not botocore's 60
+S3_CONNECT_TIMEOUT_S = 10  # a blackholed endpoint costs 10 s an attempt, not botocore's 60
 
 
 def s3_config():
@@ -59,19 +60,19 @@ def s3_config():
         attempts = 0
     if attempts < 1:
         raise LakeError(f"AWS_MAX_ATTEMPTS={raw!r}: must be a whole number of attempts, 1 or more")
-    return Config(retries={"mode": "standard", "total_max_attempts": attempts},
-                  connect_timeout=S3_CONNECT_TIMEOUT_S)
+    return Config(retries={"mode": "standard", "total_max_attempts": attempts}, connect_timeout=S3_CONNECT_TIMEOUT_S)
 
 
 def s3_client(endpoint_url: str | None = None):
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-                        config=s3_config())
+    return boto3.client(
+        "s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None, config=s3_config()
+    )
 
 
 def split_s3(uri: str) -> tuple[str, str]:
-    rest = uri[len("s3://"):]
+    rest = uri[len("s3://") :]
     bucket, _, key = rest.partition("/")
     if not bucket:
         raise LakeError(f"not an s3 URI with a bucket: {uri!r}")
@@ -94,14 +95,14 @@ class PartitionData:
     frame: pd.DataFrame
     sha256: str
     files: list[str]
-    generation: str | None = None   # the committed generation read (None: a plain directory of parquet)
+    generation: str | None = None  # the committed generation read (None: a plain directory of parquet)
 
 
 class Lake:
     def __init__(self, uri: str, endpoint_url: str | None = None):
         self.uri = uri.rstrip("/")
         if self.uri.startswith("file://"):
-            self.uri = self.uri[len("file://"):]
+            self.uri = self.uri[len("file://") :]
         self.is_s3 = self.uri.startswith("s3://")
         self._endpoint_url = endpoint_url
         self._client = None
@@ -208,10 +209,11 @@ class Lake:
         if self.is_s3:
             bucket, _ = split_s3(self.uri)
             for i in range(0, len(keys), 1000):
-                batch = keys[i:i + 1000]
+                batch = keys[i : i + 1000]
                 try:
                     resp = self.client.delete_objects(
-                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+                    )
                 except Exception as exc:  # botocore errors: the whole batch failed
                     failed += [f"{k} ({exc})" for k in batch]
                     continue
@@ -221,12 +223,13 @@ class Lake:
                 try:
                     Path(k).unlink()
                 except FileNotFoundError:
-                    continue   # already gone: what deleting it was for
+                    continue  # already gone: what deleting it was for
                 except OSError as exc:
                     failed.append(f"{k} ({exc})")
         if failed:
-            raise LakeError(f"could not delete {len(failed)} of {len(keys)} objects in {self.uri}: "
-                            + "; ".join(failed))
+            raise LakeError(
+                f"could not delete {len(failed)} of {len(keys)} objects in {self.uri}: " + "; ".join(failed)
+            )
 
     # ------------------------------------------------------------ partitions
     def _scan(self) -> tuple[set[str], set[str]]:
@@ -238,7 +241,7 @@ class Lake:
             try:
                 for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base + "dt="):
                     for o in page.get("Contents", []):
-                        m = _KEY_RE.match(o["Key"][len(base):])
+                        m = _KEY_RE.match(o["Key"][len(base) :])
                         if m:
                             present.add(m.group(1))
                             if m.group(2) == commit.MANIFEST:
@@ -272,8 +275,12 @@ class Lake:
         inside = sorted(d for d in present if start <= dt.date.fromisoformat(d) <= end)
         for d in inside:
             if d not in committed:
-                log.warning("%s has objects but no %s (a writer is running or was killed): read as absent; "
-                            "re-run its writer to commit it", self.partition_uri(d), commit.MANIFEST)
+                log.warning(
+                    "%s has objects but no %s (a writer is running or was killed): read as absent; "
+                    "re-run its writer to commit it",
+                    self.partition_uri(d),
+                    commit.MANIFEST,
+                )
         return [d for d in inside if d in committed]
 
     def manifest(self, day: str) -> commit.Manifest | None:
@@ -309,7 +316,7 @@ class Lake:
         """Read a committed partition's parts when `where` holds a manifest, else every parquet file under
         `where` (any directory or prefix of parquet, e.g. an export checked before it is loaded)."""
         where = where.rstrip("/")
-        rel = where[len(self.uri):].strip("/")
+        rel = where[len(self.uri) :].strip("/")
         payload = self.get_bytes_if_exists(f"{rel}/{commit.MANIFEST}" if rel else commit.MANIFEST)
         if payload is None:
             return self._read_files(where, day, [k for k in self._list(where) if k.endswith(".parquet")])
@@ -323,8 +330,7 @@ class Lake:
         part.generation = man.generation
         return part
 
-    def _read_files(self, where: str, day: str, files: list[str], expected: list[str] | None = None
-                    ) -> PartitionData:
+    def _read_files(self, where: str, day: str, files: list[str], expected: list[str] | None = None) -> PartitionData:
         if not files:
             raise LakeError(f"partition {where} is missing or has no .parquet files")
         digest = hashlib.sha256()
@@ -333,8 +339,10 @@ class Lake:
             payload = self._get(f)
             digest.update(payload)
             if expected is not None and hashlib.sha256(payload).hexdigest() != expected[i]:
-                raise LakeError(f"object {f} of {where} changed after it was committed: its bytes are not "
-                                "the ones its manifest lists; re-write the partition")
+                raise LakeError(
+                    f"object {f} of {where} changed after it was committed: its bytes are not "
+                    "the ones its manifest lists; re-write the partition"
+                )
             try:
                 tables.append(pq.read_table(io.BytesIO(payload)))
             except (pa.ArrowInvalid, OSError) as exc:
@@ -367,5 +375,10 @@ def lineage(parts: list[PartitionData]) -> dict:
     """Compact lineage of a set of partitions: dates, per-partition hashes and one combined hash."""
     per = {p.dt: p.sha256 for p in parts}
     combined = hashlib.sha256(json.dumps(per, sort_keys=True).encode()).hexdigest()
-    return {"partitions": per, "sha256": combined, "first": min(per) if per else None,
-            "last": max(per) if per else None, "count": len(per)}
+    return {
+        "partitions": per,
+        "sha256": combined,
+        "first": min(per) if per else None,
+        "last": max(per) if per else None,
+        "count": len(per),
+    }

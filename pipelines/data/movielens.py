@@ -5,8 +5,10 @@ repository; it is read from `recbole/dataset_example/ml-100k/` where pip install
 
 Mapping to the contract: one rating = one impression, `label = rating >= 4`. `slot` is a *proxy*:
 MovieLens has no ad placements, so the slot is the time-of-day bucket of the rating (UTC hour):
-morning 04-11, afternoon 12-19, night 20-03. `category` is the movie's first listed genre; `item_title` and `item_genres` (every genre) are the movie's words.
+morning 04-11, afternoon 12-19, night 20-03. `category` is the movie's first listed genre; `item_title` and
+`item_genres` (every genre) are the movie's words.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,8 +39,11 @@ def dataset_dir() -> Path:
 
 def slot_of_hour(hour: pd.Series) -> pd.Series:
     h = hour.astype(int)
-    return pd.Series(np.where((h >= 4) & (h < 12), "morning", np.where((h >= 12) & (h < 20), "afternoon", "night")),
-                     index=hour.index, dtype="string")
+    return pd.Series(
+        np.where((h >= 4) & (h < 12), "morning", np.where((h >= 12) & (h < 20), "afternoon", "night")),
+        index=hour.index,
+        dtype="string",
+    )
 
 
 def load() -> pd.DataFrame:
@@ -51,24 +56,27 @@ def load() -> pd.DataFrame:
     items = pd.read_csv(d / "ml-100k.item", sep="\t", dtype=str, quoting=3)
     items.columns = [c.split(":")[0] for c in items.columns]
 
-    df = inter.merge(users, on="user_id", how="left").merge(items[["item_id", "movie_title", "class"]], on="item_id",
-                                                                   how="left")
+    df = inter.merge(users, on="user_id", how="left").merge(
+        items[["item_id", "movie_title", "class"]], on="item_id", how="left"
+    )
     ts = pd.to_datetime(df["timestamp"].astype(float).astype("int64"), unit="s", utc=True)
-    out = pd.DataFrame({
-        "event_ts": ts,
-        "user_id": df["user_id"],
-        "item_id": df["item_id"],
-        "slot": slot_of_hour(ts.dt.hour),
-        "label": (df["rating"].astype(float) >= 4).astype("int8"),
-        "age_bucket": pd.cut(df["age"].astype(int), _AGE_EDGES, right=False, labels=_AGE_LABELS).astype(str),
-        "gender": df["gender"],
-        "occupation": df["occupation"],
-        "category": df["class"].fillna("unknown").str.split(" ").str[0],
-        "hour": ts.dt.hour.astype("int8"),
-        "weekday": ts.dt.weekday.astype("int8"),
-        "item_title": df["movie_title"],
-        "item_genres": df["class"],
-    })
+    out = pd.DataFrame(
+        {
+            "event_ts": ts,
+            "user_id": df["user_id"],
+            "item_id": df["item_id"],
+            "slot": slot_of_hour(ts.dt.hour),
+            "label": (df["rating"].astype(float) >= 4).astype("int8"),
+            "age_bucket": pd.cut(df["age"].astype(int), _AGE_EDGES, right=False, labels=_AGE_LABELS).astype(str),
+            "gender": df["gender"],
+            "occupation": df["occupation"],
+            "category": df["class"].fillna("unknown").str.split(" ").str[0],
+            "hour": ts.dt.hour.astype("int8"),
+            "weekday": ts.dt.weekday.astype("int8"),
+            "item_title": df["movie_title"],
+            "item_genres": df["class"],
+        }
+    )
     return schema.conform(out.sort_values("event_ts", kind="stable"), where="movielens")
 
 

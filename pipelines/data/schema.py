@@ -3,6 +3,7 @@
 This module is the single definition of the columns; sources, the lake, validation and feature
 encoding all read it from here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,8 +54,13 @@ FEATURE_FIELDS = ("user_id", "item_id", "slot", "age_bucket", "gender", "occupat
 
 def arrow_schema(include_optional: bool | tuple[str, ...] = False) -> pa.Schema:
     """The required columns, plus every optional one (True) or the optional ones named."""
-    cols = [c for c in COLUMNS if c.required or include_optional is True
-            or (not isinstance(include_optional, bool) and c.name in include_optional)]
+    cols = [
+        c
+        for c in COLUMNS
+        if c.required
+        or include_optional is True
+        or (not isinstance(include_optional, bool) and c.name in include_optional)
+    ]
     return pa.schema([pa.field(c.name, c.arrow_type, nullable=c.nullable) for c in cols])
 
 

@@ -24,6 +24,7 @@ from RNG streams keyed by (seed, day, block) in fixed blocks of 65,536 rows, so 
 depend on which other days are generated nor on `chunk_rows`. Event times are uniform over the UTC
 day and come out sorted.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -38,16 +39,29 @@ import pyarrow.compute as pc
 
 from pipelines.data import commit, schema
 from pipelines.data.lake import Lake
-from pipelines.data.synthetic_world import (AGE_BUCKETS, CATEGORIES, GENDERS, OCCUPATIONS, SLOT_SCALE, SLOTS,
-                                          World, calibrated_world, categorical, item_attrs, relevance,
-                                          sigmoid, user_attrs, zipf_rank)
+from pipelines.data.synthetic_world import (
+    AGE_BUCKETS,
+    CATEGORIES,
+    GENDERS,
+    OCCUPATIONS,
+    SLOT_SCALE,
+    SLOTS,
+    World,
+    calibrated_world,
+    categorical,
+    item_attrs,
+    relevance,
+    sigmoid,
+    user_attrs,
+    zipf_rank,
+)
 from pipelines.errors import ConfigError
 
-_BLOCK = 1 << 16            # rows per RNG block; fixed so output is independent of chunk_rows
+_BLOCK = 1 << 16  # rows per RNG block; fixed so output is independent of chunk_rows
 _DAY_US = 86_400_000_000
-_RETAIN_DAYS = 28            # cohorts born in the last 28 days keep coming back ...
-_RETAIN_WEIGHT = 0.3         # ... each with 30 % of the traffic it had on its birth day
-_RETAIN_CAP = 0.5            # returning cohorts take at most half the (non-fresh) traffic
+_RETAIN_DAYS = 28  # cohorts born in the last 28 days keep coming back ...
+_RETAIN_WEIGHT = 0.3  # ... each with 30 % of the traffic it had on its birth day
+_RETAIN_CAP = 0.5  # returning cohorts take at most half the (non-fresh) traffic
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -73,14 +87,14 @@ class SyntheticSpec:
     n_users: int = 200_000
     n_items: int = 20_000
     n_advertisers: int = 1_000
-    new_entity_rate: float = 0.05          # share of a day's rows from users (resp. items) born that day
+    new_entity_rate: float = 0.05  # share of a day's rows from users (resp. items) born that day
     new_users_per_day: int = 5_000
     new_items_per_day: int = 500
-    slot_mix: tuple[float, float, float] = (0.6, 0.3, 0.1)       # share of impressions per SLOTS entry
+    slot_mix: tuple[float, float, float] = (0.6, 0.3, 0.1)  # share of impressions per SLOTS entry
     slot_ctr: tuple[float, float, float] = (0.035, 0.07, 0.015)  # target CTR per SLOTS entry
     user_zipf: float = 0.8
     item_zipf: float = 0.9
-    origin_day: str = "2024-01-01"         # day 0: every id born later is a cold-start id
+    origin_day: str = "2024-01-01"  # day 0: every id born later is a cold-start id
     seed: int = 0
 
     def __post_init__(self):
@@ -95,30 +109,44 @@ class SyntheticSpec:
             v = getattr(self, name)
             _check(_is_int(v) and v >= 0, f"synthetic.{name} must be an integer >= 0, got {v!r}")
         r = self.new_entity_rate
-        _check(isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r < 1.0,
-               f"synthetic.new_entity_rate must be a number in [0, 1), got {r!r}")
+        _check(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r < 1.0,
+            f"synthetic.new_entity_rate must be a number in [0, 1), got {r!r}",
+        )
         if r > 0:
-            _check(self.new_users_per_day >= 1 and self.new_items_per_day >= 1,
-                   "synthetic.new_users_per_day and new_items_per_day must be >= 1 when new_entity_rate > 0, "
-                   f"got {self.new_users_per_day} and {self.new_items_per_day}")
+            _check(
+                self.new_users_per_day >= 1 and self.new_items_per_day >= 1,
+                "synthetic.new_users_per_day and new_items_per_day must be >= 1 when new_entity_rate > 0, "
+                f"got {self.new_users_per_day} and {self.new_items_per_day}",
+            )
         for name in ("slot_mix", "slot_ctr"):
             value = getattr(self, name)
-            _check(isinstance(value, tuple) and len(value) == len(SLOTS)
-                   and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                           for v in value),
-                   f"synthetic.{name} must be {len(SLOTS)} numbers, one per slot {SLOTS}, got {value!r}")
-        _check(all(v >= 0 for v in self.slot_mix) and abs(sum(self.slot_mix) - 1.0) < 1e-6,
-               f"synthetic.slot_mix must be non-negative and sum to 1, got {self.slot_mix!r} "
-               f"(sum {sum(self.slot_mix):.6g})")
-        _check(all(0.0 < v < 0.5 for v in self.slot_ctr),
-               f"synthetic.slot_ctr values must be in (0, 0.5), got {self.slot_ctr!r}")
+            _check(
+                isinstance(value, tuple)
+                and len(value) == len(SLOTS)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value),
+                f"synthetic.{name} must be {len(SLOTS)} numbers, one per slot {SLOTS}, got {value!r}",
+            )
+        _check(
+            all(v >= 0 for v in self.slot_mix) and abs(sum(self.slot_mix) - 1.0) < 1e-6,
+            f"synthetic.slot_mix must be non-negative and sum to 1, got {self.slot_mix!r} "
+            f"(sum {sum(self.slot_mix):.6g})",
+        )
+        _check(
+            all(0.0 < v < 0.5 for v in self.slot_ctr),
+            f"synthetic.slot_ctr values must be in (0, 0.5), got {self.slot_ctr!r}",
+        )
         for name in ("user_zipf", "item_zipf"):
             v = getattr(self, name)
-            _check(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 3.0,
-                   f"synthetic.{name} must be a number in (0, 3], got {v!r}")
+            _check(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 3.0,
+                f"synthetic.{name} must be a number in (0, 3], got {v!r}",
+            )
         _parse_day(self.origin_day, "synthetic.origin_day")
-        _check(_is_int(self.seed) and 0 <= self.seed < 2**63,
-               f"synthetic.seed must be an integer in [0, 2**63), got {self.seed!r}")
+        _check(
+            _is_int(self.seed) and 0 <= self.seed < 2**63,
+            f"synthetic.seed must be an integer in [0, 2**63), got {self.seed!r}",
+        )
 
     def day_index(self, day: str) -> int:
         """Days since origin_day (day 0). Days before the origin are refused."""
@@ -128,8 +156,9 @@ class SyntheticSpec:
 
 
 # ---------------------------------------------------------------------------------- traffic
-def _draw_entities(rng: np.random.Generator, n: int, day_idx: int, spec: SyntheticSpec,
-                   n_base: int, per_day: int, zipf: float) -> np.ndarray:
+def _draw_entities(
+    rng: np.random.Generator, n: int, day_idx: int, spec: SyntheticSpec, n_base: int, per_day: int, zipf: float
+) -> np.ndarray:
     """Global entity indices: base entities are [0, n_base); those born on day b >= 1 follow in blocks of per_day."""
     u_kind, u_born, u_rank = rng.random(n), rng.random(n), rng.random(n)
     out = zipf_rank(u_rank, n_base, zipf)
@@ -165,9 +194,20 @@ def _block(spec: SyntheticSpec, world: World, day_ord: int, day_idx: int, b: int
     z = relevance(world, age, gender, occ, bias, fav1, fav2, cat, quality)
     logit = world.intercept[slot] + SLOT_SCALE[slot] * z + world.hour_effect[hour]
     label = rng.random(n) < sigmoid(logit)
-    return {"t": t, "user": uidx, "item": iidx, "adv": adv, "slot": slot, "age": age, "gender": gender,
-            "occ": occ, "cat": cat, "hour": hour, "label": label,
-            "tone": np.digitize(quality, _TONE_EDGES)}
+    return {
+        "t": t,
+        "user": uidx,
+        "item": iidx,
+        "adv": adv,
+        "slot": slot,
+        "age": age,
+        "gender": gender,
+        "occ": occ,
+        "cat": cat,
+        "hour": hour,
+        "label": label,
+        "tone": np.digitize(quality, _TONE_EDGES),
+    }
 
 
 # The ad's text (item_title) says what the creative says: its tone follows the item's hidden quality,
@@ -190,31 +230,42 @@ def _labels(vocab: tuple[str, ...], codes: np.ndarray) -> pa.Array:
 
 
 def _frame(cols: dict, day_start_us: int, weekday: int) -> pd.DataFrame:
-    strings = {"user_id": _ids("u", cols["user"]), "item_id": _ids("i", cols["item"]),
-               "slot": _labels(SLOTS, cols["slot"]), "age_bucket": _labels(AGE_BUCKETS, cols["age"]),
-               "gender": _labels(GENDERS, cols["gender"]), "occupation": _labels(OCCUPATIONS, cols["occ"]),
-               "category": _labels(CATEGORIES, cols["cat"]), "advertiser_id": _ids("a", cols["adv"]),
-               "item_title": _ad_titles(cols["tone"], cols["cat"]), "item_genres": _labels(CATEGORIES, cols["cat"])}
-    s = {k: pd.Series(v.to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get), dtype="string")
-         for k, v in strings.items()}
+    strings = {
+        "user_id": _ids("u", cols["user"]),
+        "item_id": _ids("i", cols["item"]),
+        "slot": _labels(SLOTS, cols["slot"]),
+        "age_bucket": _labels(AGE_BUCKETS, cols["age"]),
+        "gender": _labels(GENDERS, cols["gender"]),
+        "occupation": _labels(OCCUPATIONS, cols["occ"]),
+        "category": _labels(CATEGORIES, cols["cat"]),
+        "advertiser_id": _ids("a", cols["adv"]),
+        "item_title": _ad_titles(cols["tone"], cols["cat"]),
+        "item_genres": _labels(CATEGORIES, cols["cat"]),
+    }
+    s = {
+        k: pd.Series(v.to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get), dtype="string")
+        for k, v in strings.items()
+    }
     ts = (cols["t"] + day_start_us).astype("datetime64[us]")
     n = len(ts)
-    frame = pd.DataFrame({
-        "event_ts": pd.Series(ts).dt.tz_localize("UTC"),
-        "user_id": s["user_id"],
-        "item_id": s["item_id"],
-        "slot": s["slot"],
-        "label": cols["label"].astype(np.int8),
-        "age_bucket": s["age_bucket"],
-        "gender": s["gender"],
-        "occupation": s["occupation"],
-        "category": s["category"],
-        "hour": cols["hour"].astype(np.int8),
-        "weekday": np.full(n, weekday, dtype=np.int8),
-        "advertiser_id": s["advertiser_id"],
-        "item_title": s["item_title"],
-        "item_genres": s["item_genres"],
-    })
+    frame = pd.DataFrame(
+        {
+            "event_ts": pd.Series(ts).dt.tz_localize("UTC"),
+            "user_id": s["user_id"],
+            "item_id": s["item_id"],
+            "slot": s["slot"],
+            "label": cols["label"].astype(np.int8),
+            "age_bucket": s["age_bucket"],
+            "gender": s["gender"],
+            "occupation": s["occupation"],
+            "category": s["category"],
+            "hour": cols["hour"].astype(np.int8),
+            "weekday": np.full(n, weekday, dtype=np.int8),
+            "advertiser_id": s["advertiser_id"],
+            "item_title": s["item_title"],
+            "item_genres": s["item_genres"],
+        }
+    )
     return schema.conform(frame, where="synthetic")
 
 
@@ -233,12 +284,18 @@ def generate_day(spec: SyntheticSpec, day: str, rows: int, chunk_rows: int = 500
     return _generate_day(spec, _parse_day(day, "day"), day_idx, rows, chunk_rows)
 
 
-def _generate_day(spec: SyntheticSpec, date: dt.date, day_idx: int, rows: int, chunk_rows: int
-                  ) -> Iterator[pd.DataFrame]:
-    day_start_us = int((dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc)
-                        - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1))
+def _generate_day(
+    spec: SyntheticSpec, date: dt.date, day_idx: int, rows: int, chunk_rows: int
+) -> Iterator[pd.DataFrame]:
+    day_start_us = int(
+        (
+            dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc)
+            - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        )
+        // dt.timedelta(microseconds=1)
+    )
     world = calibrated_world(spec)
-    pending: list[dict] = []   # blocks (or views of their tails) not yet emitted
+    pending: list[dict] = []  # blocks (or views of their tails) not yet emitted
     have = 0
     for b in range(-(-rows // _BLOCK)):
         pending.append(_block(spec, world, date.toordinal(), day_idx, b, rows))
@@ -268,8 +325,16 @@ def _take(pending: list[dict], k: int) -> dict:
     return {c: np.concatenate([p[c] for p in pieces]) for c in pieces[0]}
 
 
-def write_days(lake: Lake, spec: SyntheticSpec, start_day: str, days: int, rows_per_day: int,
-               chunk_rows: int = 500_000, progress: bool = False, overwrite: bool = False) -> list[str]:
+def write_days(
+    lake: Lake,
+    spec: SyntheticSpec,
+    start_day: str,
+    days: int,
+    rows_per_day: int,
+    chunk_rows: int = 500_000,
+    progress: bool = False,
+    overwrite: bool = False,
+) -> list[str]:
     """Generate `days` consecutive days from `start_day` into `lake`, one part file per chunk, each day
     committed on its own (`data.commit`): a day appears whole once its manifest is written, or not at all.
 
@@ -292,12 +357,15 @@ def write_days(lake: Lake, spec: SyntheticSpec, start_day: str, days: int, rows_
         bar = tqdm(total=days * rows_per_day, unit="rows", unit_scale=True, desc="synthetic")
     try:
         for d in dates:
+
             def on_part(chunk: pd.DataFrame, d: str = d) -> None:
                 if bar is not None:
                     bar.update(len(chunk))
                     bar.set_postfix_str(f"dt={d}")
-            commit.write_frames(lake, d, generate_day(spec, d, rows_per_day, chunk_rows), overwrite=overwrite,
-                                on_part=on_part)
+
+            commit.write_frames(
+                lake, d, generate_day(spec, d, rows_per_day, chunk_rows), overwrite=overwrite, on_part=on_part
+            )
     finally:
         if bar is not None:
             bar.close()

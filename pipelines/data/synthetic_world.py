@@ -4,6 +4,7 @@ Every entity's attributes are a hash of (seed, entity index), so they are the sa
 keeping any table in memory. `calibrated_world(spec)` draws the seed-level affinities and calibrates one
 logit intercept per slot so each slot's realised CTR is close to `spec.slot_ctr`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,11 +19,47 @@ if TYPE_CHECKING:
 SLOTS = ("feed", "search", "splash")
 AGE_BUCKETS = ("<18", "18-24", "25-34", "35-44", "45-49", "50-55", "56+")
 GENDERS = ("M", "F")
-OCCUPATIONS = ("administrator", "artist", "doctor", "educator", "engineer", "entertainment", "executive",
-               "healthcare", "homemaker", "lawyer", "librarian", "marketing", "none", "other", "programmer",
-               "retired", "salesman", "scientist", "student", "technician", "writer")
-CATEGORIES = ("retail", "fashion", "beauty", "travel", "finance", "insurance", "auto", "gaming", "apps", "food",
-              "health", "education", "real_estate", "telecom", "entertainment", "sports")
+OCCUPATIONS = (
+    "administrator",
+    "artist",
+    "doctor",
+    "educator",
+    "engineer",
+    "entertainment",
+    "executive",
+    "healthcare",
+    "homemaker",
+    "lawyer",
+    "librarian",
+    "marketing",
+    "none",
+    "other",
+    "programmer",
+    "retired",
+    "salesman",
+    "scientist",
+    "student",
+    "technician",
+    "writer",
+)
+CATEGORIES = (
+    "retail",
+    "fashion",
+    "beauty",
+    "travel",
+    "finance",
+    "insurance",
+    "auto",
+    "gaming",
+    "apps",
+    "food",
+    "health",
+    "education",
+    "real_estate",
+    "telecom",
+    "entertainment",
+    "sports",
+)
 
 _AGE_P = np.array([0.05, 0.20, 0.30, 0.20, 0.10, 0.08, 0.07])
 _GENDER_P = np.array([0.52, 0.48])
@@ -30,7 +67,7 @@ _OCC_W = np.array([4, 2, 1, 5, 4, 1, 3, 2, 1, 1, 1, 2, 1, 5, 4, 1, 1, 2, 8, 2, 2
 _OCC_P = _OCC_W / _OCC_W.sum()
 _STUDENT, _RETIRED = OCCUPATIONS.index("student"), OCCUPATIONS.index("retired")
 
-SLOT_SCALE = np.array([1.0, 1.3, 0.6])   # relevance matters most in search, least on a splash screen
+SLOT_SCALE = np.array([1.0, 1.3, 0.6])  # relevance matters most in search, least on a splash screen
 _FAV_BONUS = 0.8
 _ADV_IN_VERTICAL = 0.85
 _MASK64 = (1 << 64) - 1
@@ -47,8 +84,9 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def _key(seed: int, tag: int) -> np.uint64:
-    k = np.array([(seed * 0x9E3779B97F4A7C15 + tag * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _MASK64],
-                 dtype=np.uint64)
+    k = np.array(
+        [(seed * 0x9E3779B97F4A7C15 + tag * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _MASK64], dtype=np.uint64
+    )
     return _mix64(k)[0]
 
 
@@ -89,11 +127,11 @@ _T_ADV, _T_ICAT_KEEP, _T_ICAT, _T_IQUAL, _T_ACAT, _T_AQUAL = 11, 12, 13, 14, 15,
 class World:
     """Seed-level hidden parameters of the click model (shared by every day)."""
 
-    aff_age: np.ndarray      # (ages, categories)
-    aff_gender: np.ndarray   # (genders, categories)
-    aff_occ: np.ndarray      # (occupations, categories)
+    aff_age: np.ndarray  # (ages, categories)
+    aff_gender: np.ndarray  # (genders, categories)
+    aff_occ: np.ndarray  # (occupations, categories)
     hour_effect: np.ndarray  # (24,)
-    intercept: np.ndarray    # (slots,), calibrated to spec.slot_ctr
+    intercept: np.ndarray  # (slots,), calibrated to spec.slot_ctr
 
 
 def user_attrs(spec: SyntheticSpec, uidx: np.ndarray):
@@ -141,7 +179,7 @@ def calibrated_world(spec: SyntheticSpec) -> World:
         aff_age=rng.normal(0.0, 0.35, (na, nc)),
         aff_gender=rng.normal(0.0, 0.25, (ng, nc)),
         aff_occ=rng.normal(0.0, 0.3, (no, nc)),
-        hour_effect=0.25 * np.cos(2 * np.pi * (hours - 20) / 24),   # evening peak (20h UTC), morning trough
+        hour_effect=0.25 * np.cos(2 * np.pi * (hours - 20) / 24),  # evening peak (20h UTC), morning trough
         intercept=np.zeros(len(SLOTS)),
     )
     # Calibrate slot intercepts on a day-0 traffic sample so each slot's mean CTR hits spec.slot_ctr.

@@ -6,6 +6,7 @@ the DAGs' validate task): status `passed` or `quarantined` and the sha256 of the
 A day never validated, quarantined, or re-written since (its content hash changed) is refused with
 the list of every such day of the window: data nobody checked never reaches a model.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from pipelines.data.commit import Manifest
     from pipelines.data.lake import Lake, PartitionData
 
-MARKER = "validation"   # dt=DAY/_validation.json
+MARKER = "validation"  # dt=DAY/_validation.json
 
 
 class UnvalidatedPartitionError(DataValidationError):
@@ -25,10 +26,12 @@ class UnvalidatedPartitionError(DataValidationError):
 
     def __init__(self, lake_uri: str, failures: list[dict]):
         super().__init__(f"{lake_uri} (training data)", failures)
-        self.args = (self.args[0] + "\nValidate these days first (validation.stage.validate_window: the DAGs' "
-                     "validate task, or the CLI's train-base / train-adapter / cold-start, which validate their "
-                     "window before training). A quarantined day must be fixed upstream, re-written with "
-                     "--overwrite and validated again.",)
+        self.args = (
+            self.args[0] + "\nValidate these days first (validation.stage.validate_window: the DAGs' "
+            "validate task, or the CLI's train-base / train-adapter / cold-start, which validate their "
+            "window before training). A quarantined day must be fixed upstream, re-written with "
+            "--overwrite and validated again.",
+        )
 
 
 def read_marker(lake: "Lake", day: str) -> dict | None:
@@ -56,8 +59,10 @@ def problem(lake: "Lake", day: str, sha256: str) -> str | None:
     if marker.get("status") != "passed":
         return f"validation status {marker.get('status')!r}, not 'passed'"
     if marker.get("sha256") != sha256:
-        return (f"re-written since it was validated (marker sha256 {str(marker.get('sha256'))[:12]}, "
-                f"partition {sha256[:12]})")
+        return (
+            f"re-written since it was validated (marker sha256 {str(marker.get('sha256'))[:12]}, "
+            f"partition {sha256[:12]})"
+        )
     return None
 
 
@@ -67,27 +72,30 @@ def require_validated(lake: "Lake", hashes: dict[str, str]) -> None:
     for day, sha in sorted(hashes.items()):
         why = problem(lake, day, sha)
         if why is not None:
-            failures.append({"check": f"validated_partition @ dt={day}", "observed": why,
-                             "expected": f"marker _{MARKER}.json with status 'passed' for sha256 {sha[:12]}"})
+            failures.append(
+                {
+                    "check": f"validated_partition @ dt={day}",
+                    "observed": why,
+                    "expected": f"marker _{MARKER}.json with status 'passed' for sha256 {sha[:12]}",
+                }
+            )
     if failures:
         raise UnvalidatedPartitionError(lake.uri, failures)
 
 
-def validated_manifests(lake: "Lake", end_day: str, days: int, start_day: str | None = None
-                        ) -> dict[str, "Manifest"]:
+def validated_manifests(lake: "Lake", end_day: str, days: int, start_day: str | None = None) -> dict[str, "Manifest"]:
     """The manifests of the window's committed days (`Lake.window`), oldest first, after refusing (before
     any data is read) every day not validated as committed."""
     window = lake.window(end_day, days, start_day)
     manifests = {d: lake.manifest(d) for d in window}
     gone = [d for d, m in manifests.items() if m is None]
-    if gone:   # committed at listing time, no manifest now: being re-written right now
+    if gone:  # committed at listing time, no manifest now: being re-written right now
         raise LakeError(f"partitions {gone} of {lake.uri} lost their manifest while being read; re-run")
     require_validated(lake, {d: m.sha256 for d, m in manifests.items()})
     return manifests
 
 
-def read_validated_window(lake: "Lake", end_day: str, days: int, start_day: str | None = None
-                          ) -> list["PartitionData"]:
+def read_validated_window(lake: "Lake", end_day: str, days: int, start_day: str | None = None) -> list["PartitionData"]:
     """`Lake.read_window`, refusing a day not validated as committed, and any day whose committed
     content changed while it was being read (the bytes read are checked against the manifest)."""
     manifests = validated_manifests(lake, end_day, days, start_day)

@@ -7,6 +7,7 @@ is then judged like any other candidate (`evaluation.judge`, as `compare.evaluat
 calibration, per slot, DeLong against the champion, the served pyfunc's latency and the adapter's
 size, so the gate measures the same checks on it (an unmeasured one fails, issue 13).
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,24 +44,40 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     same_data(prep, candidate, "evaluation")
     rows = prep.split.holdout
     if len(rows) != candidate["rows"]["holdout"] or prep.split.holdout_start != candidate["holdout_start"]:
-        raise PipelineError(f"the held-out cold rows differ from the ones distillation set aside ({len(rows)} rows from "
-                            f"{prep.split.holdout_start} vs {candidate['rows']['holdout']} from "
-                            f"{candidate['holdout_start']}): the cold_start config changed between tasks; re-run the DAG")
+        raise PipelineError(
+            f"the held-out cold rows differ from the ones distillation set aside ({len(rows)} rows from "
+            f"{prep.split.holdout_start} vs {candidate['rows']['holdout']} from "
+            f"{candidate['holdout_start']}): the cold_start config changed between tasks; re-run the DAG"
+        )
     y = features.labels(rows)
-    served = pyfunc.load(candidate["model_uri"])   # the student as it will serve: scored and timed through it
+    served = pyfunc.load(candidate["model_uri"])  # the student as it will serve: scored and timed through it
     preds = {"candidate": predict_pctr(served, rows)}
     cold_slice = _score_cold_slice(cfg, prep, rows, y, candidate, preds["candidate"])
     champion_mv, p_champion = _score_serving_champion(name, rows)
     if p_champion is not None:
         preds["champion"] = p_champion
     # Every held-out row is a cold user's (the split holds out cold users only): the cold mask is all True.
-    judged, comparison = judge(cfg, candidate, rows, preds, np.ones(len(rows), dtype=bool), rows.head(64),
-                               served=served, champion_mv=champion_mv,
-                               title=f"{name}: cold-start student vs champion on held-out cold users")
+    judged, comparison = judge(
+        cfg,
+        candidate,
+        rows,
+        preds,
+        np.ones(len(rows), dtype=bool),
+        rows.head(64),
+        served=served,
+        champion_mv=champion_mv,
+        title=f"{name}: cold-start student vs champion on held-out cold users",
+    )
     start_day = candidate["holdout_start"][:10]
     saw = sorted(s for s, r in candidate["teachers"].items() if r.get("data_last") and r["data_last"] >= start_day)
-    result = {**judged, "holdout_users": candidate["holdout_users"], "holdout_start": candidate["holdout_start"],
-              "cold_slice": cold_slice, "teacher": candidate["teacher"]["kind"], "teacher_saw_holdout": saw}
+    result = {
+        **judged,
+        "holdout_users": candidate["holdout_users"],
+        "holdout_start": candidate["holdout_start"],
+        "cold_slice": cold_slice,
+        "teacher": candidate["teacher"]["kind"],
+        "teacher_saw_holdout": saw,
+    }
     _log_to_run(candidate["run_id"], result)
     _log_summary(result, start_day)
     log.info("%s judged like any candidate on the held-out cold rows:\n%s", name, report.format_table(comparison))
@@ -85,8 +102,9 @@ def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict, p_stu
     champions = metric_summary(y, sigmoid(t_logits))
     b = candidate["base"]
     local = mlflow_io.download_artifacts(run_id=candidate["run_id"], artifact_path=BASELINE_ARTIFACT)
-    baseline = metric_summary(y, predict(adapters.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]),
-                                                   local), x))
+    baseline = metric_summary(
+        y, predict(adapters.load(load_base_from_registry(b["name"], b["version"], b["fingerprint"]), local), x)
+    )
     student = metric_summary(y, p_student)
     return {"champions": champions, "baseline": baseline, "student": student, "base": base_only}
 
@@ -120,11 +138,26 @@ def _fmt(m: dict | None) -> str:
 
 
 def _log_summary(result: dict, start_day: str) -> None:
-    name, scores, saw, champion = (result["model_name"], result["cold_slice"], result["teacher_saw_holdout"],
-                                   result["champion"])
-    log.info("%s on %d rows of %d held-out cold users: slot champions %s | baseline %s | student %s | base %s | "
-             "%s@champion %s%s", name, result["holdout_rows"], result["holdout_users"], _fmt(scores["champions"]),
-             _fmt(scores["baseline"]), _fmt(scores["student"]), _fmt(scores["base"]), name,
-             f"v{result['champion_version']} {_fmt(champion)}" if champion else "none (first run)",
-             f" (the champions of {saw} trained on data up to or past the holdout start {start_day}: their numbers "
-             f"are optimistic)" if saw else "")
+    name, scores, saw, champion = (
+        result["model_name"],
+        result["cold_slice"],
+        result["teacher_saw_holdout"],
+        result["champion"],
+    )
+    log.info(
+        "%s on %d rows of %d held-out cold users: slot champions %s | baseline %s | student %s | base %s | "
+        "%s@champion %s%s",
+        name,
+        result["holdout_rows"],
+        result["holdout_users"],
+        _fmt(scores["champions"]),
+        _fmt(scores["baseline"]),
+        _fmt(scores["student"]),
+        _fmt(scores["base"]),
+        name,
+        f"v{result['champion_version']} {_fmt(champion)}" if champion else "none (first run)",
+        f" (the champions of {saw} trained on data up to or past the holdout start {start_day}: their numbers "
+        f"are optimistic)"
+        if saw
+        else "",
+    )

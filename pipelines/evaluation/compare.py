@@ -12,6 +12,7 @@ it goes to the training run (metrics + an HTML report with plots under `evaluati
 table goes to the task log, and a small JSON-safe summary is returned for the gate and the card.
 The judging after the scoring is `evaluation.judge`, shared with the cold-start evaluation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 SLICE_COLUMNS = ["user_id", "slot", "gender", "age_bucket", "label"]
 
 
-def score_holdout(cfg: PipelineConfig, lake_uri: str, candidate: dict, models: dict
-                  ) -> tuple[pd.DataFrame, dict, np.ndarray, pd.DataFrame]:
+def score_holdout(
+    cfg: PipelineConfig, lake_uri: str, candidate: dict, models: dict
+) -> tuple[pd.DataFrame, dict, np.ndarray, pd.DataFrame]:
     """(slice columns of every holdout row, {name: pCTR array}, cold-user mask, the first 64 holdout
     rows with every column: what latency is measured on) for pyfunc `models`.
 
@@ -42,9 +44,11 @@ def score_holdout(cfg: PipelineConfig, lake_uri: str, candidate: dict, models: d
     streams = holdout_streams(cfg, lake_uri, candidate["end_day"], candidate["slot"], cfg.model)
     sha = streams["index"].lineage()["sha256"]
     if sha != candidate["data"]["sha256"]:
-        raise PipelineError(f"the data under {lake_uri} changed between training and evaluation of "
-                            f"{candidate['model_name']} (lineage {candidate['data']['sha256'][:12]} != "
-                            f"{sha[:12]}); re-run training")
+        raise PipelineError(
+            f"the data under {lake_uri} changed between training and evaluation of "
+            f"{candidate['model_name']} (lineage {candidate['data']['sha256'][:12]} != "
+            f"{sha[:12]}); re-run training"
+        )
     seen: Counter = Counter()
     for frame in streams["index"].frames(0, streams["holdout"].lo, 262_144, columns=["user_id"]):
         seen.update(_user_keys(frame["user_id"]).tolist())
@@ -79,8 +83,14 @@ def evaluate(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     """The candidate against the serving champion on its holdout; for a candidate judged on the next days
     (`lora.judged_on: next_day`, no holdout) a `waiting` evaluation: `evaluation.next_day` scores it later."""
     if candidate.get("judged_on") == "next_day":
-        return {"model_name": candidate["model_name"], "slot": candidate["slot"], "waiting": True, "candidate": None,
-                "champion": None, "champion_version": None}
+        return {
+            "model_name": candidate["model_name"],
+            "slot": candidate["slot"],
+            "waiting": True,
+            "candidate": None,
+            "champion": None,
+            "champion_version": None,
+        }
     from pipelines.evaluation import report
     from pipelines.evaluation.judge import judge
     from pipelines.registry import mlflow_io, pyfunc
@@ -90,8 +100,22 @@ def evaluate(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     if champion_mv is not None:
         models["champion"] = pyfunc.load(f"models:/{candidate['model_name']}/{champion_mv.version}")
     rows, preds, cold, sample = score_holdout(cfg, lake_uri, candidate, models)
-    result, comparison = judge(cfg, candidate, rows, preds, cold, sample, served=models["candidate"],
-                               champion_mv=champion_mv, title=f"{candidate['model_name']}: candidate vs champion")
-    log.info("%s on %d holdout rows (%d cold-user rows):\n%s", candidate["model_name"], len(rows), int(cold.sum()),
-             report.format_table(comparison))
+    result, comparison = judge(
+        cfg,
+        candidate,
+        rows,
+        preds,
+        cold,
+        sample,
+        served=models["candidate"],
+        champion_mv=champion_mv,
+        title=f"{candidate['model_name']}: candidate vs champion",
+    )
+    log.info(
+        "%s on %d holdout rows (%d cold-user rows):\n%s",
+        candidate["model_name"],
+        len(rows),
+        int(cold.sum()),
+        report.format_table(comparison),
+    )
     return result

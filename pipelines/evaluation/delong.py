@@ -8,6 +8,7 @@ is what midranks give). Sun & Xu get them from three midrank passes instead of t
   V01 = 1 - (rank of y among all rows - rank of y among negatives) / m
 Cov(AUC) = S10 / m + S01 / n with S10, S01 the sample covariance matrices of V10, V01 across models.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,9 @@ def _checked(y, scores: list, where: str) -> tuple[np.ndarray, np.ndarray]:
     n_pos, n_neg = int(y.sum()), int(len(y) - y.sum())
     # one row per class leaves a covariance with 0 degrees of freedom: the variance is undefined
     if n_pos < 2 or n_neg < 2:
-        raise EvaluationInputError(f"{where}: needs at least 2 positive and 2 negative rows, got "
-                                   f"{n_pos} positive / {n_neg} negative")
+        raise EvaluationInputError(
+            f"{where}: needs at least 2 positive and 2 negative rows, got {n_pos} positive / {n_neg} negative"
+        )
     return y.astype(bool), np.vstack(rows)
 
 
@@ -44,12 +46,12 @@ def structural_components(y, scores: list) -> tuple[np.ndarray, np.ndarray, np.n
     pos, s = _checked(y, scores, "delong")
     x, z = s[:, pos], s[:, ~pos]
     m, n = x.shape[1], z.shape[1]
-    tx = rankdata(x, axis=1)                       # midranks: ties share the mean rank
+    tx = rankdata(x, axis=1)  # midranks: ties share the mean rank
     tz = rankdata(z, axis=1)
     t_all = rankdata(np.hstack([x, z]), axis=1)
     v10 = (t_all[:, :m] - tx) / n
     v01 = 1.0 - (t_all[:, m:] - tz) / m
-    aucs = v10.mean(axis=1)                        # == (sum of positive ranks - m(m+1)/2) / (m n)
+    aucs = v10.mean(axis=1)  # == (sum of positive ranks - m(m+1)/2) / (m n)
     return aucs, v10, v01
 
 
@@ -69,8 +71,14 @@ def auc_ci(y, p, level: float = 0.95) -> dict:
     se = math.sqrt(max(float(covariance(v10, v01)[0, 0]), 0.0))
     q = float(norm.ppf(0.5 + level / 2))
     a = float(aucs[0])
-    return {"auc": a, "se": se, "ci": [max(a - q * se, 0.0), min(a + q * se, 1.0)], "level": level,
-            "n_pos": int(v10.shape[1]), "n_neg": int(v01.shape[1])}
+    return {
+        "auc": a,
+        "se": se,
+        "ci": [max(a - q * se, 0.0), min(a + q * se, 1.0)],
+        "level": level,
+        "n_pos": int(v10.shape[1]),
+        "n_neg": int(v01.shape[1]),
+    }
 
 
 def _z_and_p(diff: float, se: float) -> tuple[float | None, float]:
@@ -96,7 +104,17 @@ def delong_test(y, p_a, p_b) -> dict:
     se = math.sqrt(max(float(c[0, 0] + c[1, 1] - 2 * c[0, 1]), 0.0))
     z, p_value = _z_and_p(diff, se)
     q = float(norm.ppf(0.975))
-    return {"auc_a": float(aucs[0]), "auc_b": float(aucs[1]), "diff": diff,
-            "var_a": float(c[0, 0]), "var_b": float(c[1, 1]), "cov": float(c[0, 1]), "se": se,
-            "ci95": [diff - q * se, diff + q * se], "z": None if z is None else float(z), "p_value": p_value,
-            "n_pos": int(v10.shape[1]), "n_neg": int(v01.shape[1])}
+    return {
+        "auc_a": float(aucs[0]),
+        "auc_b": float(aucs[1]),
+        "diff": diff,
+        "var_a": float(c[0, 0]),
+        "var_b": float(c[1, 1]),
+        "cov": float(c[0, 1]),
+        "se": se,
+        "ci95": [diff - q * se, diff + q * se],
+        "z": None if z is None else float(z),
+        "p_value": p_value,
+        "n_pos": int(v10.shape[1]),
+        "n_neg": int(v01.shape[1]),
+    }

@@ -10,6 +10,7 @@ merge with them. Groups under `min_rows` rows (and, for equalized odds, groups w
 without a non-click, whose TPR/FPR is undefined) are listed with a reason and left out of the gaps.
 A gap needs at least two groups; otherwise it is None.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,8 +48,7 @@ def _argspread(per_group: dict, key: str) -> list[str] | None:
     return [min(items)[1], max(items)[1]]
 
 
-def demographic_parity_difference(p, groups, threshold: float | None = None,
-                                  min_rows: int = DEFAULT_MIN_ROWS) -> dict:
+def demographic_parity_difference(p, groups, threshold: float | None = None, min_rows: int = DEFAULT_MIN_ROWS) -> dict:
     """{"groups": {g: {"rows", "mean_pctr", "positive_rate", "included", "reason"}},
     "mean_pctr_gap", "positive_rate_gap", "extremes": {"mean_pctr": [low, high], "positive_rate": ...},
     "threshold", "min_rows"}. positive_rate and its gap are None without a threshold."""
@@ -61,24 +61,45 @@ def demographic_parity_difference(p, groups, threshold: float | None = None,
         pg = p[g == name]
         ok = len(pg) >= min_rows
         per_group[name] = {
-            "rows": int(len(pg)), "mean_pctr": float(pg.mean()),
+            "rows": int(len(pg)),
+            "mean_pctr": float(pg.mean()),
             "positive_rate": float((pg >= threshold).mean()) if threshold is not None else None,
-            "included": ok, "reason": None if ok else f"fewer than {min_rows} rows"}
-    return {"groups": per_group, "mean_pctr_gap": _spread(per_group, "mean_pctr"),
-            "positive_rate_gap": _spread(per_group, "positive_rate"),
-            "extremes": {"mean_pctr": _argspread(per_group, "mean_pctr"),
-                         "positive_rate": _argspread(per_group, "positive_rate")},
-            "threshold": None if threshold is None else float(threshold), "min_rows": int(min_rows)}
+            "included": ok,
+            "reason": None if ok else f"fewer than {min_rows} rows",
+        }
+    return {
+        "groups": per_group,
+        "mean_pctr_gap": _spread(per_group, "mean_pctr"),
+        "positive_rate_gap": _spread(per_group, "positive_rate"),
+        "extremes": {
+            "mean_pctr": _argspread(per_group, "mean_pctr"),
+            "positive_rate": _argspread(per_group, "positive_rate"),
+        },
+        "threshold": None if threshold is None else float(threshold),
+        "min_rows": int(min_rows),
+    }
 
 
 def _rates(yg: np.ndarray, decide: np.ndarray, min_rows: int) -> dict:
     pos, neg = int(yg.sum()), int(len(yg) - yg.sum())
-    reason = (f"fewer than {min_rows} rows" if len(yg) < min_rows else
-              "no positive rows" if pos == 0 else "no negative rows" if neg == 0 else None)
-    return {"rows": int(len(yg)), "positives": pos, "negatives": neg,
-            "tpr": float(decide[yg == 1].mean()) if pos else None,
-            "fpr": float(decide[yg == 0].mean()) if neg else None,
-            "included": reason is None, "reason": reason}
+    reason = (
+        f"fewer than {min_rows} rows"
+        if len(yg) < min_rows
+        else "no positive rows"
+        if pos == 0
+        else "no negative rows"
+        if neg == 0
+        else None
+    )
+    return {
+        "rows": int(len(yg)),
+        "positives": pos,
+        "negatives": neg,
+        "tpr": float(decide[yg == 1].mean()) if pos else None,
+        "fpr": float(decide[yg == 0].mean()) if neg else None,
+        "included": reason is None,
+        "reason": reason,
+    }
 
 
 def equalized_odds_difference(y, p, groups, threshold: float, min_rows: int = DEFAULT_MIN_ROWS) -> dict:
@@ -94,7 +115,12 @@ def equalized_odds_difference(y, p, groups, threshold: float, min_rows: int = DE
     per_group = {name: _rates(y[g == name], decide[g == name], min_rows) for name in sorted(set(g))}
     tpr_gap, fpr_gap = _spread(per_group, "tpr"), _spread(per_group, "fpr")
     gaps = [v for v in (tpr_gap, fpr_gap) if v is not None]
-    return {"groups": per_group, "tpr_gap": tpr_gap, "fpr_gap": fpr_gap,
-            "equalized_odds_difference": max(gaps) if gaps else None,
-            "extremes": {"tpr": _argspread(per_group, "tpr"), "fpr": _argspread(per_group, "fpr")},
-            "threshold": float(threshold), "min_rows": int(min_rows)}
+    return {
+        "groups": per_group,
+        "tpr_gap": tpr_gap,
+        "fpr_gap": fpr_gap,
+        "equalized_odds_difference": max(gaps) if gaps else None,
+        "extremes": {"tpr": _argspread(per_group, "tpr"), "fpr": _argspread(per_group, "fpr")},
+        "threshold": float(threshold),
+        "min_rows": int(min_rows),
+    }

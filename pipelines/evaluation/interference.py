@@ -10,6 +10,7 @@ scalings are optional (only the returned norms depend on them). An untrained ada
 hence dW = 0 and no direction: its cosines are None. LayerNorm biases saved next to an adapter
 (model.adapters) are not LoRA matrices and are ignored.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,8 +37,10 @@ def load_adapter(source) -> dict:
     if path.is_dir():
         path = path / ADAPTER_FILE
     if not path.is_file():
-        raise EvaluationInputError(f"interference: no adapter at {path} (expected a state dict, a directory "
-                                   f"with {ADAPTER_FILE}, or the file itself)")
+        raise EvaluationInputError(
+            f"interference: no adapter at {path} (expected a state dict, a directory "
+            f"with {ADAPTER_FILE}, or the file itself)"
+        )
     from safetensors.torch import load_file
 
     return load_file(str(path))
@@ -71,8 +74,9 @@ def delta_weights(state_dict: Mapping, scaling: float | None = None, where: str 
             raise EvaluationInputError(f"interference: {where} module {module} has lora_{''.join(ab)} only")
         a, b = ab["A"], ab["B"]
         if b.ndim != 2 or a.ndim != 2 or b.shape[1] != a.shape[0]:
-            raise EvaluationInputError(f"interference: {where} module {module}: B {b.shape} @ A {a.shape} "
-                                       "does not multiply")
+            raise EvaluationInputError(
+                f"interference: {where} module {module}: B {b.shape} @ A {a.shape} does not multiply"
+            )
         out[module] = (b @ a) * (1.0 if scaling is None else float(scaling))
     if not out:
         raise EvaluationInputError(f"interference: {where} has no LoRA matrices (keys like *.lora_A.weight)")
@@ -98,8 +102,13 @@ def _module_result(deltas: dict[str, dict[str, np.ndarray]], module: str) -> dic
         pairs[f"{a}|{b}"] = c
         if c is not None and (best is None or c > best):
             best, pair = c, [a, b]
-    return {"max_abs_cos": best, "pair": pair, "adapters": having, "pairs": pairs,
-            "norms": {n: float(np.linalg.norm(deltas[n][module])) for n in having}}
+    return {
+        "max_abs_cos": best,
+        "pair": pair,
+        "adapters": having,
+        "pairs": pairs,
+        "norms": {n: float(np.linalg.norm(deltas[n][module])) for n in having},
+    }
 
 
 def adapter_interference(adapters: Mapping, scalings: Mapping[str, float] | None = None) -> dict:
@@ -116,8 +125,10 @@ def adapter_interference(adapters: Mapping, scalings: Mapping[str, float] | None
     if len(names) < 2:
         return out
     scalings = scalings or {}
-    deltas = {str(n): delta_weights(load_adapter(src), scalings.get(str(n)), where=f"adapter {n!r}")
-              for n, src in adapters.items()}
+    deltas = {
+        str(n): delta_weights(load_adapter(src), scalings.get(str(n)), where=f"adapter {n!r}")
+        for n, src in adapters.items()
+    }
     modules = sorted({m for d in deltas.values() for m in d})
     for module in modules:
         r = _module_result(deltas, module)

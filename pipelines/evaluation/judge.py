@@ -11,6 +11,7 @@ the HTML report under `evaluation/`), and a JSON-safe summary comes back for the
 A value that cannot be measured comes back as None (the gate fails it unless the policy makes it
 optional), never as a number that would pass.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -25,9 +26,21 @@ from pipelines.config import PipelineConfig
 FAIRNESS_MIN_ROWS = 200
 
 
-def judge(cfg: PipelineConfig, candidate: dict, rows: pd.DataFrame, preds: dict, cold: np.ndarray,
-          sample: pd.DataFrame, *, served, champion_mv, title: str, artifact_dir: str = "evaluation",
-          metric_prefix: str = "eval", step: int | None = None) -> tuple[dict, dict]:
+def judge(
+    cfg: PipelineConfig,
+    candidate: dict,
+    rows: pd.DataFrame,
+    preds: dict,
+    cold: np.ndarray,
+    sample: pd.DataFrame,
+    *,
+    served,
+    champion_mv,
+    title: str,
+    artifact_dir: str = "evaluation",
+    metric_prefix: str = "eval",
+    step: int | None = None,
+) -> tuple[dict, dict]:
     """(summary for the gate, the full comparison) of the candidate scored on `rows`.
 
     `rows`: the slice columns (user_id, slot, gender, age_bucket, label) of the scored rows; `preds`:
@@ -43,8 +56,9 @@ def judge(cfg: PipelineConfig, candidate: dict, rows: pd.DataFrame, preds: dict,
     from pipelines.registry import mlflow_io
 
     y = rows["label"].to_numpy(dtype=np.float64)
-    comparison = compare_predictions(rows, y, preds["candidate"], preds.get("champion"), cold_mask=cold,
-                                     fairness_min_rows=FAIRNESS_MIN_ROWS)
+    comparison = compare_predictions(
+        rows, y, preds["candidate"], preds.get("champion"), cold_mask=cold, fairness_min_rows=FAIRNESS_MIN_ROWS
+    )
     with tempfile.TemporaryDirectory() as tmp:
         inter = interference(cfg, candidate, tmp)
         # The gate bounds the |cos| of slot adapters; a cold-start student is distilled from the slot
@@ -53,13 +67,20 @@ def judge(cfg: PipelineConfig, candidate: dict, rows: pd.DataFrame, preds: dict,
         size = directory_bytes(f"{tmp}/candidate/artifacts/adapter")
         latency = pyfunc_latency(served, sample)
         comparison.update(latency=latency, adapter_bytes=size, interference=inter)
-        paths = report.write_report(comparison, f"{tmp}/report", y=y, p_candidate=preds["candidate"],
-                                    p_champion=preds.get("champion"), title=title)
+        paths = report.write_report(
+            comparison,
+            f"{tmp}/report",
+            y=y,
+            p_candidate=preds["candidate"],
+            p_champion=preds.get("champion"),
+            title=title,
+        )
         c = mlflow_io.client()
         c.log_artifacts(candidate["run_id"], f"{tmp}/report", artifact_dir)
         c.log_dict(candidate["run_id"], _json_safe(comparison), f"{artifact_dir}/comparison.json")
-    result = _summary(candidate, comparison, champion_mv, int(len(rows)),
-                      sorted(p.rsplit("/", 1)[-1] for p in paths.values() if p))
+    result = _summary(
+        candidate, comparison, champion_mv, int(len(rows)), sorted(p.rsplit("/", 1)[-1] for p in paths.values() if p)
+    )
     _log_metrics(candidate["run_id"], result, metric_prefix, step)
     return result, comparison
 
@@ -71,15 +92,28 @@ def _summary(candidate: dict, comparison: dict, champion_mv, holdout_rows: int, 
     if champ is not None:
         champ = {**champ, "gauc": comparison["champion"]["gauc"]["gauc"]}
     inter = comparison["interference"]
-    return {"model_name": candidate["model_name"], "slot": candidate["slot"], "candidate": cand, "champion": champ,
-            "champion_version": str(champion_mv.version) if champion_mv else None, "holdout_rows": holdout_rows,
-            "report": compact(comparison, "candidate"), "champion_report": compact(comparison, "champion"),
-            "delong": comparison["delong"], "latency": comparison["latency"],
-            "adapter_bytes": comparison["adapter_bytes"],
-            "interference": {"max_abs_cos": inter.get("max_abs_cos"), "pair": inter.get("pair"),
-                             "module": inter.get("module"), "compared": max(len(inter.get("adapters", ())) - 1, 0),
-                             "bounded": inter.get("bounded")},
-            "threshold": comparison["threshold"], "report_files": report_files}
+    return {
+        "model_name": candidate["model_name"],
+        "slot": candidate["slot"],
+        "candidate": cand,
+        "champion": champ,
+        "champion_version": str(champion_mv.version) if champion_mv else None,
+        "holdout_rows": holdout_rows,
+        "report": compact(comparison, "candidate"),
+        "champion_report": compact(comparison, "champion"),
+        "delong": comparison["delong"],
+        "latency": comparison["latency"],
+        "adapter_bytes": comparison["adapter_bytes"],
+        "interference": {
+            "max_abs_cos": inter.get("max_abs_cos"),
+            "pair": inter.get("pair"),
+            "module": inter.get("module"),
+            "compared": max(len(inter.get("adapters", ())) - 1, 0),
+            "bounded": inter.get("bounded"),
+        },
+        "threshold": comparison["threshold"],
+        "report_files": report_files,
+    }
 
 
 def _adapter_dir(model_uri: str, where: str) -> str:
@@ -94,8 +128,10 @@ def interference(cfg: PipelineConfig, candidate: dict, tmp: str) -> dict:
     from pipelines.evaluation.interference import adapter_interference
     from pipelines.registry.models import sibling_champions
 
-    dirs = {"candidate": _adapter_dir(candidate["model_uri"], f"{tmp}/candidate"),
-            **sibling_champions(cfg, candidate["model_name"], tmp, base_fingerprint=candidate["base"]["fingerprint"])}
+    dirs = {
+        "candidate": _adapter_dir(candidate["model_uri"], f"{tmp}/candidate"),
+        **sibling_champions(cfg, candidate["model_name"], tmp, base_fingerprint=candidate["base"]["fingerprint"]),
+    }
     return adapter_interference(dirs)
 
 
@@ -107,15 +143,20 @@ def compact(comparison: dict, who: str) -> dict | None:
     fair = {}
     for col, f in r["fairness"].items():
         dp, eo = f["demographic_parity"], f["equalized_odds"]
-        fair[col] = {"demographic_parity_difference": dp["mean_pctr_gap"],
-                     "positive_rate_difference": dp["positive_rate_gap"],
-                     "equalized_odds_difference": eo["equalized_odds_difference"]}
+        fair[col] = {
+            "demographic_parity_difference": dp["mean_pctr_gap"],
+            "positive_rate_difference": dp["positive_rate_gap"],
+            "equalized_odds_difference": eo["equalized_odds_difference"],
+        }
     pick = ("auc", "logloss", "ne", "calibration_ratio", "rows")
     cw = r.get("cold_warm") or {}
-    return {"gauc": r["gauc"]["gauc"], "ece": r["overall"].get("ece"),
-            "slots": {s: {k: m.get(k) for k in pick} for s, m in r["slots"].items()},
-            "cold_warm": {k: {m: cw[k].get(m) for m in pick} for k in ("cold", "warm") if cw.get(k)},
-            "fairness": fair}
+    return {
+        "gauc": r["gauc"]["gauc"],
+        "ece": r["overall"].get("ece"),
+        "slots": {s: {k: m.get(k) for k in pick} for s, m in r["slots"].items()},
+        "cold_warm": {k: {m: cw[k].get(m) for m in pick} for k in ("cold", "warm") if cw.get(k)},
+        "fairness": fair,
+    }
 
 
 def _json_safe(obj):
@@ -145,4 +186,4 @@ def _log_metrics(run_id: str, result: dict, prefix: str = "eval", step: int | No
                 metrics[f"eval_fairness_{col}_{k}"] = float(v)
     c = mlflow_io.client()
     for k, v in metrics.items():
-        c.log_metric(run_id, prefix + k[len("eval"):], v, step=step or 0)
+        c.log_metric(run_id, prefix + k[len("eval") :], v, step=step or 0)

@@ -4,6 +4,7 @@ Measured in the evaluation task on holdout rows, one call at a time (what one se
 The numbers depend on the worker's hardware and load: the gate's latency budget is meant to catch an
 adapter that is an order of magnitude slower (a wrong target module, a huge rank), not 5 %.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,11 @@ def pyfunc_latency(model, rows: pd.DataFrame, batch_sizes=(1, 32), warmup: int =
             t0 = time.perf_counter()
             model.predict(batch)
             times.append((time.perf_counter() - t0) * 1e3)
-        out[f"batch_{n}"] = {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)),
-                             "calls": repeats}
+        out[f"batch_{n}"] = {
+            "p50_ms": float(np.percentile(times, 50)),
+            "p99_ms": float(np.percentile(times, 99)),
+            "calls": repeats,
+        }
     return out
 
 

@@ -11,6 +11,7 @@ training run under `judge/<day>/`, the metrics as `shadow_*` at the day's step (
 the day's figures of the judged version and of the one beside it to the slot's timeline run
 (`evaluation.timeline`: AUC over days per slot, one line each in MLflow's charts).
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,15 @@ from pipelines.evaluation.timeline import day_step
 log = logging.getLogger(__name__)
 
 
-def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, day: str,
-                 against: str | None = None, alone: bool = False) -> dict | None:
+def evaluate_day(
+    cfg: PipelineConfig,
+    lake_uri: str,
+    model: str,
+    version: str,
+    day: str,
+    against: str | None = None,
+    alone: bool = False,
+) -> dict | None:
     """The evaluation of waiting `model` v`version` on validated `day`'s rows of its slot beside `@champion` (or
     beside v`against`; `alone`: beside nothing, as a first version), with `judged_day` and `evidence` ({"n",
     "total", "total_sq"}; None with nothing to compare with); None when the day has no row of it."""
@@ -42,18 +50,39 @@ def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, d
     day_rows = LakeIndex(lake_uri, day, days=1, slot=slot if cfg.lora.train_rows == "slot" else None)
     if day_rows.rows == 0:
         return None
-    champion_mv = (None if alone else mlflow_io.get_version(model, against) if against else
-                   mlflow_io.version_by_alias(model, "champion"))
+    champion_mv = (
+        None
+        if alone
+        else mlflow_io.get_version(model, against)
+        if against
+        else mlflow_io.version_by_alias(model, "champion")
+    )
     models = {"candidate": pyfunc.load(f"models:/{model}/{version}")}
     if champion_mv is not None:
         models["champion"] = pyfunc.load(f"models:/{model}/{champion_mv.version}")
     rows, preds, sample = _score(day_rows, models)
     cold = _cold(cfg, lake_uri, mv.tags["judge.trained_through"], slot, rows)
-    candidate = {"model_name": model, "slot": slot, "run_id": mv.run_id, "model_uri": f"models:/{model}/{version}",
-                 "base": {"fingerprint": mv.tags.get("base.fingerprint")}}
-    result, _ = judge(cfg, candidate, rows, preds, cold, sample, served=models["candidate"], champion_mv=champion_mv,
-                      title=f"{model} v{version} beside its champion on {day}", artifact_dir=f"judge/{day}",
-                      metric_prefix="shadow", step=day_step(day))
+    candidate = {
+        "model_name": model,
+        "slot": slot,
+        "run_id": mv.run_id,
+        "model_uri": f"models:/{model}/{version}",
+        "base": {"fingerprint": mv.tags.get("base.fingerprint")},
+    }
+    result, _ = judge(
+        cfg,
+        candidate,
+        rows,
+        preds,
+        cold,
+        sample,
+        served=models["candidate"],
+        champion_mv=champion_mv,
+        title=f"{model} v{version} beside its champion on {day}",
+        artifact_dir=f"judge/{day}",
+        metric_prefix="shadow",
+        step=day_step(day),
+    )
     evidence = None
     if "champion" in preds:
         from pipelines.metrics import paired_differences
@@ -64,9 +93,15 @@ def evaluate_day(cfg: PipelineConfig, lake_uri: str, model: str, version: str, d
     beside = [(str(champion_mv.version), result["champion"])] if champion_mv is not None and not against else []
     timeline.record(model, slot, day, [(str(version), result["candidate"]), *beside])
     theirs = (result["champion"] or {}).get("auc")
-    log.info("%s v%s judged on %s: %d rows, AUC %s beside %s", model, version, day, len(rows),
-             _fmt(result["candidate"].get("auc")),
-             f"v{champion_mv.version}'s {_fmt(theirs)}" if champion_mv is not None else "no champion")
+    log.info(
+        "%s v%s judged on %s: %d rows, AUC %s beside %s",
+        model,
+        version,
+        day,
+        len(rows),
+        _fmt(result["candidate"].get("auc")),
+        f"v{champion_mv.version}'s {_fmt(theirs)}" if champion_mv is not None else "no champion",
+    )
     return {**result, "judged_day": day, "evidence": evidence}
 
 
@@ -92,8 +127,9 @@ def _cold(cfg: PipelineConfig, lake_uri: str, trained_through: str, slot: str, r
     """Rows whose user had fewer than `cold_start.min_impressions` impressions in the candidate's window."""
     from pipelines.model.stream import LakeIndex
 
-    window = LakeIndex(lake_uri, trained_through, days=cfg.lora.window_days,
-                       slot=slot if cfg.lora.train_rows == "slot" else None)
+    window = LakeIndex(
+        lake_uri, trained_through, days=cfg.lora.window_days, slot=slot if cfg.lora.train_rows == "slot" else None
+    )
     seen: Counter = Counter()
     for frame in window.frames(0, window.rows, 262_144, columns=["user_id"]):
         seen.update(_user_keys(frame["user_id"]).tolist())

@@ -6,6 +6,7 @@ Plots need no raw data except the ROC curves: pass the labels and the scores to 
 them (without them the ROC plot is skipped, its path None). matplotlib is imported inside the
 plotting functions, with the Agg backend, so importing this module stays cheap and headless.
 """
+
 from __future__ import annotations
 
 import html
@@ -44,8 +45,10 @@ def _get(d: dict | None, *path):
 
 def _overall(c: dict) -> tuple[str, list[str], list[list]]:
     cand, champ = c["candidate"], c.get("champion")
-    rows = [[k, cand["overall"][k], _get(champ, "overall", k), _delta(cand["overall"][k], _get(champ, "overall", k))]
-            for k in _OVERALL_KEYS]
+    rows = [
+        [k, cand["overall"][k], _get(champ, "overall", k), _delta(cand["overall"][k], _get(champ, "overall", k))]
+        for k in _OVERALL_KEYS
+    ]
     g_c, g_h = cand["gauc"]["gauc"], _get(champ, "gauc", "gauc")
     rows.append(["gauc", g_c, g_h, _delta(g_c, g_h)])
     rows.append(["gauc_users_used", cand["gauc"]["users_used"], _get(champ, "gauc", "users_used"), None])
@@ -56,10 +59,24 @@ def _delong(c: dict) -> tuple[str, list[str], list[list]]:
     d = c.get("delong")
     if d is None:
         return "DeLong test (candidate - champion)", ["note"], [[c.get("delong_skipped") or "not run"]]
-    return ("DeLong test (candidate - champion)",
-            ["auc_cand", "auc_champ", "diff", "se", "ci95_low", "ci95_high", "z", "p_value", "n_pos", "n_neg"],
-            [[d["auc_a"], d["auc_b"], d["diff"], d["se"], d["ci95"][0], d["ci95"][1], d["z"], d["p_value"],
-              d["n_pos"], d["n_neg"]]])
+    return (
+        "DeLong test (candidate - champion)",
+        ["auc_cand", "auc_champ", "diff", "se", "ci95_low", "ci95_high", "z", "p_value", "n_pos", "n_neg"],
+        [
+            [
+                d["auc_a"],
+                d["auc_b"],
+                d["diff"],
+                d["se"],
+                d["ci95"][0],
+                d["ci95"][1],
+                d["z"],
+                d["p_value"],
+                d["n_pos"],
+                d["n_neg"],
+            ]
+        ],
+    )
 
 
 def _slots(c: dict) -> tuple[str, list[str], list[list]]:
@@ -67,10 +84,24 @@ def _slots(c: dict) -> tuple[str, list[str], list[list]]:
     rows = []
     for slot, s in cand["slots"].items():
         h = _get(champ, "slots", slot)
-        rows.append([slot, s["rows"], s["ctr"], s["auc"], _get(h, "auc"), _delta(s["auc"], _get(h, "auc")),
-                     s["logloss"], _get(h, "logloss"), s["skipped"] or ""])
-    return "Per slot", ["slot", "rows", "ctr", "auc_cand", "auc_champ", "delta", "logloss_cand", "logloss_champ",
-                        "note"], rows
+        rows.append(
+            [
+                slot,
+                s["rows"],
+                s["ctr"],
+                s["auc"],
+                _get(h, "auc"),
+                _delta(s["auc"], _get(h, "auc")),
+                s["logloss"],
+                _get(h, "logloss"),
+                s["skipped"] or "",
+            ]
+        )
+    return (
+        "Per slot",
+        ["slot", "rows", "ctr", "auc_cand", "auc_champ", "delta", "logloss_cand", "logloss_champ", "note"],
+        rows,
+    )
 
 
 def _cold_warm(c: dict) -> tuple[str, list[str], list[list]]:
@@ -80,10 +111,23 @@ def _cold_warm(c: dict) -> tuple[str, list[str], list[list]]:
     rows = []
     for part in ("cold", "warm"):
         s, h = cand["cold_warm"][part], _get(champ, "cold_warm", part)
-        rows.append([part, s["rows"], s["auc"], _get(h, "auc"), _delta(s["auc"], _get(h, "auc")), s["logloss"],
-                     _get(h, "logloss"), s["skipped"] or ""])
-    return "Cold / warm", ["rows_of", "rows", "auc_cand", "auc_champ", "delta", "logloss_cand", "logloss_champ",
-                           "note"], rows
+        rows.append(
+            [
+                part,
+                s["rows"],
+                s["auc"],
+                _get(h, "auc"),
+                _delta(s["auc"], _get(h, "auc")),
+                s["logloss"],
+                _get(h, "logloss"),
+                s["skipped"] or "",
+            ]
+        )
+    return (
+        "Cold / warm",
+        ["rows_of", "rows", "auc_cand", "auc_champ", "delta", "logloss_cand", "logloss_champ", "note"],
+        rows,
+    )
 
 
 def fairness_gaps(result: dict | None) -> dict[str, float | None]:
@@ -146,8 +190,13 @@ def plot_gate(decision: dict, path: Path) -> str:
     rows = [[c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c)] for c in checks]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(rows) + 0.9))
     ax.axis("off")
-    table = ax.table(cellText=rows, colLabels=["check", "value", "threshold", "result"], bbox=[0, 0, 1, 1],
-                     cellLoc="left", colWidths=[0.45, 0.2, 0.2, 0.15])
+    table = ax.table(
+        cellText=rows,
+        colLabels=["check", "value", "threshold", "result"],
+        bbox=[0, 0, 1, 1],
+        cellLoc="left",
+        colWidths=[0.45, 0.2, 0.2, 0.15],
+    )
     table.auto_set_font_size(False)
     table.set_fontsize(9)
     for i, c in enumerate(checks, start=1):
@@ -187,8 +236,13 @@ def plot_reliability(curves: dict[str, dict], path: Path) -> str:
     top = top * 1.05 or 1.0  # zoom on where CTRs are: at 2 % CTR the [0, 1] square is empty
     ax.plot([0, top], [0, top], linestyle=":", color="grey", label="perfect calibration")
     strategy = next(iter(curves.values()))["strategy"] if curves else ""
-    ax.set(xlim=(0, top), ylim=(0, top), xlabel="mean predicted CTR", ylabel="observed CTR",
-           title=f"Reliability ({strategy} bins)")
+    ax.set(
+        xlim=(0, top),
+        ylim=(0, top),
+        xlabel="mean predicted CTR",
+        ylabel="observed CTR",
+        title=f"Reliability ({strategy} bins)",
+    )
     ax.legend(loc="upper left")
     return _save(fig, path)
 
@@ -216,22 +270,26 @@ def _html_table(title: str, header: list[str], rows: list[list]) -> str:
     return f"<h2>{html.escape(title)}</h2>\n<table><tr>{head}</tr>{body}</table>"
 
 
-_CSS = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1em}"
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:48%;margin:4px}")
+_CSS = (
+    "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1em}"
+    "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:48%;margin:4px}"
+)
 
 
 def render_html(comparison: dict, images: dict[str, str | None], title: str) -> str:
     """The page: every table, then every image by its file name (relative: the folder can move)."""
     tables = "\n".join(_html_table(*s) for s in sections(comparison))
-    imgs = "\n".join(f'<img src="{html.escape(Path(p).name)}" alt="{html.escape(k)}">'
-                     for k, p in images.items() if p)
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n{tables}\n"
-            f"<h2>Plots</h2>\n{imgs}\n</body></html>\n")
+    imgs = "\n".join(f'<img src="{html.escape(Path(p).name)}" alt="{html.escape(k)}">' for k, p in images.items() if p)
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n{tables}\n"
+        f"<h2>Plots</h2>\n{imgs}\n</body></html>\n"
+    )
 
 
-def write_report(comparison: dict, out_dir, *, y=None, p_candidate=None, p_champion=None,
-                 title: str = "Candidate vs champion") -> dict:
+def write_report(
+    comparison: dict, out_dir, *, y=None, p_candidate=None, p_champion=None, title: str = "Candidate vs champion"
+) -> dict:
     """Write roc.png, reliability.png, slot_auc.png, fairness.png and report.html into out_dir.
 
     Returns {"html": path, "roc": path or None, "reliability": path, "slot_auc": path,
@@ -245,11 +303,18 @@ def write_report(comparison: dict, out_dir, *, y=None, p_candidate=None, p_champ
     scores = {w: p for w, p in zip(_WHO, (p_candidate, p_champion)) if p is not None}
     roc = plot_roc(y, scores, out / "roc.png") if y is not None and "candidate" in scores else None
     rel = plot_reliability({w: r["reliability"] for w, r in results.items()}, out / "reliability.png")
-    slots = plot_bars({w: {s: v["auc"] for s, v in r["slots"].items()} for w, r in results.items()},
-                      "AUC per slot", "AUC", out / "slot_auc.png")
+    slots = plot_bars(
+        {w: {s: v["auc"] for s, v in r["slots"].items()} for w, r in results.items()},
+        "AUC per slot",
+        "AUC",
+        out / "slot_auc.png",
+    )
     gaps = {w: fairness_gaps(r) for w, r in results.items()}
-    fair = plot_bars(gaps, "Fairness gaps (lower is fairer)", "max - min over groups",
-                     out / "fairness.png") if gaps.get("candidate") else None
+    fair = (
+        plot_bars(gaps, "Fairness gaps (lower is fairer)", "max - min over groups", out / "fairness.png")
+        if gaps.get("candidate")
+        else None
+    )
     images = {"roc": roc, "reliability": rel, "slot_auc": slots, "fairness": fair}
     page = out / "report.html"
     page.write_text(render_html(comparison, images, title), encoding="utf-8")

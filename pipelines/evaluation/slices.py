@@ -6,17 +6,22 @@ The decision threshold (fairness rates) defaults to the observed CTR of the rows
 calibrated on average then flags about as many rows as there are clicks. The result says which
 rule set it ("threshold_rule": "base_rate" or "given").
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
 from pipelines.evaluation.delong import delong_test
-from pipelines.evaluation.fairness import (DEFAULT_MIN_ROWS, NULL_GROUP, demographic_parity_difference,
-                                           equalized_odds_difference)
+from pipelines.evaluation.fairness import (
+    DEFAULT_MIN_ROWS,
+    NULL_GROUP,
+    demographic_parity_difference,
+    equalized_odds_difference,
+)
 from pipelines.metrics import EvaluationInputError, check_inputs, gauc, reliability_curve, summary
 
-DEFAULT_SLICE_MIN_ROWS = 100   # below this a slice's AUC is mostly noise: reported as skipped
+DEFAULT_SLICE_MIN_ROWS = 100  # below this a slice's AUC is mostly noise: reported as skipped
 _METRIC_KEYS = ("auc", "logloss", "ne", "calibration_ratio", "ece")
 
 
@@ -53,8 +58,11 @@ def cold_warm(y, p, cold_mask, min_rows: int = DEFAULT_SLICE_MIN_ROWS) -> dict:
     mask = mask.ravel()
     if len(mask) != len(y):
         raise EvaluationInputError(f"cold_warm: cold_mask has {len(mask)} values for {len(y)} rows")
-    return {"cold": _slice_summary(y[mask], p[mask], min_rows), "warm": _slice_summary(y[~mask], p[~mask], min_rows),
-            "cold_fraction": float(mask.mean()) if len(mask) else None}
+    return {
+        "cold": _slice_summary(y[mask], p[mask], min_rows),
+        "warm": _slice_summary(y[~mask], p[~mask], min_rows),
+        "cold_fraction": float(mask.mean()) if len(mask) else None,
+    }
 
 
 def resolve_threshold(y: np.ndarray, threshold: float | None) -> tuple[float, str]:
@@ -71,15 +79,27 @@ def _fairness(frame: pd.DataFrame, y, p, columns, threshold: float, min_rows: in
     out = {}
     for col in columns:
         g = _column(frame, col, "fairness")
-        out[col] = {"demographic_parity": demographic_parity_difference(p, g, threshold, min_rows),
-                    "equalized_odds": equalized_odds_difference(y, p, g, threshold, min_rows)}
+        out[col] = {
+            "demographic_parity": demographic_parity_difference(p, g, threshold, min_rows),
+            "equalized_odds": equalized_odds_difference(y, p, g, threshold, min_rows),
+        }
     return out
 
 
-def evaluate_predictions(frame: pd.DataFrame, y, p, *, cold_mask=None, threshold: float | None = None,
-                         fairness_columns: tuple[str, ...] = ("gender", "age_bucket"), user_col: str = "user_id",
-                         slot_col: str = "slot", slice_min_rows: int = DEFAULT_SLICE_MIN_ROWS,
-                         fairness_min_rows: int = DEFAULT_MIN_ROWS, bins: int = 10) -> dict:
+def evaluate_predictions(
+    frame: pd.DataFrame,
+    y,
+    p,
+    *,
+    cold_mask=None,
+    threshold: float | None = None,
+    fairness_columns: tuple[str, ...] = ("gender", "age_bucket"),
+    user_col: str = "user_id",
+    slot_col: str = "slot",
+    slice_min_rows: int = DEFAULT_SLICE_MIN_ROWS,
+    fairness_min_rows: int = DEFAULT_MIN_ROWS,
+    bins: int = 10,
+) -> dict:
     """Everything about one model's scores `p` on the rows of `frame` (labels `y`).
 
     {"overall": summary, "gauc": gauc(), "reliability": reliability_curve() (quantile bins),
@@ -98,7 +118,8 @@ def evaluate_predictions(frame: pd.DataFrame, y, p, *, cold_mask=None, threshold
         "slots": slice_metrics(frame, y, p, slot_col, slice_min_rows),
         "cold_warm": None if cold_mask is None else cold_warm(y, p, cold_mask, slice_min_rows),
         "fairness": _fairness(frame, y, p, fairness_columns, t, fairness_min_rows),
-        "threshold": t, "threshold_rule": rule,
+        "threshold": t,
+        "threshold_rule": rule,
     }
 
 
@@ -123,5 +144,11 @@ def compare_predictions(frame: pd.DataFrame, y, p_candidate, p_champion=None, **
     for r in (cand, champ):
         if r is not None:
             r["threshold_rule"] = rule
-    return {"candidate": cand, "champion": champ, "delong": test, "delong_skipped": skipped,
-            "threshold": t, "threshold_rule": rule}
+    return {
+        "candidate": cand,
+        "champion": champ,
+        "delong": test,
+        "delong_skipped": skipped,
+        "threshold": t,
+        "threshold_rule": rule,
+    }

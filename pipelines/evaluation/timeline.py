@@ -8,6 +8,7 @@ Pick the run in the experiment and open its Model metrics (or chart the experime
 `candidate_auc` over days, `champion_version` where the champion changed. The x-axis "Step" is days since
 1970-01-01; "Time" shows the day itself.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -44,8 +45,11 @@ def record(model: str, slot: str, day: str, judged: list[tuple[str, dict | None]
     (`champion`, `canary`, else `candidate`; the caller leaves out a replaced champion). Returns the run's id."""
     from mlflow.entities import Metric, RunStatus
 
-    serving = {alias: str(mv.version) for alias in ("champion", "canary")
-               if (mv := mlflow_io.version_by_alias(model, alias)) is not None}
+    serving = {
+        alias: str(mv.version)
+        for alias in ("champion", "canary")
+        if (mv := mlflow_io.version_by_alias(model, alias)) is not None
+    }
     figures, versions = {}, {}
     for version, figs in judged:
         role = next((a for a, v in serving.items() if v == str(version)), "candidate")
@@ -54,7 +58,7 @@ def record(model: str, slot: str, day: str, judged: list[tuple[str, dict | None]
     c = mlflow_io.client()
     run_id = run_of(model, slot)
     c.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in points(day, figures, versions)])
-    c.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))   # not a hung run; later days log on
+    c.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))  # not a hung run; later days log on
     return run_id
 
 
@@ -62,8 +66,9 @@ def run_of(model: str, slot: str) -> str:
     """The timeline run of `model`, created on its first day; with two (a race), the oldest."""
     c = mlflow_io.client()
     exp = mlflow_io.ensure_experiment(EXPERIMENT)
-    found = c.search_runs([exp], filter_string=f"tags.`{MODEL_TAG}` = '{model}'", order_by=["attributes.start_time ASC"],
-                          max_results=1)
+    found = c.search_runs(
+        [exp], filter_string=f"tags.`{MODEL_TAG}` = '{model}'", order_by=["attributes.start_time ASC"], max_results=1
+    )
     if found:
         return found[0].info.run_id
     run = c.create_run(exp, run_name=f"{model} over days", tags={MODEL_TAG: model, "slot": slot})

@@ -7,6 +7,7 @@ serving adapters it makes incompatible. The ctr_base_model DAG runs `training.ba
 `register_candidate` and GatedPromotionOperator as tasks; the CLI (`train-base --register`) and the
 tests run `run` / `register_base`, the same steps in one process.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,25 +22,39 @@ from pipelines.training import base_model
 log = logging.getLogger(__name__)
 
 
-def run(cfg: PipelineConfig, lake_uri: str, cutoff_day: str, actor: str = "cli",
-        policy: GatePolicy | None = None) -> dict:
+def run(
+    cfg: PipelineConfig, lake_uri: str, cutoff_day: str, actor: str = "cli", policy: GatePolicy | None = None
+) -> dict:
     """train -> register -> gate -> @champion, refusing before training when no registry lock is configured."""
     lock.backend()  # no registry lock to move @champion with: refuse now, not after training
     return register_base(cfg, base_model.train(cfg, lake_uri, cutoff_day), actor=actor, policy=policy)
 
 
-def register_base(cfg: PipelineConfig, trained: dict, actor: str = "cli", policy: GatePolicy | None = None,
-                  op_id: str | None = None) -> dict:
+def register_base(
+    cfg: PipelineConfig, trained: dict, actor: str = "cli", policy: GatePolicy | None = None, op_id: str | None = None
+) -> dict:
     """`register_candidate`, then the gate and the release (policy: the gate policy file by default).
     Returns model, version, fingerprint, the decision's `passed` and `moved`, and the `move`."""
     lock.backend()
     registered = register_candidate(cfg, trained)
     moves: list[dict] = []
-    decision = gate_and_release(policy or load_gate_policy(), registered["model"], registered["version"],
-                                registered["evaluation"], actor=actor, op_id=op_id, on_move=moves.append)
+    decision = gate_and_release(
+        policy or load_gate_policy(),
+        registered["model"],
+        registered["version"],
+        registered["evaluation"],
+        actor=actor,
+        op_id=op_id,
+        on_move=moves.append,
+    )
     move = moves[0] if moves else {"moved": False}
-    return {**registered, "passed": decision["passed"], "moved": bool(move.get("moved")), "move": move,
-            "incompatible": move.get("incompatible", [])}
+    return {
+        **registered,
+        "passed": decision["passed"],
+        "moved": bool(move.get("moved")),
+        "move": move,
+        "incompatible": move.get("incompatible", []),
+    }
 
 
 def register_candidate(cfg: PipelineConfig, trained: dict) -> dict:
@@ -57,17 +72,24 @@ def register_candidate(cfg: PipelineConfig, trained: dict) -> dict:
     if found:
         version = str(min(int(mv.version) for mv in found))
         log.info("%s: fingerprint %s is already registered as v%s: returning it", name, fingerprint[:12], version)
-        complete_registration(name, version, evaluation)   # a registration a killed process left half done
+        complete_registration(name, version, evaluation)  # a registration a killed process left half done
         return {**out, "version": version, "existing": True}
     import json
 
-    tags = {"fingerprint": fingerprint, "config.hash": trained["config_hash"],
-            "code.version": mlflow_io.code_version(), "data.first": trained["data"]["first"],
-            "data.last": trained["data"]["last"], "data.sha256": trained["data"]["sha256"],
-            "holdout.auc": trained["metrics"]["auc"], "training.run_id": trained["run_id"],
-            "eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
-            "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
-            "eval.champion_version": evaluation["champion_version"] or "", "gate.passed": "pending"}
+    tags = {
+        "fingerprint": fingerprint,
+        "config.hash": trained["config_hash"],
+        "code.version": mlflow_io.code_version(),
+        "data.first": trained["data"]["first"],
+        "data.last": trained["data"]["last"],
+        "data.sha256": trained["data"]["sha256"],
+        "holdout.auc": trained["metrics"]["auc"],
+        "training.run_id": trained["run_id"],
+        "eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
+        "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
+        "eval.champion_version": evaluation["champion_version"] or "",
+        "gate.passed": "pending",
+    }
     with lock.registry_lock(name):
         version = mlflow_io.register(trained["model_uri"], name, tags, alias="candidate", run_id=trained["run_id"])
         description.publish(name)

@@ -3,6 +3,7 @@
 The cold-start DAG runs the same steps as tasks (register_stage is its register task); the CLI runs
 `run_all` in one process.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,17 @@ def register_stage(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> di
 
     out = register(cfg, candidate, evaluation)
     c = mlflow_io.client()
-    tags = {"cold_start": "true", "cold_start.cutoff": candidate["cutoff"],
-            "cold_start.holdout_start": candidate["holdout_start"],
-            "cold_start.teachers": json.dumps({s: f"{r['model']} v{r['version']}"
-                                               for s, r in candidate["teachers"].items()}, sort_keys=True),
-            "cold_start.teacher": candidate["teacher"]["kind"],
-            "cold_start.eval": json.dumps(evaluation["cold_slice"], sort_keys=True),
-            "cold_start.counts": json.dumps(candidate["cold"], sort_keys=True)}
+    tags = {
+        "cold_start": "true",
+        "cold_start.cutoff": candidate["cutoff"],
+        "cold_start.holdout_start": candidate["holdout_start"],
+        "cold_start.teachers": json.dumps(
+            {s: f"{r['model']} v{r['version']}" for s, r in candidate["teachers"].items()}, sort_keys=True
+        ),
+        "cold_start.teacher": candidate["teacher"]["kind"],
+        "cold_start.eval": json.dumps(evaluation["cold_slice"], sort_keys=True),
+        "cold_start.counts": json.dumps(candidate["cold"], sort_keys=True),
+    }
     for k, v in tags.items():
         c.set_model_version_tag(out["model"], out["version"], k, v)
     return out
@@ -42,7 +47,13 @@ def run_all(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = ALL, p
     candidate = distill_stage(cfg, lake_uri, end_day, slot, detected=detected)
     evaluation = evaluate_stage(cfg, lake_uri, candidate)
     registered = register_stage(cfg, candidate, evaluation)
-    decision = gate_and_release(policy or load_gate_policy(), registered["model"], registered["version"],
-                                evaluation, actor=actor)
-    return {"detected": detected, "model": registered["model"], "version": registered["version"],
-            "evaluation": evaluation, "gate": {k: decision[k] for k in ("passed", "first_run", "promoted")}}
+    decision = gate_and_release(
+        policy or load_gate_policy(), registered["model"], registered["version"], evaluation, actor=actor
+    )
+    return {
+        "detected": detected,
+        "model": registered["model"],
+        "version": registered["version"],
+        "evaluation": evaluation,
+        "gate": {k: decision[k] for k in ("passed", "first_run", "promoted")},
+    }

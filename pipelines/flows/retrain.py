@@ -6,6 +6,7 @@ The ctr_lora_retrain DAG runs these steps as tasks (train, evaluate, register, g
 the prequential one: judge the slot's waiting candidates on the day, train and register the day's
 candidate, which waits for the next days, then gate and release what the evidence let go.
 """
+
 from __future__ import annotations
 
 from pipelines.config import GatePolicy, PipelineConfig
@@ -17,8 +18,16 @@ from pipelines.registry.register import register
 from pipelines.training import adapter
 
 
-def run(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, end_day: str, slot: str, *,
-        actor: str = "cli", progress: bool = False) -> dict:
+def run(
+    cfg: PipelineConfig,
+    policy: GatePolicy,
+    lake_uri: str,
+    end_day: str,
+    slot: str,
+    *,
+    actor: str = "cli",
+    progress: bool = False,
+) -> dict:
     """train -> evaluate -> register -> gate and release; returns the gate's decision (with
     `lora.judged_on: next_day`: `judge_then_train`'s result).
 
@@ -32,8 +41,16 @@ def run(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, end_day: str, sl
     return gate_and_release(policy, registered["model"], registered["version"], registered["evaluation"], actor=actor)
 
 
-def judge_then_train(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, slot: str, *,
-                     actor: str = "cli", progress: bool = False) -> dict:
+def judge_then_train(
+    cfg: PipelineConfig,
+    policy: GatePolicy,
+    lake_uri: str,
+    day: str,
+    slot: str,
+    *,
+    actor: str = "cli",
+    progress: bool = False,
+) -> dict:
     """The prequential day of a slot: judge its waiting candidates on `day` (promotion.prequential), train and
     register the candidate of the window ending `day` (it waits), then gate and release what the judge let go
     (`prequential.hand_over`: the ready one, or the day's candidate in its place). Returns {"judged",
@@ -47,7 +64,14 @@ def judge_then_train(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day
     if ready["evaluation"] is not None:
         try:
             decision = gate_and_release(policy, ready["model"], ready["version"], ready["evaluation"], actor=actor)
-        except PromotionError as exc:   # recorded on the version; a person's approval releases it later
+        except PromotionError as exc:  # recorded on the version; a person's approval releases it later
             refused = str(exc)
-    return {"judged_on": "next_day", "model": registered["model"], "judged": judged, "decision": decision,
-            "release_refused": refused, "version": registered["version"], "existing": registered["existing"]}
+    return {
+        "judged_on": "next_day",
+        "model": registered["model"],
+        "judged": judged,
+        "decision": decision,
+        "release_refused": refused,
+        "version": registered["version"],
+        "existing": registered["existing"],
+    }

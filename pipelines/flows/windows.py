@@ -6,6 +6,7 @@ the same content and suite is not checked again), and stop with the validation f
 There is no way to skip it: training refuses a day without a `passed` marker anyway
 (`data.validated`), this only makes the CLI validate first instead of failing there.
 """
+
 from __future__ import annotations
 
 import datetime as dt

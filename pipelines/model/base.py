@@ -9,6 +9,7 @@ value (`wide.<field>`, an Embedding of dim 1, zero-initialised), the "wide" part
 DeepFM, i.e. what a one-hot logistic regression learns. It sits outside the attention blocks: LoRA
 on q_proj / v_proj adapts the same modules either way, and the wide tables stay frozen with the base.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,7 +68,8 @@ class CTRModel(nn.Module):
         self.embeddings = nn.ModuleDict({f: nn.Embedding(sizes[f], cfg.embed_dim) for f in FEATURE_FIELDS})
         self.field_pos = nn.Parameter(torch.zeros(len(FEATURE_FIELDS), cfg.embed_dim))
         self.blocks = nn.ModuleList(
-            AttentionBlock(cfg.embed_dim, cfg.n_heads, cfg.ffn_mult, cfg.dropout) for _ in range(cfg.n_blocks))
+            AttentionBlock(cfg.embed_dim, cfg.n_heads, cfg.ffn_mult, cfg.dropout) for _ in range(cfg.n_blocks)
+        )
         self.norm = nn.LayerNorm(cfg.embed_dim)
         self.head = nn.Linear(cfg.embed_dim, 1)
         self._init()
@@ -86,8 +88,9 @@ class CTRModel(nn.Module):
 
     def field_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
         """[batch, n_fields, D]: each field's embedding row, before the field position is added."""
-        return torch.stack([self.embeddings[f](embedding_rows(self.cfg, tokens, i)) for i, f in enumerate(FEATURE_FIELDS)],
-                           dim=1)
+        return torch.stack(
+            [self.embeddings[f](embedding_rows(self.cfg, tokens, i)) for i, f in enumerate(FEATURE_FIELDS)], dim=1
+        )
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.field_embeddings(tokens) + self.field_pos
@@ -120,8 +123,11 @@ def fingerprint(model: nn.Module) -> str:
     fingerprint as the plain one; this is what ties an adapter to the exact base it was trained on.
     """
     h = hashlib.sha256()
-    clean = {k.replace("base_model.model.", "").replace(".token_adapter", "").replace(".base_layer", ""): v
-             for k, v in model.state_dict().items() if "lora_" not in k and "trainable_tokens_" not in k}
+    clean = {
+        k.replace("base_model.model.", "").replace(".token_adapter", "").replace(".base_layer", ""): v
+        for k, v in model.state_dict().items()
+        if "lora_" not in k and "trainable_tokens_" not in k
+    }
     for name in sorted(clean):
         t = clean[name].detach().cpu().contiguous()
         h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())

@@ -12,6 +12,7 @@ Sizes come from the `model` config: `embed_dim` per field, `n_blocks` cross laye
 layers, deep width `embed_dim * ffn_mult * 2`. Written here, not taken from deepctr-torch: its releases
 require TensorFlow, and its modules' names would not match the tables' above.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,13 +53,14 @@ class DCNModel(nn.Module):
         width, hidden = len(FEATURE_FIELDS) * cfg.embed_dim, cfg.embed_dim * cfg.ffn_mult * 2
         self.embeddings = nn.ModuleDict({f: nn.Embedding(sizes[f], cfg.embed_dim) for f in FEATURE_FIELDS})
         self.cross = nn.ModuleList(CrossLayer(width) for _ in range(cfg.n_blocks))
-        self.deep = nn.ModuleList(DeepLayer(width if i == 0 else hidden, hidden, cfg.dropout)
-                                  for i in range(cfg.n_blocks))
+        self.deep = nn.ModuleList(
+            DeepLayer(width if i == 0 else hidden, hidden, cfg.dropout) for i in range(cfg.n_blocks)
+        )
         self.norm = nn.LayerNorm(width + hidden)
         self.head = nn.Linear(width + hidden, 1)
         for emb in self.embeddings.values():
             nn.init.normal_(emb.weight, std=0.02)
-        if cfg.wide:   # after the rest, zero-initialised: as in the default family
+        if cfg.wide:  # after the rest, zero-initialised: as in the default family
             self.wide = nn.ModuleDict({f: nn.Embedding(n, 1) for f, n in token_sizes(cfg).items()})
             for emb in self.wide.values():
                 nn.init.zeros_(emb.weight)
@@ -67,8 +69,9 @@ class DCNModel(nn.Module):
 
     def logits_and_pooled(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [batch], pooled [batch, F*D + hidden]: the normalised features the head reads)."""
-        x0 = torch.cat([self.embeddings[f](embedding_rows(self.cfg, tokens, i)) for i, f in enumerate(FEATURE_FIELDS)],
-                       dim=1)
+        x0 = torch.cat(
+            [self.embeddings[f](embedding_rows(self.cfg, tokens, i)) for i, f in enumerate(FEATURE_FIELDS)], dim=1
+        )
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -78,8 +81,9 @@ class DCNModel(nn.Module):
         h = self.norm(torch.cat([x, d], dim=1))
         logits = self.head(h).squeeze(-1)
         if self.wide is not None:
-            logits = logits + torch.cat([self.wide[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)],
-                                        dim=1).sum(dim=1)
+            logits = logits + torch.cat([self.wide[f](tokens[:, i]) for i, f in enumerate(FEATURE_FIELDS)], dim=1).sum(
+                dim=1
+            )
         return logits, h
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ its files name against the one expected (`model.store.load_base(..., family=)`) 
 so a `model_config.json` edited in the artifact store cannot make a loader import a module of its
 choice.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,7 +31,7 @@ DEFAULT = "feature_transformer"
 @runtime_checkable
 class Family(Protocol):
     name: str
-    default_targets: tuple[str, ...]   # the LoRA target modules of `lora.target_modules` by default
+    default_targets: tuple[str, ...]  # the LoRA target modules of `lora.target_modules` by default
 
     def build(self, cfg: ModelConfig) -> nn.Module:
         """A new module (random weights) with `.cfg`, `forward(tokens) -> logits [rows]` and
@@ -76,7 +77,7 @@ class FeatureTransformer:
         return ()
 
     def encoding_key(self, cfg: ModelConfig) -> str | None:
-        return None   # hashing nine fields is cheaper than reading a cache
+        return None  # hashing nine fields is cheaper than reading a cache
 
 
 class DCN(FeatureTransformer):
@@ -134,8 +135,9 @@ def resolve(name: str) -> Family:
         return BUILTIN[name]()
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"model.family {name!r} is neither a built-in family {sorted(BUILTIN)} nor "
-                          "'package.module:Factory'")
+        raise ConfigError(
+            f"model.family {name!r} is neither a built-in family {sorted(BUILTIN)} nor 'package.module:Factory'"
+        )
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
@@ -143,8 +145,10 @@ def resolve(name: str) -> Family:
     family = factory()
     missing = [m for m in ("name", "default_targets", "build", "encode", "load_pretrained") if not hasattr(family, m)]
     if missing:
-        raise ConfigError(f"model.family {name!r} returned {type(family).__name__}, which lacks {missing} "
-                          "(see pipelines.model.family.Family)")
+        raise ConfigError(
+            f"model.family {name!r} returned {type(family).__name__}, which lacks {missing} "
+            "(see pipelines.model.family.Family)"
+        )
     return family
 
 

@@ -4,6 +4,7 @@ Hashing (not a fitted vocabulary) so that any id, including one never seen in tr
 row of the field's table without state to ship next to the model; `pd.util.hash_array` is
 deterministic across processes and platforms (fixed SipHash key).
 """
+
 from __future__ import annotations
 
 import numpy as np

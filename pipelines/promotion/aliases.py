@@ -10,6 +10,7 @@ A version is a `str` of a positive integer, as the registry returns it: `version
 normalisation, applied at the edges (CLI arguments, operator arguments and DAG Params) and where a
 version asked for is compared with a recorded one (`move_alias`, `revert`, `promote_canary`).
 """
+
 from __future__ import annotations
 
 from pipelines.errors import PromotionError
@@ -42,8 +43,10 @@ def check_reason(reason, what: str) -> str:
     if not isinstance(reason, str) or not reason.strip():
         raise PromotionError(f"a reason is required to {what} (got {reason!r})")
     if len(reason.strip()) > REASON_MAX_CHARS:
-        raise PromotionError(f"a reason is at most {REASON_MAX_CHARS} characters (got {len(reason.strip())}) to "
-                             f"{what}: it is stored as an MLflow tag; link a ticket for the long story")
+        raise PromotionError(
+            f"a reason is at most {REASON_MAX_CHARS} characters (got {len(reason.strip())}) to "
+            f"{what}: it is stored as an MLflow tag; link a ticket for the long story"
+        )
     return reason.strip()
 
 
@@ -57,9 +60,11 @@ def _settled(model: str) -> tuple[list[dict], set[str]]:
         now = current(model, e["alias"])
         result = store.outcome(e, now)
         if result is None:
-            raise PromotionError(f"{model}@{e['alias']} is at v{now}, but its last recorded move (op {e['op_id'] or '-'}"
-                                 f") was v{e['from_version'] or '-'} -> v{e['to_version'] or '-'}: it was moved outside "
-                                 "the registry lock; set it back to one of the two (MLflow UI) and retry")
+            raise PromotionError(
+                f"{model}@{e['alias']} is at v{now}, but its last recorded move (op {e['op_id'] or '-'}"
+                f") was v{e['from_version'] or '-'} -> v{e['to_version'] or '-'}: it was moved outside "
+                "the registry lock; set it back to one of the two (MLflow UI) and retry"
+            )
         found[i] = store.mark(e, result)
         if result == store.DONE:
             recovered.add(e["run_id"])
@@ -84,8 +89,17 @@ def replayed(model: str, op_id: str | None) -> dict | None:
         return _replay_of(*_settled(model), op_id)
 
 
-def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor: str,
-               op_id: str | None = None, checked: bool = False) -> dict:
+def move_alias(
+    model: str,
+    alias: str,
+    version,
+    *,
+    kind: str,
+    reason: str,
+    actor: str,
+    op_id: str | None = None,
+    checked: bool = False,
+) -> dict:
     """Point model@alias at `version` (None: remove the alias) and record the move, write-ahead.
 
     Idempotent twice over: a move to where the alias already points is a no-op, and a move whose
@@ -105,12 +119,12 @@ def move_alias(model: str, alias: str, version, *, kind: str, reason: str, actor
         found, recovered = _settled(model)
         replay = _replay_of(found, recovered, op_id)
         if replay:
-            description.publish(model)   # the process that moved may have died before it wrote this
+            description.publish(model)  # the process that moved may have died before it wrote this
             return replay
         before = current(model, alias)
         if before == version:
             return {"moved": False, "model": model, "alias": alias, "from_version": before, "to_version": version}
-        last = max((int(e["seq"]) for e in found), default=0)   # rolled-back entries keep their seq
+        last = max((int(e["seq"]) for e in found), default=0)  # rolled-back entries keep their seq
         entry = store.record_intent(model, alias, before, version, kind, reason, actor, op_id=op_id, after_seq=last)
         c = mlflow_io.client()
         if version is None:
@@ -128,7 +142,7 @@ def _champion_stack(entries: list[dict]) -> list[str]:
     for e in entries:
         to = e["to_version"]
         if e["kind"] == "revert" and to in stack:
-            del stack[stack.index(to) + 1:]
+            del stack[stack.index(to) + 1 :]
         else:
             stack.append(to)
     return stack
@@ -144,24 +158,35 @@ def check_promotable(model: str, version: str, *, mv=None, require_approval: boo
     refusal = release_refusal(mv.tags, require_approval=require_approval)
     if refusal:
         raise PromotionError(f"{model} v{version} {refusal}; refusing to release it")
-    if mv.tags.get(FINGERPRINT_TAG):   # a base model: what it is compatible with is its own fingerprint
+    if mv.tags.get(FINGERPRINT_TAG):  # a base model: what it is compatible with is its own fingerprint
         return
     base = base_check(fingerprints(mv))
     if not base["passed"]:
         if not base["value"]:
-            raise PromotionError(f"{model} v{version} records no base fingerprint (tag base.fingerprint): the base it "
-                                 "was trained on is unknown; refusing it (retrain it on the serving base)")
-        raise PromotionError(f"{model} v{version} was trained on base fingerprint {base['value']}..., but the "
-                             f"serving base is {base['threshold'] or 'missing'}...; refusing an incompatible version")
+            raise PromotionError(
+                f"{model} v{version} records no base fingerprint (tag base.fingerprint): the base it "
+                "was trained on is unknown; refusing it (retrain it on the serving base)"
+            )
+        raise PromotionError(
+            f"{model} v{version} was trained on base fingerprint {base['value']}..., but the "
+            f"serving base is {base['threshold'] or 'missing'}...; refusing an incompatible version"
+        )
 
 
-def promote(model: str, version: str, reason: str, actor: str = "cli", op_id: str | None = None, *,
-            require_approval: bool = False, mv=None) -> dict:
+def promote(
+    model: str,
+    version: str,
+    reason: str,
+    actor: str = "cli",
+    op_id: str | None = None,
+    *,
+    require_approval: bool = False,
+    mv=None,
+) -> dict:
     """`version` becomes @champion, by a person (CLI, ctr_model_ops) or a release: `check_promotable` first."""
     check_reason(reason, f"promote {model} v{version}")
     check_promotable(model, version, mv=mv, require_approval=require_approval)
-    return move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id,
-                      checked=True)
+    return move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id, checked=True)
 
 
 def revert(model: str, reason: str, to_version=None, actor: str = "cli", op_id: str | None = None) -> dict:
@@ -174,16 +199,17 @@ def revert(model: str, reason: str, to_version=None, actor: str = "cli", op_id: 
     from pipelines.registry.lock import registry_lock
 
     check_reason(reason, f"revert {model}")
-    with registry_lock(model):   # re-entrant: move_alias takes the same lock inside
+    with registry_lock(model):  # re-entrant: move_alias takes the same lock inside
         target = _revert_target(model, to_version, op_id)
         if isinstance(target, dict):
             return target
-        return move_alias(model, "champion", target, kind="revert", reason=reason, actor=actor, op_id=op_id,
-                          checked=True)
+        return move_alias(
+            model, "champion", target, kind="revert", reason=reason, actor=actor, op_id=op_id, checked=True
+        )
 
 
 def _revert_target(model: str, to_version, op_id: str | None):
-    replay = replayed(model, op_id)   # settles first: "previous" is read from a settled history
+    replay = replayed(model, op_id)  # settles first: "previous" is read from a settled history
     if replay:
         return replay
     now = current(model)
@@ -192,8 +218,10 @@ def _revert_target(model: str, to_version, op_id: str | None):
     if to_version is None:
         to_version = previous_champion(model)
         if to_version is None:
-            raise PromotionError(f"{model} has no earlier champion to revert to (history: "
-                                 f"{_champion_stack(history(model))}); name a version")
+            raise PromotionError(
+                f"{model} has no earlier champion to revert to (history: "
+                f"{_champion_stack(history(model))}); name a version"
+            )
     to_version = version_id(to_version)
     if to_version == now:
         return {"moved": False, "model": model, "alias": "champion", "from_version": now, "to_version": now}
@@ -205,8 +233,17 @@ def _revert_target(model: str, to_version, op_id: str | None):
 CANARY_SHARE_TAG = "canary.share"
 
 
-def start_canary(model: str, version: str, share: float, reason: str, actor: str = "cli",
-                 op_id: str | None = None, *, require_approval: bool = False, mv=None) -> dict:
+def start_canary(
+    model: str,
+    version: str,
+    share: float,
+    reason: str,
+    actor: str = "cli",
+    op_id: str | None = None,
+    *,
+    require_approval: bool = False,
+    mv=None,
+) -> dict:
     """Send `share` of the traffic (users hashed on user_id, see pipelines.serving) to `version` as @canary."""
     if not 0.0 < float(share) < 1.0:
         raise PromotionError(f"canary share must be in (0, 1), got {share}")
@@ -218,12 +255,14 @@ def start_canary(model: str, version: str, share: float, reason: str, actor: str
     # nothing changes when the lock is refused and two concurrent canary starts cannot mix shares.
     with registry_lock(model):
         mlflow_io.client().set_model_version_tag(model, version, CANARY_SHARE_TAG, str(float(share)))
-        return move_alias(model, "canary", version, kind="canary", reason=reason, actor=actor, op_id=op_id,
-                          checked=True)
+        return move_alias(
+            model, "canary", version, kind="canary", reason=reason, actor=actor, op_id=op_id, checked=True
+        )
 
 
-def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None,
-                   expected_version: str | None = None) -> dict:
+def promote_canary(
+    model: str, reason: str, actor: str = "cli", op_id: str | None = None, expected_version: str | None = None
+) -> dict:
     """@canary becomes @champion (one recorded promote) and the canary alias is removed (one withdraw;
     returned under "withdrawn"). `expected_version`: refuse if the canary was replaced meanwhile (the
     monitor decided on that version's windows)."""
@@ -232,18 +271,28 @@ def promote_canary(model: str, reason: str, actor: str = "cli", op_id: str | Non
     with registry_lock(model):
         version = current(model, "canary")
         if expected_version is not None and version is not None and version != version_id(expected_version):
-            raise PromotionError(f"{model}@canary is v{version}, not v{expected_version}: it was replaced after the "
-                                 "decision; nothing promoted")
+            raise PromotionError(
+                f"{model}@canary is v{version}, not v{expected_version}: it was replaced after the "
+                "decision; nothing promoted"
+            )
         if version is None:
             replay = replayed(model, op_id)
             if replay:
                 return replay
             raise PromotionError(f"{model} has no @canary to promote")
         check_promotable(model, version)
-        moved = move_alias(model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id,
-                           checked=True)
-        withdrawn = move_alias(model, "canary", None, kind="withdraw", reason=f"promoted to champion: {reason}",
-                               actor=actor, op_id=f"{op_id}/withdraw" if op_id else None)
+        moved = move_alias(
+            model, "champion", version, kind="promote", reason=reason, actor=actor, op_id=op_id, checked=True
+        )
+        withdrawn = move_alias(
+            model,
+            "canary",
+            None,
+            kind="withdraw",
+            reason=f"promoted to champion: {reason}",
+            actor=actor,
+            op_id=f"{op_id}/withdraw" if op_id else None,
+        )
     return {**moved, "withdrawn": withdrawn}
 
 
@@ -256,6 +305,11 @@ def previous_champion(model: str) -> str | None:
 def withdraw_canary(model: str, reason: str, actor: str = "cli", op_id: str | None = None) -> dict:
     """Stop the canary: @canary is removed; the champion keeps serving everyone."""
     if current(model, "canary") is None:
-        return replayed(model, op_id) or {"moved": False, "model": model, "alias": "canary", "from_version": None,
-                                           "to_version": None}
+        return replayed(model, op_id) or {
+            "moved": False,
+            "model": model,
+            "alias": "canary",
+            "from_version": None,
+            "to_version": None,
+        }
     return move_alias(model, "canary", None, kind="withdraw", reason=reason, actor=actor, op_id=op_id)

@@ -26,6 +26,7 @@ Who may be released is decided here too, from the version's tags (`release_refus
 passed, no person rejected it, the approval the policy asks for is recorded, the gate compared
 against the champion that serves now. Only an override (`override`) releases a rejected version.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -45,44 +46,68 @@ def _check(name: str, value, threshold, passed: bool, reason: str) -> dict:
 def _unmeasured(policy: GatePolicy, name: str, threshold, why: str) -> dict:
     if policy.is_optional(name):
         return _check(name, None, threshold, True, f"not measured: {why} (optional in the policy)")
-    return _check(name, None, threshold, False, f"not measured: {why}; an unmeasured check fails unless the "
-                                                "policy lists it in optional_checks")
+    return _check(
+        name,
+        None,
+        threshold,
+        False,
+        f"not measured: {why}; an unmeasured check fails unless the policy lists it in optional_checks",
+    )
 
 
 def base_check(base: dict) -> dict:
     """Base compatibility, the one definition (the gate, overrides and every alias move use it): the
     adapter's base fingerprint is recorded and equals the serving base's. `base` is `fingerprints(mv)`."""
     cand, serving = base.get("candidate") or "", base.get("serving") or ""
-    return _check("base_compatible", cand[:12], serving[:12], bool(cand) and cand == serving,
-                  "the adapter's base fingerprint must equal the serving base's")
+    return _check(
+        "base_compatible",
+        cand[:12],
+        serving[:12],
+        bool(cand) and cand == serving,
+        "the adapter's base fingerprint must equal the serving base's",
+    )
 
 
 def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
     cand, rep = evaluation["candidate"], evaluation.get("report") or {}
     out = []
     for attr, f in sorted((rep.get("fairness") or {}).items()):
-        for key, limit, what in (("demographic_parity_difference", policy.max_demographic_parity_gap,
-                                  "gap in mean pCTR between groups"),
-                                 ("equalized_odds_difference", policy.max_equalized_odds_gap,
-                                  "max TPR/FPR gap between groups at the serving threshold")):
+        for key, limit, what in (
+            ("demographic_parity_difference", policy.max_demographic_parity_gap, "gap in mean pCTR between groups"),
+            (
+                "equalized_odds_difference",
+                policy.max_equalized_odds_gap,
+                "max TPR/FPR gap between groups at the serving threshold",
+            ),
+        ):
             name = f"fairness_{'dp' if key.startswith('demographic') else 'eo'}[{attr}]"
             v = f.get(key)
-            out.append(_unmeasured(policy, name, limit, f"fewer than 2 {attr} groups with enough rows")
-                       if v is None else _check(name, v, limit, v <= limit, f"{what} ({attr}) must be <= {limit}"))
-    if not rep.get("fairness"):   # no report, or one without a single attribute: nothing was measured
-        out.append(_unmeasured(policy, "fairness", policy.max_demographic_parity_gap,
-                               "no fairness report in this evaluation"))
+            out.append(
+                _unmeasured(policy, name, limit, f"fewer than 2 {attr} groups with enough rows")
+                if v is None
+                else _check(name, v, limit, v <= limit, f"{what} ({attr}) must be <= {limit}")
+            )
+    if not rep.get("fairness"):  # no report, or one without a single attribute: nothing was measured
+        out.append(
+            _unmeasured(policy, "fairness", policy.max_demographic_parity_gap, "no fairness report in this evaluation")
+        )
     # Judged on one later day, the day's own click rate moves both models out of the band alike: there the
     # candidate fails only where the champion, on the same rows, stays in it (the logloss evidence weighs the rest).
     judged_day = "sequential" in evaluation and evaluation.get("champion") is not None
     out.append(_calibration(policy, cand, evaluation["champion"] if judged_day else None))
     # An empty latency sample gives no batch_32 entry (evaluation.latency.pyfunc_latency returns {}).
     p99 = ((evaluation.get("latency") or {}).get("batch_32") or {}).get("p99_ms")
-    out.append(_unmeasured(policy, "latency_p99_batch32_ms", policy.latency_budget_ms,
-                           "no latency sample in this evaluation")
-               if p99 is None else
-               _check("latency_p99_batch32_ms", p99, policy.latency_budget_ms, p99 <= policy.latency_budget_ms,
-                      "pyfunc p99 latency at batch 32 must fit the budget"))
+    out.append(
+        _unmeasured(policy, "latency_p99_batch32_ms", policy.latency_budget_ms, "no latency sample in this evaluation")
+        if p99 is None
+        else _check(
+            "latency_p99_batch32_ms",
+            p99,
+            policy.latency_budget_ms,
+            p99 <= policy.latency_budget_ms,
+            "pyfunc p99 latency at batch 32 must fit the budget",
+        )
+    )
     return out
 
 
@@ -93,26 +118,49 @@ def _calibration(policy: GatePolicy, cand: dict, champion: dict | None = None) -
         return _unmeasured(policy, "calibration", band, "no clicks in the holdout")
     theirs = (champion or {}).get("calibration_ratio")
     if champion is not None and theirs is not None and not band[0] <= theirs <= band[1]:
-        return _check("calibration", ratio, band, True, f"out of the band on this day for the champion as well "
-                      f"({theirs:.3f}): the day's click rate moved, not the candidate")
-    return _check("calibration", ratio, band, band[0] <= ratio <= band[1], "mean pCTR / observed CTR must lie in the band")
+        return _check(
+            "calibration",
+            ratio,
+            band,
+            True,
+            f"out of the band on this day for the champion as well "
+            f"({theirs:.3f}): the day's click rate moved, not the candidate",
+        )
+    return _check(
+        "calibration", ratio, band, band[0] <= ratio <= band[1], "mean pCTR / observed CTR must lie in the band"
+    )
 
 
 def _first_run(policy: GatePolicy, cand: dict) -> list[dict]:
     c_auc, c_ll = cand.get("auc"), cand.get("logloss")
-    return [_check("auc_floor", c_auc, policy.min_auc_first_run,
-                   c_auc is not None and c_auc >= policy.min_auc_first_run,
-                   "first run: no champion, absolute AUC floor applies"),
-            _check("logloss_ceiling", c_ll, policy.max_logloss_first_run,
-                   c_ll is not None and c_ll <= policy.max_logloss_first_run,
-                   "first run: no champion, absolute logloss ceiling applies")]
+    return [
+        _check(
+            "auc_floor",
+            c_auc,
+            policy.min_auc_first_run,
+            c_auc is not None and c_auc >= policy.min_auc_first_run,
+            "first run: no champion, absolute AUC floor applies",
+        ),
+        _check(
+            "logloss_ceiling",
+            c_ll,
+            policy.max_logloss_first_run,
+            c_ll is not None and c_ll <= policy.max_logloss_first_run,
+            "first run: no champion, absolute logloss ceiling applies",
+        ),
+    ]
 
 
 def _auc_floor(policy: GatePolicy, cand: dict) -> dict:
     c_auc = cand.get("auc")
-    return _check("auc_floor_every_run", c_auc, policy.min_auc, c_auc is not None and c_auc >= policy.min_auc,
-                  "candidate AUC on its holdout must reach the floor whatever the champion scores: below it the "
-                  "holdout or the model is broken (e.g. a day of flipped labels)")
+    return _check(
+        "auc_floor_every_run",
+        c_auc,
+        policy.min_auc,
+        c_auc is not None and c_auc >= policy.min_auc,
+        "candidate AUC on its holdout must reach the floor whatever the champion scores: below it the "
+        "holdout or the model is broken (e.g. a day of flipped labels)",
+    )
 
 
 def _non_inferiority(policy: GatePolicy, evaluation: dict) -> list[dict]:
@@ -120,12 +168,26 @@ def _non_inferiority(policy: GatePolicy, evaluation: dict) -> list[dict]:
     out = []
     c_auc, ch_auc = cand.get("auc"), champ.get("auc")
     floor = None if ch_auc is None else ch_auc - policy.auc_tolerance
-    out.append(_check("auc_non_inferiority", c_auc, floor, c_auc is not None and floor is not None and c_auc >= floor,
-                      f"candidate AUC must be >= champion v{v} AUC {ch_auc} - {policy.auc_tolerance}"))
+    out.append(
+        _check(
+            "auc_non_inferiority",
+            c_auc,
+            floor,
+            c_auc is not None and floor is not None and c_auc >= floor,
+            f"candidate AUC must be >= champion v{v} AUC {ch_auc} - {policy.auc_tolerance}",
+        )
+    )
     c_ll, ch_ll = cand.get("logloss"), champ.get("logloss")
     ceil = None if ch_ll is None else ch_ll + policy.logloss_tolerance
-    out.append(_check("logloss_non_inferiority", c_ll, ceil, c_ll is not None and ceil is not None and c_ll <= ceil,
-                      f"candidate logloss must be <= champion v{v} logloss {ch_ll} + {policy.logloss_tolerance}"))
+    out.append(
+        _check(
+            "logloss_non_inferiority",
+            c_ll,
+            ceil,
+            c_ll is not None and ceil is not None and c_ll <= ceil,
+            f"candidate logloss must be <= champion v{v} logloss {ch_ll} + {policy.logloss_tolerance}",
+        )
+    )
     return out
 
 
@@ -134,9 +196,17 @@ def _relative(policy: GatePolicy, evaluation: dict) -> list[dict]:
     if policy.superiority:
         d = evaluation.get("delong")
         ok = bool(d) and d["diff"] > 0 and d["p_value"] is not None and d["p_value"] < policy.superiority_alpha
-        out.append(_check("superiority_delong", None if not d else d["p_value"], policy.superiority_alpha, ok,
-                          "DeLong: AUC difference must be > 0 with p below alpha" if d else
-                          "DeLong test unavailable on this holdout: superiority cannot be shown"))
+        out.append(
+            _check(
+                "superiority_delong",
+                None if not d else d["p_value"],
+                policy.superiority_alpha,
+                ok,
+                "DeLong: AUC difference must be > 0 with p below alpha"
+                if d
+                else "DeLong test unavailable on this holdout: superiority cannot be shown",
+            )
+        )
     return out + _slots(policy, evaluation)
 
 
@@ -151,9 +221,11 @@ def _slots(policy: GatePolicy, evaluation: dict) -> list[dict]:
         a, b = (cand_slots.get(slot) or {}).get("auc"), (champ_slots.get(slot) or {}).get("auc")
         tol = policy.slot_tolerance(slot)
         name = f"slot_auc[{slot}]"
-        out.append(_unmeasured(policy, name, tol, "too few rows in this slot, or no AUC for it on one side")
-                   if a is None or b is None else
-                   _check(name, a, b - tol, a >= b - tol, f"slot {slot}: candidate AUC must be >= champion's - {tol}"))
+        out.append(
+            _unmeasured(policy, name, tol, "too few rows in this slot, or no AUC for it on one side")
+            if a is None or b is None
+            else _check(name, a, b - tol, a >= b - tol, f"slot {slot}: candidate AUC must be >= champion's - {tol}")
+        )
     return out
 
 
@@ -163,7 +235,7 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
     checks = [base_check(base)] if base is not None else []
     if champ is None:
         checks += _first_run(policy, cand)
-    elif "sequential" in evaluation:   # judged on the days after its window: the evidence replaces the tolerances
+    elif "sequential" in evaluation:  # judged on the days after its window: the evidence replaces the tolerances
         checks += [_auc_floor(policy, cand), _sequential(evaluation["sequential"])]
     else:
         checks += [_auc_floor(policy, cand), *_relative(policy, evaluation)]
@@ -176,9 +248,13 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
 def _sequential(seq: dict) -> dict:
     """The prequential verdict (promotion.sequential.decide over the days the candidate waited): passes on
     `release` only; its value is the lower bound on the mean per-row logloss gain over the champion."""
-    return _check("sequential_non_inferiority", seq.get("lower"), seq.get("bar"), seq.get("verdict") == "release",
-                  f"{seq.get('verdict')} after {seq.get('n')} judged rows over {seq.get('days')} day(s): "
-                  f"{seq.get('reason')}")
+    return _check(
+        "sequential_non_inferiority",
+        seq.get("lower"),
+        seq.get("bar"),
+        seq.get("verdict") == "release",
+        f"{seq.get('verdict')} after {seq.get('n')} judged rows over {seq.get('days')} day(s): {seq.get('reason')}",
+    )
 
 
 def _interference(policy: GatePolicy, evaluation: dict) -> dict:
@@ -187,16 +263,32 @@ def _interference(policy: GatePolicy, evaluation: dict) -> dict:
     inter, bound = evaluation.get("interference") or {}, policy.max_interference_cos
     value, compared = inter.get("max_abs_cos"), inter.get("compared")
     if inter.get("bounded") is False:
-        return _check("interference", value, bound, True, "a cold-start student is distilled from the slot champions: "
-                      "aligned with them by construction, not bounded")
+        return _check(
+            "interference",
+            value,
+            bound,
+            True,
+            "a cold-start student is distilled from the slot champions: aligned with them by construction, not bounded",
+        )
     if value is None and compared is None:
         return _unmeasured(policy, "interference", bound, "no interference measurement in this evaluation")
     if value is None:
-        return _check("interference", None, bound, True,
-                      "no sibling champion to interfere with" if compared == 0 else
-                      "no pair of non-zero LoRA updates (an id-rows-only adapter, or untrained)")
-    return _check("interference", value, bound, value <= bound,
-                  f"largest |cos| with the other slots' champions ({inter.get('module')}) must be <= {bound}")
+        return _check(
+            "interference",
+            None,
+            bound,
+            True,
+            "no sibling champion to interfere with"
+            if compared == 0
+            else "no pair of non-zero LoRA updates (an id-rows-only adapter, or untrained)",
+        )
+    return _check(
+        "interference",
+        value,
+        bound,
+        value <= bound,
+        f"largest |cos| with the other slots' champions ({inter.get('module')}) must be <= {bound}",
+    )
 
 
 def decide_base(policy: GatePolicy, evaluation: dict) -> dict:
@@ -205,28 +297,38 @@ def decide_base(policy: GatePolicy, evaluation: dict) -> dict:
     Fairness, latency, per-slot AUC and DeLong superiority are judged on what serves users, the
     adapters: each one retrained on this base passes the full gate before it serves."""
     cand, champ = evaluation["candidate"], evaluation.get("champion")
-    checks = (_first_run(policy, cand) if champ is None else
-              [_auc_floor(policy, cand), *_non_inferiority(policy, evaluation)])
+    checks = (
+        _first_run(policy, cand) if champ is None else [_auc_floor(policy, cand), *_non_inferiority(policy, evaluation)]
+    )
     return {**_decision(policy, evaluation, [*checks, _calibration(policy, cand)]), "kind": "base"}
 
 
 def _decision(policy: GatePolicy, evaluation: dict, checks: list[dict]) -> dict:
-    return {"passed": all(c["passed"] for c in checks), "first_run": evaluation.get("champion") is None,
-            "champion_version": evaluation.get("champion_version"), "checks": checks, "policy": to_dict(policy)}
+    return {
+        "passed": all(c["passed"] for c in checks),
+        "first_run": evaluation.get("champion") is None,
+        "champion_version": evaluation.get("champion_version"),
+        "checks": checks,
+        "policy": to_dict(policy),
+    }
 
 
 def format_table(decision: dict) -> str:
-    from pipelines.metrics import check_result   # here: gate.py stays import-light (sklearn)
+    from pipelines.metrics import check_result  # here: gate.py stays import-light (sklearn)
 
     def fmt(v):
         return f"{v:.5f}" if isinstance(v, float) else ("-" if v is None else str(v))
 
     rows = [("check", "value", "threshold", "result", "reason")]
-    rows += [(c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c), c["reason"]) for c in decision["checks"]]
+    rows += [
+        (c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c), c["reason"]) for c in decision["checks"]
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
     verdict = "PASSED" if decision["passed"] else "REJECTED"
-    head = f"gate {verdict}" + (" (first run: no champion yet, absolute thresholds only)" if decision["first_run"] else "")
+    head = f"gate {verdict}" + (
+        " (first run: no champion yet, absolute thresholds only)" if decision["first_run"] else ""
+    )
     if decision.get("override"):
         o = decision["override"]
         head += f" — OVERRIDDEN by {o['actor']}: {o['reason']}"
@@ -239,7 +341,10 @@ def fingerprints(mv) -> dict:
     from pipelines.registry import mlflow_io
 
     serving = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
-    return {"candidate": mv.tags.get("base.fingerprint"), "serving": serving.tags.get("fingerprint") if serving else None}
+    return {
+        "candidate": mv.tags.get("base.fingerprint"),
+        "serving": serving.tags.get("fingerprint") if serving else None,
+    }
 
 
 def record(model: str, version: str, decision: dict, evaluation: dict | None, mv=None) -> None:
@@ -249,7 +354,7 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None, mv
 
     c = mlflow_io.client()
     mv = mlflow_io.get_version(model, version) if mv is None else mv
-    if decision.get("override"):   # the gate's own verdict stays as it was; the override sits beside it
+    if decision.get("override"):  # the gate's own verdict stays as it was; the override sits beside it
         c.set_model_version_tag(model, version, "gate.override", json.dumps(decision["override"]))
     else:
         # An approval answers one gate decision: a new decision needs a new one (a rejection stays).
@@ -259,10 +364,15 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None, mv
         c.set_model_version_tag(model, version, "gate.first_run", str(decision["first_run"]).lower())
         # What the release checks: the champion compared against (stale gate) and the approval rule then.
         c.set_model_version_tag(model, version, GATE_CHAMPION_TAG, decision.get("champion_version") or "")
-        c.set_model_version_tag(model, version, APPROVAL_REQUIRED_TAG,
-                                str(bool((decision.get("policy") or {}).get("approval"))).lower())
-        c.set_model_version_tag(model, version, "gate.checks", json.dumps(
-            [{k: ch[k] for k in ("name", "value", "passed")} for ch in decision["checks"]])[:5000])
+        c.set_model_version_tag(
+            model, version, APPROVAL_REQUIRED_TAG, str(bool((decision.get("policy") or {}).get("approval"))).lower()
+        )
+        c.set_model_version_tag(
+            model,
+            version,
+            "gate.checks",
+            json.dumps([{k: ch[k] for k in ("name", "value", "passed")} for ch in decision["checks"]])[:5000],
+        )
     if mv.run_id:
         import tempfile
         from pathlib import Path
@@ -271,7 +381,7 @@ def record(model: str, version: str, decision: dict, evaluation: dict | None, mv
 
         suffix = "_override" if decision.get("override") else ""
         c.log_dict(mv.run_id, decision, f"gate/decision_v{version}{suffix}.json")
-        with tempfile.TemporaryDirectory() as tmp:   # the same record as a picture, for the MLflow UI
+        with tempfile.TemporaryDirectory() as tmp:  # the same record as a picture, for the MLflow UI
             c.log_artifact(mv.run_id, plot_gate(decision, Path(tmp) / f"decision_v{version}{suffix}.png"), "gate")
     log.info("%s v%s\n%s", model, version, format_table(decision))
     model_card.publish(model, version, evaluation=evaluation, decision=decision)
@@ -288,8 +398,11 @@ def _show_verdict(model: str, version: str, decision: dict, mv) -> None:
     else:
         failed = [ch["name"] for ch in decision["checks"] if not ch.get("passed")]
         against = decision.get("champion_version")
-        description.reject(model, version, f"gate: {', '.join(failed) or 'failed'} failed"
-                           + (f" against v{against}" if against else ""))
+        description.reject(
+            model,
+            version,
+            f"gate: {', '.join(failed) or 'failed'} failed" + (f" against v{against}" if against else ""),
+        )
     description.publish(model)
 
 
@@ -299,10 +412,13 @@ def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: s
 
     from pipelines.registry.integrity import FINGERPRINT_TAG
 
-    mv = mlflow_io.get_version(model, version)   # once: for its base fingerprint and its training run
+    mv = mlflow_io.get_version(model, version)  # once: for its base fingerprint and its training run
     # A base model records its own fingerprint; an adapter, the base's it was trained on.
-    decision = (decide_base(policy, evaluation) if mv.tags.get(FINGERPRINT_TAG) else
-                decide(policy, evaluation, base=fingerprints(mv)))
+    decision = (
+        decide_base(policy, evaluation)
+        if mv.tags.get(FINGERPRINT_TAG)
+        else decide(policy, evaluation, base=fingerprints(mv))
+    )
     decision.update(model=model, version=version, decided_by=actor)
     record(model, version, decision, evaluation, mv=mv)
     return decision
@@ -319,29 +435,46 @@ def override(model: str, version: str, reason: str, actor: str) -> dict:
 
     mv = mlflow_io.get_version(model, version)
     # A base model records its own fingerprint: there is no base under it to be compatible with.
-    base = (_check("base_compatible", None, None, True, "a base model") if mv.tags.get(FINGERPRINT_TAG) else
-            base_check(fingerprints(mv)))
+    base = (
+        _check("base_compatible", None, None, True, "a base model")
+        if mv.tags.get(FINGERPRINT_TAG)
+        else base_check(fingerprints(mv))
+    )
     if not base["passed"]:
-        raise PromotionError(f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
-                             f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check")
+        raise PromotionError(
+            f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
+            f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check"
+        )
     checks = json.loads(mv.tags.get("gate.checks") or "[]")
     approval = approval_of(mv.tags)
-    decision = {"passed": True, "first_run": mv.tags.get("gate.first_run") == "true",
-                "champion_version": None, "model": model, "version": version,
-                "checks": [base] + [{**c, "threshold": None, "reason": "original gate result (overridden)"}
-                                    for c in checks if c.get("name") != "base_compatible"],
-                "override": {"actor": actor, "reason": reason.strip(),
-                             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                             "failed_checks": [c["name"] for c in checks if not c.get("passed")],
-                             # the person's "no" this override goes against, kept beside it
-                             "rejection": approval if (approval or {}).get("answer") != "Approve" else None}}
+    decision = {
+        "passed": True,
+        "first_run": mv.tags.get("gate.first_run") == "true",
+        "champion_version": None,
+        "model": model,
+        "version": version,
+        "checks": [base]
+        + [
+            {**c, "threshold": None, "reason": "original gate result (overridden)"}
+            for c in checks
+            if c.get("name") != "base_compatible"
+        ],
+        "override": {
+            "actor": actor,
+            "reason": reason.strip(),
+            "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "failed_checks": [c["name"] for c in checks if not c.get("passed")],
+            # the person's "no" this override goes against, kept beside it
+            "rejection": approval if (approval or {}).get("answer") != "Approve" else None,
+        },
+    }
     record(model, version, decision, None, mv=mv)
     return decision
 
 
 # ----------------------------------------------------------------------------- who may be released
-APPROVAL_TAG = "release.approval"            # a person's answer, JSON: answer, by, at, task
-APPROVAL_REQUIRED_TAG = "gate.approval_required"   # the policy's `approval` when the gate decided
+APPROVAL_TAG = "release.approval"  # a person's answer, JSON: answer, by, at, task
+APPROVAL_REQUIRED_TAG = "gate.approval_required"  # the policy's `approval` when the gate decided
 GATE_CHAMPION_TAG = "gate.champion_version"  # the champion the gate compared against ("" = none)
 
 
@@ -369,29 +502,37 @@ def release_refusal(tags: dict, *, require_approval: bool = False) -> str | None
         return f"never passed its gate (gate.passed={tags.get('gate.passed', 'missing')}, no override)"
     approval = approval_of(tags)
     if approval and approval["answer"] == "Reject":
-        return (f"was rejected by {approval['by']} at {approval['at']}: only an override (a named person and a "
-                "reason, recorded beside the rejection) can release it")
-    if (require_approval or tags.get(APPROVAL_REQUIRED_TAG) == "true") and not (approval and
-                                                                               approval["answer"] == "Approve"):
-        return ("needs a recorded approval (gate policy `approval: true`) and has "
-                + ("an unreadable one" if approval else "none") + ": answer its approve_release step (Airflow) "
-                "or `python -m pipelines approve`")
+        return (
+            f"was rejected by {approval['by']} at {approval['at']}: only an override (a named person and a "
+            "reason, recorded beside the rejection) can release it"
+        )
+    if (require_approval or tags.get(APPROVAL_REQUIRED_TAG) == "true") and not (
+        approval and approval["answer"] == "Approve"
+    ):
+        return (
+            "needs a recorded approval (gate policy `approval: true`) and has "
+            + ("an unreadable one" if approval else "none")
+            + ": answer its approve_release step (Airflow) "
+            "or `python -m pipelines approve`"
+        )
     return None
 
 
 def stale_refusal(tags: dict, version: str, champion: str | None) -> str | None:
-    """"stale gate" when the champion serving now is not the one the gate compared against (approval can
+    """ "stale gate" when the champion serving now is not the one the gate compared against (approval can
     take hours; a gate against another champion says nothing about this one). None when it still is, or
     when the version is the champion already (nothing moves)."""
     if champion == version:
         return None
     if GATE_CHAMPION_TAG in tags:
         gated = tags[GATE_CHAMPION_TAG]
-    else:   # gated before the tag existed: the evaluation's champion, which the gate compared against
+    else:  # gated before the tag existed: the evaluation's champion, which the gate compared against
         gated = tags.get("eval.champion_version")
     if gated is None:
         return "stale gate: re-evaluate (the version does not record which champion its gate compared against)"
     if (gated or None) != champion:
-        return (f"stale gate: re-evaluate (the gate compared against champion {f'v{gated}' if gated else 'none'}, "
-                f"the champion is now {f'v{champion}' if champion else 'none'})")
+        return (
+            f"stale gate: re-evaluate (the gate compared against champion {f'v{gated}' if gated else 'none'}, "
+            f"the champion is now {f'v{champion}' if champion else 'none'})"
+        )
     return None

@@ -11,6 +11,7 @@ A query whose result is empty or NaN yields no value (no traffic is not an error
 fails, times out, or returns a non-success or malformed answer raises LiveMetricsError naming the
 URL and the query. The monitor treats that as "no live metrics this window", never as a bad window.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -28,8 +29,10 @@ from pipelines.errors import ConfigError, PipelineError
 # What a click-event exporter is expected to expose per served version (counters labelled model and
 # version). The serving process itself only exports latency and swap counters (pipelines.serving.metrics).
 DEFAULT_QUERIES: dict[str, str] = {
-    "live_ctr": ('sum(increase(ctr_clicks_total{model="{model}",version="{version}"}[1d]))'
-                 ' / sum(increase(ctr_impressions_total{model="{model}",version="{version}"}[1d]))'),
+    "live_ctr": (
+        'sum(increase(ctr_clicks_total{model="{model}",version="{version}"}[1d]))'
+        ' / sum(increase(ctr_impressions_total{model="{model}",version="{version}"}[1d]))'
+    ),
     "live_impressions": 'sum(increase(ctr_impressions_total{model="{model}",version="{version}"}[1d]))',
 }
 PLACEHOLDERS = ("{model}", "{version}", "{day}")

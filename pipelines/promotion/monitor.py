@@ -15,6 +15,7 @@ stays below its reference (the holdout AUC at registration, or the live CTR of i
 Canary moves are made here (deterministic op ids: a re-run moves nothing twice); reverts are
 returned for the DAG's revert operator, or made here with `apply_reverts=True` (CLI path).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,15 @@ from dataclasses import replace
 
 from pipelines.config import GatePolicy, PipelineConfig
 from pipelines.errors import ConfigError, LakeError, PipelineError
-from pipelines.promotion.monitor_decisions import (REVERT_KEYS, Decision, Window, canary_decision, ordered,
-                                                   reference_value, revert_decision)
+from pipelines.promotion.monitor_decisions import (
+    REVERT_KEYS,
+    Decision,
+    Window,
+    canary_decision,
+    ordered,
+    reference_value,
+    revert_decision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +51,23 @@ def load_windows(model: str) -> list[Window]:
 
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:
         return []
-    runs = mlflow.search_runs(experiment_names=[EXPERIMENT], filter_string=f"tags.model = '{model}'",
-                              output_format="list", max_results=50000)
-    return ordered(Window(model=model, alias=r.data.tags.get("alias", ""), version=r.data.tags.get("version", ""),
-                          day=r.data.tags.get("day", ""), metrics=_metrics(r.data.metrics),
-                          champion_version=r.data.tags.get("champion_version", ""), order=int(r.info.start_time),
-                          run_id=r.info.run_id, sha256=r.data.tags.get("data.sha256", "")) for r in runs)
+    runs = mlflow.search_runs(
+        experiment_names=[EXPERIMENT], filter_string=f"tags.model = '{model}'", output_format="list", max_results=50000
+    )
+    return ordered(
+        Window(
+            model=model,
+            alias=r.data.tags.get("alias", ""),
+            version=r.data.tags.get("version", ""),
+            day=r.data.tags.get("day", ""),
+            metrics=_metrics(r.data.metrics),
+            champion_version=r.data.tags.get("champion_version", ""),
+            order=int(r.info.start_time),
+            run_id=r.info.run_id,
+            sha256=r.data.tags.get("data.sha256", ""),
+        )
+        for r in runs
+    )
 
 
 def record_window(w: Window) -> Window:
@@ -59,10 +78,17 @@ def record_window(w: Window) -> Window:
     from pipelines.registry import mlflow_io
 
     c = mlflow_io.client()
-    tags = {"model": w.model, "alias": w.alias, "version": w.version, "day": w.day, "data.sha256": w.sha256,
-            "champion_version": w.champion_version}
-    run = c.create_run(mlflow_io.ensure_experiment(EXPERIMENT), tags=tags,
-                       run_name=f"{w.model}@{w.alias} v{w.version} dt={w.day}")
+    tags = {
+        "model": w.model,
+        "alias": w.alias,
+        "version": w.version,
+        "day": w.day,
+        "data.sha256": w.sha256,
+        "champion_version": w.champion_version,
+    }
+    run = c.create_run(
+        mlflow_io.ensure_experiment(EXPERIMENT), tags=tags, run_name=f"{w.model}@{w.alias} v{w.version} dt={w.day}"
+    )
     now = int(time.time() * 1000)
     c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in w.metrics.items() if v is not None])
     c.set_terminated(run.info.run_id)
@@ -74,7 +100,7 @@ def _live(live, model: str, version: str, day: str) -> dict:
         return {}
     try:
         got = live.window_metrics(model, version, day) or {}
-    except Exception as exc:   # an outside system: its failure is "no live metrics", never a bad window
+    except Exception as exc:  # an outside system: its failure is "no live metrics", never a bad window
         log.warning("no live metrics for %s v%s dt=%s: %s: %s", model, version, day, type(exc).__name__, exc)
         return {}
     return {(k if k.startswith("live_") else f"live_{k}"): float(v) for k, v in got.items() if v is not None}
@@ -95,8 +121,18 @@ class Scorer:
         return predict_pctr(self._models[model, version], rows)
 
 
-def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[Window], live, scorer: Scorer,
-           champion_version: str = "") -> tuple[Window | None, str]:
+def window(
+    model: str,
+    alias: str,
+    mv,
+    day: str,
+    rows,
+    sha256: str,
+    past: list[Window],
+    live,
+    scorer: Scorer,
+    champion_version: str = "",
+) -> tuple[Window | None, str]:
     """The window of `mv` on `day`: found (a version is scored once per day, in the role it had then),
     or scored and recorded as model@alias; (None, why) when the day is in-sample for it."""
     from pipelines.metrics import summary
@@ -110,8 +146,15 @@ def window(model: str, alias: str, mv, day: str, rows, sha256: str, past: list[W
     y = rows["label"].to_numpy(dtype="float64")
     s = summary(y, scorer.predict(model, version, rows))
     metrics = {**{k: s[k] for k in WINDOW_METRICS}, **_live(live, model, version, day)}
-    w = Window(model=model, alias=alias, version=version, day=day, metrics=metrics,
-               champion_version=champion_version, sha256=sha256)
+    w = Window(
+        model=model,
+        alias=alias,
+        version=version,
+        day=day,
+        metrics=metrics,
+        champion_version=champion_version,
+        sha256=sha256,
+    )
     return record_window(w), "scored"
 
 
@@ -146,20 +189,34 @@ def usable_partition(lake, day: str):
     except LakeError as exc:
         return None, f"dt={day} is not readable: {exc}"
     if marker.get("sha256") != part.sha256:
-        return None, (f"dt={day} changed since it was validated (sha256 {str(marker.get('sha256'))[:12]} -> "
-                      f"{part.sha256[:12]}): validate it again")
+        return None, (
+            f"dt={day} changed since it was validated (sha256 {str(marker.get('sha256'))[:12]} -> "
+            f"{part.sha256[:12]}): validate it again"
+        )
     return part, ""
 
 
-def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePolicy, live, actor: str,
-                  scorer: Scorer) -> dict:
+def monitor_model(
+    model: str, slot: str | None, part, day: str, policy: GatePolicy, live, actor: str, scorer: Scorer
+) -> dict:
     from pipelines.promotion import aliases
     from pipelines.registry.lock import registry_lock
     from pipelines.registry import mlflow_io
 
-    out: dict = {"model": model, "slot": slot, "day": day, "champion": None, "canary": None, "windows": {},
-                 "skipped": {}, "reference": None, "canary_decision": None, "revert_decision": None,
-                 "revert": None, "moves": []}
+    out: dict = {
+        "model": model,
+        "slot": slot,
+        "day": day,
+        "champion": None,
+        "canary": None,
+        "windows": {},
+        "skipped": {},
+        "reference": None,
+        "canary_decision": None,
+        "revert_decision": None,
+        "revert": None,
+        "moves": [],
+    }
     champion = mlflow_io.version_by_alias(model, "champion")
     if champion is None:
         out["skipped"]["model"] = f"{model} has no @champion"
@@ -173,8 +230,9 @@ def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePoli
     # Serialises two monitors of one model (find-or-record, then decide) without blocking alias moves.
     with registry_lock(f"{EXPERIMENT}:{model}"):
         past = drop_stale(load_windows(model), day, part.sha256)
-        scored = [("champion", champion, "")] + ([("canary", canary, out["champion"])]
-                                                 if canary and out["canary"] != out["champion"] else [])
+        scored = [("champion", champion, "")] + (
+            [("canary", canary, out["champion"])] if canary and out["canary"] != out["champion"] else []
+        )
         for alias, mv, vs in scored:
             w, why = window(model, alias, mv, day, rows, part.sha256, past, live, scorer, champion_version=vs)
             if w is None:
@@ -199,15 +257,26 @@ def monitor_model(model: str, slot: str | None, part, day: str, policy: GatePoli
     out["canary_decision"] = can.to_dict()
     op = f"monitor/{model}/{day}/{can.action}-canary/v{out['canary']}"
     if can.action == "promote":
-        out["moves"].append(aliases.promote_canary(model, reason=f"monitor: {can.reason}", actor=actor, op_id=op,
-                                                   expected_version=out["canary"]))
+        out["moves"].append(
+            aliases.promote_canary(
+                model, reason=f"monitor: {can.reason}", actor=actor, op_id=op, expected_version=out["canary"]
+            )
+        )
     elif can.action == "withdraw":
         out["moves"].append(aliases.withdraw_canary(model, reason=f"monitor: {can.reason}", actor=actor, op_id=op))
     return out
 
 
-def monitor_day(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, *, live=None,
-                actor: str = ACTOR, apply_reverts: bool = False) -> dict:
+def monitor_day(
+    cfg: PipelineConfig,
+    policy: GatePolicy,
+    lake_uri: str,
+    day: str,
+    *,
+    live=None,
+    actor: str = ACTOR,
+    apply_reverts: bool = False,
+) -> dict:
     """Score, record and decide for every monitored model on the labelled partition of `day`.
 
     Returns a JSON-safe dict: per model its windows, skips, decisions and moves; `reverts` (the
@@ -220,11 +289,21 @@ def monitor_day(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str
     from pipelines.promotion import aliases
 
     if policy.revert_metric == "ctr" and live is None:
-        raise ConfigError("gate.revert_metric is 'ctr' (the live CTR of a version) but no live-metrics source is "
-                          "configured (gate.live_metrics_url is empty); labelled partitions cannot measure it. "
-                          "Set gate.live_metrics_url or use revert_metric: auc")
-    result: dict = {"day": day, "lake": lake_uri, "partition": None, "skipped": None, "models": [], "reverts": [],
-                    "applied_reverts": [], "errors": []}
+        raise ConfigError(
+            "gate.revert_metric is 'ctr' (the live CTR of a version) but no live-metrics source is "
+            "configured (gate.live_metrics_url is empty); labelled partitions cannot measure it. "
+            "Set gate.live_metrics_url or use revert_metric: auc"
+        )
+    result: dict = {
+        "day": day,
+        "lake": lake_uri,
+        "partition": None,
+        "skipped": None,
+        "models": [],
+        "reverts": [],
+        "applied_reverts": [],
+        "errors": [],
+    }
     part, why = usable_partition(Lake(lake_uri), day)
     if part is None:
         result["skipped"] = why
@@ -235,7 +314,7 @@ def monitor_day(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str
     for model, slot in monitored_models(cfg):
         try:
             out = monitor_model(model, slot, part, day, policy, live, actor, scorer)
-        except (PipelineError, MlflowException) as exc:   # one broken model must not blind the others
+        except (PipelineError, MlflowException) as exc:  # one broken model must not blind the others
             log.error("monitor dt=%s: %s could not be monitored: %s", day, model, exc)
             result["errors"].append({"model": model, "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -245,8 +324,13 @@ def monitor_day(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str
     if apply_reverts:
         for r in result["reverts"]:
             try:
-                move = aliases.revert(r["model"], reason=r["reason"], to_version=r["to_version"], actor=actor,
-                                      op_id=f"monitor/{r['model']}/{day}/revert-to/v{r['to_version']}")
+                move = aliases.revert(
+                    r["model"],
+                    reason=r["reason"],
+                    to_version=r["to_version"],
+                    actor=actor,
+                    op_id=f"monitor/{r['model']}/{day}/revert-to/v{r['to_version']}",
+                )
                 result["applied_reverts"].append(move)
             except PipelineError as exc:
                 result["errors"].append({"model": r["model"], "error": f"revert refused: {exc}"})
@@ -262,10 +346,14 @@ def monitor_days(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, days: l
     results = [monitor_day(cfg, policy, lake_uri, d, **kwargs) for d in sorted(set(days))]
     if len(results) == 1:
         return results[0]
-    merged = {**results[-1], "days": [r["day"] for r in results], "reverts": [],
-              "models": [m for r in results for m in r["models"]],
-              "applied_reverts": [m for r in results for m in r["applied_reverts"]],
-              "errors": [e for r in results for e in r["errors"]]}
+    merged = {
+        **results[-1],
+        "days": [r["day"] for r in results],
+        "reverts": [],
+        "models": [m for r in results for m in r["models"]],
+        "applied_reverts": [m for r in results for m in r["applied_reverts"]],
+        "errors": [e for r in results for e in r["errors"]],
+    }
     for revert in (rv for r in results for rv in r["reverts"]):
         if revert["model"] not in {x["model"] for x in merged["reverts"]}:
             merged["reverts"].append(revert)
@@ -283,10 +371,22 @@ def format_table(result: dict) -> str:
     for m in result["models"]:
         ch, ca = m["windows"].get("champion") or {}, m["windows"].get("canary") or {}
         cd, rd = m["canary_decision"] or {}, m["revert_decision"] or {}
-        why = "; ".join(filter(None, [*(f"{k}: {v}" for k, v in m["skipped"].items()), cd.get("reason"),
-                                      rd.get("reason")]))
-        lines.append([m["model"], _fmt(m["champion"]), _fmt(m["canary"]), _fmt(ch.get("rows")), _fmt(ch.get("auc")),
-                      _fmt(ca.get("auc")), cd.get("action", "-"), rd.get("action", "-"), why])
+        why = "; ".join(
+            filter(None, [*(f"{k}: {v}" for k, v in m["skipped"].items()), cd.get("reason"), rd.get("reason")])
+        )
+        lines.append(
+            [
+                m["model"],
+                _fmt(m["champion"]),
+                _fmt(m["canary"]),
+                _fmt(ch.get("rows")),
+                _fmt(ch.get("auc")),
+                _fmt(ca.get("auc")),
+                cd.get("action", "-"),
+                rd.get("action", "-"),
+                why,
+            ]
+        )
     lines += [[e["model"], "-", "-", "-", "-", "-", "error", "-", e["error"]] for e in result["errors"]]
     widths = [max(len(r[i]) for r in lines) for i in range(len(head) - 1)]
     return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in lines)

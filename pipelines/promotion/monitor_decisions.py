@@ -12,6 +12,7 @@
   error. A window without the metric (live source down, one class) neither counts nor breaks a
   streak. A revert due holds the canary's decision (its pair restarts with the restored champion).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,16 @@ REVERT_KEYS = {"auc": "auc", "ctr": "live_ctr"}
 @dataclass(frozen=True)
 class Window:
     """model@alias (version) scored on the labelled rows of `day`; a metric that is None is unknown."""
+
     model: str
-    alias: str                      # "champion" | "canary"
+    alias: str  # "champion" | "canary"
     version: str
     day: str
     metrics: dict = field(default_factory=dict)
-    champion_version: str = ""      # canary windows: the champion scored on the same rows
-    order: int = 0                  # when it was recorded (ms): orders two windows of one day
+    champion_version: str = ""  # canary windows: the champion scored on the same rows
+    order: int = 0  # when it was recorded (ms): orders two windows of one day
     run_id: str = ""
-    sha256: str = ""                # content hash of the partition it was scored on
+    sha256: str = ""  # content hash of the partition it was scored on
 
     def value(self, key: str) -> float | None:
         v = self.metrics.get(key)
@@ -44,9 +46,9 @@ class Window:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str                     # canary: promote | withdraw | wait; revert: revert | keep
+    action: str  # canary: promote | withdraw | wait; revert: revert | keep
     reason: str
-    days: tuple[str, ...] = ()      # the windows the decision rests on
+    days: tuple[str, ...] = ()  # the windows the decision rests on
 
     def to_dict(self) -> dict:
         return {"action": self.action, "reason": self.reason, "days": list(self.days)}
@@ -77,11 +79,15 @@ def _tail(items: list, keep) -> list:
         if not keep(x):
             break
         n += 1
-    return items[len(items) - n:]
+    return items[len(items) - n :]
 
 
-def canary_decision(windows: Iterable[Window], policy: GatePolicy, canary_version: str | None = None,
-                    champion_version: str | None = None) -> Decision:
+def canary_decision(
+    windows: Iterable[Window],
+    policy: GatePolicy,
+    canary_version: str | None = None,
+    champion_version: str | None = None,
+) -> Decision:
     """promote / withdraw / wait for the current pair (default: the latest paired window's)."""
     pairs = [p for p in canary_pairs(windows) if canary_version is None or p[0].version == str(canary_version)]
     pairs = [p for p in pairs if champion_version is None or p[1].version == str(champion_version)]
@@ -94,20 +100,30 @@ def canary_decision(windows: Iterable[Window], policy: GatePolicy, canary_versio
     healthy = _tail(run, lambda p: p[0].value("auc") >= p[1].value("auc") - tol)
     if not healthy:
         c, ch = run[-1]
-        return Decision("withdraw", f"canary v{cv} AUC {c.value('auc'):.4f} < champion v{chv} AUC "
-                                    f"{ch.value('auc'):.4f} - tolerance {tol:g} on dt={c.day}", (c.day,))
+        return Decision(
+            "withdraw",
+            f"canary v{cv} AUC {c.value('auc'):.4f} < champion v{chv} AUC "
+            f"{ch.value('auc'):.4f} - tolerance {tol:g} on dt={c.day}",
+            (c.day,),
+        )
     shown = healthy[-need:]
     evidence = ", ".join(f"dt={c.day} {c.value('auc'):.4f} vs {ch.value('auc'):.4f}" for c, ch in shown)
     days = tuple(c.day for c, _ in shown)
     if len(healthy) >= need:
-        return Decision("promote", f"canary v{cv} AUC >= champion v{chv} AUC - {tol:g} in {need} consecutive "
-                                   f"windows (canary vs champion): {evidence}", days)
-    return Decision("wait", f"{len(healthy)}/{need} healthy windows of canary v{cv} vs champion v{chv}: {evidence}",
-                    days)
+        return Decision(
+            "promote",
+            f"canary v{cv} AUC >= champion v{chv} AUC - {tol:g} in {need} consecutive "
+            f"windows (canary vs champion): {evidence}",
+            days,
+        )
+    return Decision(
+        "wait", f"{len(healthy)}/{need} healthy windows of canary v{cv} vs champion v{chv}: {evidence}", days
+    )
 
 
-def revert_decision(windows: Iterable[Window], reference: float | None, policy: GatePolicy,
-                    version: str | None = None) -> Decision:
+def revert_decision(
+    windows: Iterable[Window], reference: float | None, policy: GatePolicy, version: str | None = None
+) -> Decision:
     """revert when the champion's metric is below reference x (1 - revert_drop) in each of its last
     `revert_windows` measured windows since it became champion; else keep."""
     key, k = REVERT_KEYS[policy.revert_metric], policy.revert_windows
@@ -124,14 +140,18 @@ def revert_decision(windows: Iterable[Window], reference: float | None, policy: 
     bad = _tail(measured, lambda m: m[1] < floor)
     where = f"champion v{version} {key} below {floor:.4f} (= reference {reference:.4f} x (1 - {policy.revert_drop:g}))"
     if len(bad) >= k:
-        return Decision("revert", f"{where} in {k} consecutive windows: "
-                        + ", ".join(f"dt={w.day} {v:.4f}" for w, v in bad[-k:]), tuple(w.day for w, _ in bad[-k:]))
+        return Decision(
+            "revert",
+            f"{where} in {k} consecutive windows: " + ", ".join(f"dt={w.day} {v:.4f}" for w, v in bad[-k:]),
+            tuple(w.day for w, _ in bad[-k:]),
+        )
     latest = f"; latest: dt={measured[-1][0].day} {measured[-1][1]:.4f}" if measured else ""
     return Decision("keep", f"{len(bad)}/{k} windows {where}{latest}")
 
 
-def reference_value(policy: GatePolicy, version_tags: dict, windows: Iterable[Window], version: str
-                    ) -> tuple[float | None, str]:
+def reference_value(
+    policy: GatePolicy, version_tags: dict, windows: Iterable[Window], version: str
+) -> tuple[float | None, str]:
     """(reference of the revert metric for `version`, where it comes from)."""
     key = REVERT_KEYS[policy.revert_metric]
     if key == "auc":
@@ -140,7 +160,7 @@ def reference_value(policy: GatePolicy, version_tags: dict, windows: Iterable[Wi
             if auc is not None and math.isfinite(float(auc)):
                 return float(auc), "eval.candidate (holdout AUC at registration)"
         except (TypeError, KeyError, ValueError):
-            pass   # tag missing or not the registration's JSON: fall back to the first window
+            pass  # tag missing or not the registration's JSON: fall back to the first window
     first = next((w for w in ordered(windows) if w.version == str(version) and w.value(key) is not None), None)
     if first is None:
         return None, "none yet"

@@ -25,6 +25,7 @@ fresh as an ungated release, and still judged on rows it never trained on.
 A champion that changes while a candidate waits restarts its evidence: differences against another model do
 not add up. With no champion yet, the first candidate's first judged day decides it on the first-run checks.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,8 @@ from pipelines.promotion import gate, sequential
 log = logging.getLogger(__name__)
 
 STATE_TAG, EVIDENCE_TAG = "judge.state", "judge.evidence"
-REPLACED_TAG = "judge.replaced"   # on a successor: the champion it was released to replace
-READY_FILE = "evaluation.json"   # the evaluation a ready candidate is gated on, under judge/<day>/ of its run
+REPLACED_TAG = "judge.replaced"  # on a successor: the champion it was released to replace
+READY_FILE = "evaluation.json"  # the evaluation a ready candidate is gated on, under judge/<day>/ of its run
 # waiting -> release (ready for the gate-and-release step) | reject | superseded (a newer ready one went)
 WAITING = "waiting"
 
@@ -51,8 +52,9 @@ def waiting_versions(model: str, day: str) -> list:
     return sorted(due, key=lambda mv: int(mv.version))
 
 
-def judge_slot(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, slot: str, *,
-               actor: str = "cli") -> dict:
+def judge_slot(
+    cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, slot: str, *, actor: str = "cli"
+) -> dict:
     """Judge `slot`'s waiting candidates on validated `day`. Returns {"model", "slot", "day", "judged": one
     summary per candidate, "ready": the version the evidence lets go (tagged `release`), or None}; `hand_over`
     then says what the gate-and-release step releases."""
@@ -61,13 +63,18 @@ def judge_slot(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
     model = cfg.adapter_model_name(slot)
     judged = [_judge_one(cfg, policy, lake_uri, day, model, mv, actor) for mv in waiting_versions(model, day)]
     ready = [j for j in judged if j["verdict"] == "release"]
-    for older in ready[:-1]:   # the freshest ready candidate goes; the older ones would replace it tomorrow
+    for older in ready[:-1]:  # the freshest ready candidate goes; the older ones would replace it tomorrow
         mlflow_io.client().set_model_version_tag(model, older["version"], STATE_TAG, "superseded")
         older["verdict"] = "superseded"
     for j in judged:
         j.pop("evaluation", None)
-    return {"model": model, "slot": slot, "day": day, "judged": judged,
-            "ready": ready[-1]["version"] if ready else None}
+    return {
+        "model": model,
+        "slot": slot,
+        "day": day,
+        "judged": judged,
+        "ready": ready[-1]["version"] if ready else None,
+    }
 
 
 def hand_over(policy: GatePolicy, registered: dict) -> dict:
@@ -82,12 +89,20 @@ def hand_over(policy: GatePolicy, registered: dict) -> dict:
     model, slot = registered["model"], registered["slot"]
     c = mlflow_io.client()
     # Ready: judged `release` and not yet used: gated itself (judged), or handed to a successor (successor).
-    ready = [mv for mv in c.search_model_versions(f"name = '{model}' and tags.`{STATE_TAG}` = 'release'")
-             if not mv.tags.get("judge.handed_over") and (policy.judge_release == "successor"
-                                                          or mv.tags.get("gate.passed") == "pending")]
+    ready = [
+        mv
+        for mv in c.search_model_versions(f"name = '{model}' and tags.`{STATE_TAG}` = 'release'")
+        if not mv.tags.get("judge.handed_over")
+        and (policy.judge_release == "successor" or mv.tags.get("gate.passed") == "pending")
+    ]
     if not ready:
-        return {"model": model, "version": None, "slot": slot, "evaluation": None,
-                "reason": f"{model}: no candidate is ready to release (its judged days have not let one go)"}
+        return {
+            "model": model,
+            "version": None,
+            "slot": slot,
+            "evaluation": None,
+            "reason": f"{model}: no candidate is ready to release (its judged days have not let one go)",
+        }
     judged = max(ready, key=lambda mv: int(mv.version))
     day = json.loads(judged.tags[EVIDENCE_TAG])["last_day"]
     evaluation = _load_ready(judged.run_id, day)
@@ -97,8 +112,11 @@ def hand_over(policy: GatePolicy, registered: dict) -> dict:
         # one's evidence; it stays waiting: once it serves, the next day judges it beside the one it replaced.
         version = str(registered["version"])
         serving = mlflow_io.version_by_alias(model, "champion")
-        evaluation = {**evaluation, "successor_of": str(judged.version),
-                      "champion_version": str(serving.version) if serving else None}
+        evaluation = {
+            **evaluation,
+            "successor_of": str(judged.version),
+            "champion_version": str(serving.version) if serving else None,
+        }
         c.set_model_version_tag(model, version, "judge.successor_of", str(judged.version))
         if serving is not None:
             c.set_model_version_tag(model, version, REPLACED_TAG, str(serving.version))
@@ -120,7 +138,7 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
         return {**out, "verdict": "wait", "reason": f"no row of its slot on {day}"}
     state = json.loads(mv.tags.get(EVIDENCE_TAG) or "{}")
     against = evaluation["champion_version"]
-    if state.get("against") != against:   # a new champion: differences against another model do not add up
+    if state.get("against") != against:  # a new champion: differences against another model do not add up
         state = {}
     evidence = sequential.Evidence.from_json(state) if state else sequential.Evidence()
     if evaluation["evidence"] is not None:
@@ -129,14 +147,25 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
     seq = {**verdict(policy, evidence if against else None, days), "days": days}
     evaluation["sequential"] = seq
     c = mlflow_io.client()
-    c.set_model_version_tag(model, version, EVIDENCE_TAG, json.dumps(
-        {**evidence.to_json(), "against": against, "days": days, "last_day": day}))
+    c.set_model_version_tag(
+        model,
+        version,
+        EVIDENCE_TAG,
+        json.dumps({**evidence.to_json(), "against": against, "days": days, "last_day": day}),
+    )
     decision = gate.decide(policy, evaluation, base=gate.fingerprints(mv))
-    unsafe = [ch["name"] for ch in decision["checks"]
-              if not ch["passed"] and ch["name"] != "sequential_non_inferiority"]
-    out.update(evaluation=evaluation, n=seq.get("n"), lower=seq.get("lower"), upper=seq.get("upper"),
-               candidate_auc=evaluation["candidate"].get("auc"), champion_auc=(evaluation["champion"] or {}).get("auc"),
-               against=against)
+    unsafe = [
+        ch["name"] for ch in decision["checks"] if not ch["passed"] and ch["name"] != "sequential_non_inferiority"
+    ]
+    out.update(
+        evaluation=evaluation,
+        n=seq.get("n"),
+        lower=seq.get("lower"),
+        upper=seq.get("upper"),
+        candidate_auc=evaluation["candidate"].get("auc"),
+        champion_auc=(evaluation["champion"] or {}).get("auc"),
+        against=against,
+    )
     if unsafe and seq["verdict"] != "reject" and evaluation["holdout_rows"] < policy.judge_min_rows:
         # an AUC floor or a calibration band on a few dozen rows is noise: such a day adds evidence, not a verdict
         why = f"{unsafe} failed on {evaluation['holdout_rows']} rows, fewer than judge_min_rows: not acted on"
@@ -145,18 +174,23 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
     if seq["verdict"] == "wait" and not unsafe:
         log.info("%s v%s waits after %s: %s", model, version, day, seq["reason"])
         return {**out, "verdict": "wait", "reason": seq["reason"]}
-    if serving:   # a verdict says whether its successor may follow it; nothing is gated on it
+    if serving:  # a verdict says whether its successor may follow it; nothing is gated on it
         state = "release" if decision["passed"] else "reject"
         if decision["passed"]:
             c.log_dict(mv.run_id, _json_safe(evaluation), f"judge/{day}/{READY_FILE}")
         c.set_model_version_tag(model, version, STATE_TAG, state)
-        return {**out, "verdict": state, "reason": seq["reason"] if not unsafe else f"failed {unsafe}",
-                "failed": unsafe, "serving": True}
-    if decision["passed"]:   # kept on its run: the gate-and-release step reads it there (`hand_over`)
+        return {
+            **out,
+            "verdict": state,
+            "reason": seq["reason"] if not unsafe else f"failed {unsafe}",
+            "failed": unsafe,
+            "serving": True,
+        }
+    if decision["passed"]:  # kept on its run: the gate-and-release step reads it there (`hand_over`)
         c.log_dict(mv.run_id, _json_safe(evaluation), f"judge/{day}/{READY_FILE}")
         c.set_model_version_tag(model, version, STATE_TAG, "release")
         return {**out, "verdict": "release", "reason": seq["reason"]}
-    gate.run(policy, model, version, evaluation, actor=actor)   # records the rejection on the version
+    gate.run(policy, model, version, evaluation, actor=actor)  # records the rejection on the version
     c.set_model_version_tag(model, version, STATE_TAG, "reject")
     return {**out, "verdict": "reject", "reason": f"failed {unsafe}" if unsafe else seq["reason"], "failed": unsafe}
 
@@ -166,9 +200,14 @@ def verdict(policy: GatePolicy, evidence: sequential.Evidence | None, days: int)
     the first-run checks then decide; undecided after `judge_max_wait_days` judged days: a rejection."""
     if evidence is None:
         return {"verdict": "release", "n": None, "reason": "no champion yet: the first-run checks decide"}
-    seq = sequential.decide(evidence, alpha=policy.judge_alpha, margin=policy.judge_margin,
-                            planned_rows=policy.judge_planned_rows, min_rows=policy.judge_min_rows,
-                            min_effect=policy.judge_min_effect)
+    seq = sequential.decide(
+        evidence,
+        alpha=policy.judge_alpha,
+        margin=policy.judge_margin,
+        planned_rows=policy.judge_planned_rows,
+        min_rows=policy.judge_min_rows,
+        min_effect=policy.judge_min_effect,
+    )
     if seq["verdict"] == "wait" and days >= policy.judge_max_wait_days:
         return {**seq, "verdict": "reject", "reason": f"undecided after {days} judged day(s): {seq['reason']}"}
     return seq

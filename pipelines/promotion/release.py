@@ -3,7 +3,8 @@
 With `promotion: canary` a passing candidate takes `canary_share` of the users next to the serving
 champion, and `ctr_champion_monitor` promotes or withdraws it from live windows. While a canary is
 being watched, another passing candidate is held (`canary_in_flight: hold`, nothing moves) or
-replaces it. There is nothing to compare a canary against before the first champion, so a first run is released straight to
+replaces it. There is nothing to compare a canary against before the first champion, so a first run is released
+straight to
 @champion (the decision's `first_run` says so). `promotion: direct` always moves @champion. A base
 model always goes to @champion (one base serves every adapter), in a move whose reason lists the
 serving adapters it makes incompatible.
@@ -18,6 +19,7 @@ The entry points the CLI, the flows and the Airflow operators call: `gate_and_re
 then the release on a pass), `release` (after a human approval), `record_approval` (that person's
 answer, on the version) and `override`. Versions are `str` (see `aliases.version_id`).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,11 +45,11 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
     from pipelines.registry.lock import registry_lock
     from pipelines.registry import mlflow_io
 
-    with registry_lock(model):   # re-entrant: the move takes it again
+    with registry_lock(model):  # re-entrant: the move takes it again
         replay = aliases.replayed(model, op_id)
         if replay:
             return replay
-        mv = mlflow_io.get_version(model, version)   # after the gate and the approval wrote their tags
+        mv = mlflow_io.get_version(model, version)  # after the gate and the approval wrote their tags
         champion = aliases.current(model)
         aliases.check_promotable(model, version, mv=mv, require_approval=policy.approval)
         stale = gate.stale_refusal(mv.tags, version, champion)
@@ -55,22 +57,40 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
             raise PromotionError(f"release of {model} v{version} refused: {stale}")
         approval = approval_of(mv.tags)
         why = f" (approved by {approval['by']})" if approval and approval["answer"] == "Approve" else ""
-        if mv.tags.get(FINGERPRINT_TAG):   # a base: no canary, one base serves every adapter
+        if mv.tags.get(FINGERPRINT_TAG):  # a base: no canary, one base serves every adapter
             return _release_base(policy, model, version, mv, champion, why, actor=actor, op_id=op_id)
         if policy.promotion == "canary" and champion is not None and champion != version:
             held = hold_reason(policy, model, version, champion)
             if held:
                 _record_held(model, version, held)
-                return {"moved": False, "model": model, "alias": "canary", "from_version": held["canary"],
-                        "to_version": held["canary"], "held": True, "held_version": version, "reason": held["reason"]}
-            move = aliases.start_canary(model, version, policy.canary_share, actor=actor, op_id=op_id, mv=mv,
-                                        require_approval=policy.approval,
-                                        reason=f"passed gate against v{champion}: canary at "
-                                               f"{policy.canary_share:.0%} of users{why}")
+                return {
+                    "moved": False,
+                    "model": model,
+                    "alias": "canary",
+                    "from_version": held["canary"],
+                    "to_version": held["canary"],
+                    "held": True,
+                    "held_version": version,
+                    "reason": held["reason"],
+                }
+            move = aliases.start_canary(
+                model,
+                version,
+                policy.canary_share,
+                actor=actor,
+                op_id=op_id,
+                mv=mv,
+                require_approval=policy.approval,
+                reason=f"passed gate against v{champion}: canary at {policy.canary_share:.0%} of users{why}",
+            )
             return {**move, "alias": "canary", "share": policy.canary_share}
         reason = ("passed gate (first run)" if champion is None else f"passed gate against v{champion}") + why
-        return {**aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id, mv=mv,
-                                  require_approval=policy.approval), "alias": "champion"}
+        return {
+            **aliases.promote(
+                model, version, reason=reason, actor=actor, op_id=op_id, mv=mv, require_approval=policy.approval
+            ),
+            "alias": "champion",
+        }
 
 
 def hold_reason(policy: GatePolicy, model: str, version: str, champion: str | None) -> dict | None:
@@ -81,11 +101,15 @@ def hold_reason(policy: GatePolicy, model: str, version: str, champion: str | No
     watched = aliases.current(model, "canary")
     if watched in (None, version):
         return None
-    return {"canary": watched, "reason": (
-        f"{model} v{version} passed its gate but is held: canary v{watched} is still being watched next to "
-        f"champion v{champion} (canary_in_flight: hold). It is not queued: nothing moves now; once v{watched} "
-        "is promoted or withdrawn (ctr_champion_monitor, or ctr_model_ops by hand), the next retrain's "
-        "candidate is gated and released in its place")}
+    return {
+        "canary": watched,
+        "reason": (
+            f"{model} v{version} passed its gate but is held: canary v{watched} is still being watched next to "
+            f"champion v{champion} (canary_in_flight: hold). It is not queued: nothing moves now; once v{watched} "
+            "is promoted or withdrawn (ctr_champion_monitor, or ctr_model_ops by hand), the next retrain's "
+            "candidate is gated and released in its place"
+        ),
+    }
 
 
 def _record_held(model: str, version: str, held: dict) -> None:
@@ -99,8 +123,9 @@ def _record_held(model: str, version: str, held: dict) -> None:
     description.publish(model)
 
 
-def _release_base(policy: GatePolicy, model: str, version: str, mv, champion: str | None, why: str, *,
-                  actor: str, op_id: str | None) -> dict:
+def _release_base(
+    policy: GatePolicy, model: str, version: str, mv, champion: str | None, why: str, *, actor: str, op_id: str | None
+) -> dict:
     """`<base>@champion` moves to a gated base, in one recorded move whose reason lists the serving adapters
     (`@champion`, `@canary`) it makes incompatible: they keep their aliases, are refused by every later
     move and must be retrained on the new base (the next ctr_lora_retrain run trains on it)."""
@@ -110,10 +135,11 @@ def _release_base(policy: GatePolicy, model: str, version: str, mv, champion: st
     listed = ", ".join(f"{a['model']}@{a['alias']} v{a['version']}" for a in stranded) or "none"
     head = ("base passed gate (first base)" if champion is None else f"base passed gate against v{champion}") + why
     reason = f"{head}; adapters this base makes incompatible (retrain them): {listed}"
-    if len(reason) > aliases.REASON_MAX_CHARS:   # the full list is on the result and in the task log
-        reason = reason[:aliases.REASON_MAX_CHARS - 24] + f" ... ({len(stranded)} in all)"
-    move = aliases.promote(model, version, reason=reason, actor=actor, op_id=op_id, mv=mv,
-                           require_approval=policy.approval)
+    if len(reason) > aliases.REASON_MAX_CHARS:  # the full list is on the result and in the task log
+        reason = reason[: aliases.REASON_MAX_CHARS - 24] + f" ... ({len(stranded)} in all)"
+    move = aliases.promote(
+        model, version, reason=reason, actor=actor, op_id=op_id, mv=mv, require_approval=policy.approval
+    )
     return {**move, "alias": "champion", "incompatible": stranded}
 
 
@@ -124,15 +150,28 @@ def override(model: str, version: str, reason: str, actor: str, op_id: str | Non
     reason = aliases.check_reason(reason, f"override the gate of {model} v{version}")
     decision = gate.override(model, version, reason, actor)
     # gate.override fetched the version (it exists) and checked its base: the move need not again.
-    move = aliases.move_alias(model, "champion", version, kind="override", reason=reason, actor=actor,
-                              op_id=op_id, checked=True)
-    return {**move, "alias": "champion", "failed_checks": decision["override"]["failed_checks"],
-            "overrides_rejection": decision["override"]["rejection"]}
+    move = aliases.move_alias(
+        model, "champion", version, kind="override", reason=reason, actor=actor, op_id=op_id, checked=True
+    )
+    return {
+        **move,
+        "alias": "champion",
+        "failed_checks": decision["override"]["failed_checks"],
+        "overrides_rejection": decision["override"]["rejection"],
+    }
 
 
-def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli",
-                     op_id: str | None = None, *, release_on_pass: bool = True,
-                     on_move: Callable[[dict], None] | None = None) -> dict:
+def gate_and_release(
+    policy: GatePolicy,
+    model: str,
+    version: str,
+    evaluation: dict,
+    actor: str = "cli",
+    op_id: str | None = None,
+    *,
+    release_on_pass: bool = True,
+    on_move: Callable[[dict], None] | None = None,
+) -> dict:
     """gate.run, then (on a pass) `release`: the one place this sequence is written. Called in-process
     (CLI, flows) and by GatedPromotionOperator, which names its task instance in `op_id` (a retried
     task finds its move instead of moving again) and announces the move through `on_move`.
@@ -144,7 +183,7 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
     """
     decision = gate.run(policy, model, version, evaluation, actor=actor)
     decision["promoted"] = False
-    if decision["passed"] and not release_on_pass:   # told before a person approves: the release would be held
+    if decision["passed"] and not release_on_pass:  # told before a person approves: the release would be held
         held = hold_reason(policy, model, version, aliases.current(model))
         decision["would_hold"] = held["reason"] if held else None
     if decision["passed"] and release_on_pass:
@@ -152,9 +191,9 @@ def gate_and_release(policy: GatePolicy, model: str, version: str, evaluation: d
         if on_move is not None:
             on_move(move)
         decision["release"] = {k: move.get(k) for k in RELEASE_KEYS}
-        if move.get("held"):   # passed, not released: a canary is still being watched
+        if move.get("held"):  # passed, not released: a canary is still being watched
             decision["release"].update(held=True, reason=move["reason"])
-        if "incompatible" in move:   # a base: the serving adapters it strands
+        if "incompatible" in move:  # a base: the serving adapters it strands
             decision["release"]["incompatible"] = move["incompatible"]
         decision["promoted"] = bool(move.get("moved")) and move.get("alias") == "champion"
     return decision

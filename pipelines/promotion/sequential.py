@@ -21,6 +21,7 @@ fixed-sample test has (tests/pipelines/promotion/test_sequential.py measures bot
 the margin serves) and, with `min_effect` set, also `min_effect` (superiority); reject when the upper bound is
 below `-margin` (worse beyond the margin, at any look); otherwise wait for more rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,14 +85,28 @@ def interval(ev: Evidence, alpha: float, planned_rows: int) -> tuple[float, floa
     return ev.mean - r, ev.mean + r
 
 
-def decide(ev: Evidence, *, alpha: float, margin: float, planned_rows: int, min_rows: int = 100,
-           min_effect: float | None = None) -> dict:
+def decide(
+    ev: Evidence,
+    *,
+    alpha: float,
+    margin: float,
+    planned_rows: int,
+    min_rows: int = 100,
+    min_effect: float | None = None,
+) -> dict:
     """{"verdict": "release" | "reject" | "wait", "lower", "upper", "mean", "n", "reason"}."""
     if margin < 0 or (min_effect is not None and min_effect < -margin):
         raise ValueError(f"decide: margin must be >= 0 and min_effect >= -margin (got {margin}, {min_effect})")
     bounds = interval(ev, alpha, planned_rows) if ev.n >= min_rows else None
-    out = {"n": ev.n, "mean": ev.mean, "lower": None, "upper": None, "alpha": alpha, "margin": margin,
-           "min_effect": min_effect}
+    out = {
+        "n": ev.n,
+        "mean": ev.mean,
+        "lower": None,
+        "upper": None,
+        "alpha": alpha,
+        "margin": margin,
+        "min_effect": min_effect,
+    }
     if bounds is None:
         return {**out, "verdict": "wait", "reason": f"{ev.n} judged rows, fewer than {min_rows}"}
     lo, hi = bounds
@@ -99,9 +114,16 @@ def decide(ev: Evidence, *, alpha: float, margin: float, planned_rows: int, min_
     bar = -margin if min_effect is None else max(-margin, min_effect)
     out["bar"] = bar
     if hi < -margin:
-        return {**out, "verdict": "reject",
-                "reason": f"worse than the champion beyond the margin: upper bound {hi:.5f} < -{margin}"}
+        return {
+            **out,
+            "verdict": "reject",
+            "reason": f"worse than the champion beyond the margin: upper bound {hi:.5f} < -{margin}",
+        }
     if lo > bar:
-        return {**out, "verdict": "release", "reason": f"lower bound {lo:.5f} > {bar:g}"
-                + (" (non-inferior)" if min_effect is None else " (the minimum effect)")}
+        return {
+            **out,
+            "verdict": "release",
+            "reason": f"lower bound {lo:.5f} > {bar:g}"
+            + (" (non-inferior)" if min_effect is None else " (the minimum effect)"),
+        }
     return {**out, "verdict": "wait", "reason": f"undecided: [{lo:.5f}, {hi:.5f}] straddles {bar:g}"}

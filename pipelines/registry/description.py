@@ -7,6 +7,7 @@ and its reason (the gate's verdict, the monitor's windows, an operator's words),
 rejected or held. Text a person wrote outside the block is kept. `render` is pure; `publish` reads the
 registry and the alias history and writes.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -16,10 +17,10 @@ from pipelines.registry import mlflow_io
 from pipelines.registry.lock import registry_lock
 
 BEGIN, END = "<!-- ctr-lora-ops: what serves -->", "<!-- /ctr-lora-ops: what serves -->"
-REJECTED_TAG = "rejected"   # on a version: who rejected it and why (filter: tags.rejected != '')
+REJECTED_TAG = "rejected"  # on a version: who rejected it and why (filter: tags.rejected != '')
 HELD_TAG = "release.held"
 ALIAS_ORDER = ("champion", "canary", "candidate")
-LISTED = 5   # rejected / held versions listed, newest first
+LISTED = 5  # rejected / held versions listed, newest first
 
 
 def _cell(text) -> str:
@@ -38,12 +39,19 @@ def _gate(tags: dict) -> str:
     return f"gate {verdict}" + (f" ({', '.join(failed)} failed)" if failed else f" ({len(checks)} checks)")
 
 
-def render(model: str, aliases: dict[str, dict], rejected: list[tuple[str, str]], held: list[tuple[str, str]],
-           now: str) -> str:
+def render(
+    model: str, aliases: dict[str, dict], rejected: list[tuple[str, str]], held: list[tuple[str, str]], now: str
+) -> str:
     """The block. `aliases`: alias -> {"version", "tags", and the latest recorded move into it: "at", "kind",
-    "actor", "reason"; for @candidate, which registration sets, only "at": the version's creation)}; `rejected` / `held`: (version, why)."""
-    lines = [BEGIN, f"**What serves {model}** (rewritten at every alias move; {now})", "",
-             "| alias | version | since | move | why |", "|---|---|---|---|---|"]
+    "actor", "reason"; for @candidate, which registration sets, only "at": the version's creation)}; `rejected` /
+    `held`: (version, why)."""
+    lines = [
+        BEGIN,
+        f"**What serves {model}** (rewritten at every alias move; {now})",
+        "",
+        "| alias | version | since | move | why |",
+        "|---|---|---|---|---|",
+    ]
     for alias in sorted(aliases, key=lambda a: (ALIAS_ORDER.index(a) if a in ALIAS_ORDER else 9, a)):
         a = aliases[alias]
         version = f"v{a['version']}"
@@ -51,8 +59,10 @@ def render(model: str, aliases: dict[str, dict], rejected: list[tuple[str, str]]
             version += f" ({float(a['tags']['canary.share']):.0%} of users)"
         move = f"{a['kind']} by {a['actor']}" if a.get("kind") else "registered"
         why = a.get("reason") or ""
-        lines.append(f"| @{alias} | {version} | {_cell(a.get('at'))} | {_cell(move)} | "
-                     f"{_cell('; '.join(x for x in (why, _gate(a['tags'])) if x))} |")
+        lines.append(
+            f"| @{alias} | {version} | {_cell(a.get('at'))} | {_cell(move)} | "
+            f"{_cell('; '.join(x for x in (why, _gate(a['tags'])) if x))} |"
+        )
     if not aliases:
         lines.append("| - | nothing serves yet | - | - | - |")
     for title, found in (("Rejected", rejected), ("Held", held)):
@@ -85,7 +95,7 @@ def _created(v) -> str | None:
 
 def publish(model: str) -> str:
     """Rewrite `model`'s block from the registry and the alias history; returns the block."""
-    with registry_lock(model):   # re-entrant: an alias move publishes while it holds the lock
+    with registry_lock(model):  # re-entrant: an alias move publishes while it holds the lock
         return _publish(model)
 
 
@@ -95,7 +105,7 @@ def _publish(model: str) -> str:
     c = mlflow_io.client()
     rm = c.get_registered_model(model)
     moves = {}
-    for e in history(model, alias=None):   # oldest first: the last one into each alias wins
+    for e in history(model, alias=None):  # oldest first: the last one into each alias wins
         moves[e["alias"]] = e
     # One search for every version's tags (the aliases come from the registered model).
     versions = sorted(c.search_model_versions(f"name = '{model}'"), key=lambda v: -int(v.version))
@@ -104,13 +114,18 @@ def _publish(model: str) -> str:
     aliases = {}
     for alias, version in (rm.aliases or {}).items():
         move = moves.get(alias) if (moves.get(alias) or {}).get("to_version") == str(version) else None
-        aliases[alias] = {"version": str(version), "tags": tags.get(str(version), {}),
-                          **({k: move[k] for k in ("at", "kind", "actor", "reason")} if move
-                             else {"at": created.get(str(version))})}
+        aliases[alias] = {
+            "version": str(version),
+            "tags": tags.get(str(version), {}),
+            **({k: move[k] for k in ("at", "kind", "actor", "reason")} if move else {"at": created.get(str(version))}),
+        }
     serving = {a["version"] for a in aliases.values()}
     rejected = [(str(v.version), v.tags[REJECTED_TAG]) for v in versions if v.tags.get(REJECTED_TAG)]
-    held = [(str(v.version), _held_why(v.tags[HELD_TAG])) for v in versions
-            if v.tags.get(HELD_TAG) and str(v.version) not in serving]
+    held = [
+        (str(v.version), _held_why(v.tags[HELD_TAG]))
+        for v in versions
+        if v.tags.get(HELD_TAG) and str(v.version) not in serving
+    ]
     block = render(model, aliases, rejected, held, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     c.update_registered_model(model, description=merged(rm.description, block))
     return block

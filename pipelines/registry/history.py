@@ -13,6 +13,7 @@ the model settles from the registry (`outcome`): the alias at the entry's target
 happened (`done`), at its origin that it did not (`rolled_back`). `history` is the done entries
 only: one unbroken chain per alias, which reverts are computed from.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -22,8 +23,7 @@ from pipelines.registry import mlflow_io
 
 HISTORY_EXPERIMENT = "ctr-alias-history"
 KINDS = ("promote", "revert", "override", "canary", "withdraw")
-ENTRY_KEYS = ("model", "alias", "kind", "from_version", "to_version", "reason", "actor", "at", "seq", "op_id",
-              "status")
+ENTRY_KEYS = ("model", "alias", "kind", "from_version", "to_version", "reason", "actor", "at", "seq", "op_id", "status")
 PENDING, DONE, ROLLED_BACK = "pending", "done", "rolled_back"
 # Entries written before write-ahead records have no status: they were written after their move.
 _DONE = (DONE, "")
@@ -33,19 +33,38 @@ def _tag(v) -> str:
     return "" if v is None else str(v)
 
 
-def record_intent(model: str, alias: str, from_version, to_version, kind: str, reason: str, actor: str,
-                  op_id: str | None = None, after_seq: int = 0) -> dict:
+def record_intent(
+    model: str,
+    alias: str,
+    from_version,
+    to_version,
+    kind: str,
+    reason: str,
+    actor: str,
+    op_id: str | None = None,
+    after_seq: int = 0,
+) -> dict:
     """Append one `pending` entry, before the alias moves (`mark` it done after). `after_seq`: the last
     recorded seq (the new one is larger even when the clocks of two writers disagree; callers hold the
     model's registry lock). Returns the entry with its `run_id`."""
     exp_id = mlflow_io.ensure_experiment(HISTORY_EXPERIMENT)
-    entry = {"model": model, "alias": alias, "kind": kind, "from_version": _tag(from_version),
-             "to_version": _tag(to_version), "reason": reason, "actor": actor,
-             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
-             "seq": str(max(time.time_ns(), after_seq + 1)), "op_id": op_id or "", "status": PENDING}
+    entry = {
+        "model": model,
+        "alias": alias,
+        "kind": kind,
+        "from_version": _tag(from_version),
+        "to_version": _tag(to_version),
+        "reason": reason,
+        "actor": actor,
+        "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+        "seq": str(max(time.time_ns(), after_seq + 1)),
+        "op_id": op_id or "",
+        "status": PENDING,
+    }
     c = mlflow_io.client()
-    run = c.create_run(exp_id, run_name=f"{model}@{alias}: {kind} {entry['from_version'] or '-'} -> {to_version}",
-                       tags=entry)
+    run = c.create_run(
+        exp_id, run_name=f"{model}@{alias}: {kind} {entry['from_version'] or '-'} -> {to_version}", tags=entry
+    )
     c.set_terminated(run.info.run_id)
     return {**entry, "run_id": run.info.run_id}
 
@@ -76,8 +95,9 @@ def entries(model: str, alias: str | None = None) -> list[dict]:
     if mlflow.get_experiment_by_name(HISTORY_EXPERIMENT) is None:
         return []
     where = f"tags.model = '{model}'" + (f" and tags.alias = '{alias}'" if alias else "")
-    runs = mlflow.search_runs(experiment_names=[HISTORY_EXPERIMENT], output_format="list", filter_string=where,
-                              max_results=50000)
+    runs = mlflow.search_runs(
+        experiment_names=[HISTORY_EXPERIMENT], output_format="list", filter_string=where, max_results=50000
+    )
     found = [{**{k: r.data.tags.get(k, "") for k in ENTRY_KEYS}, "run_id": r.info.run_id} for r in runs]
     return sorted(found, key=lambda e: int(e["seq"]))
 

@@ -9,6 +9,7 @@ the serving router and the trusted loader (`registry.pyfunc.load`) check the byt
 against them. `verify_files` refuses a directory whose files differ in any way: changed bytes, a
 missing file or an extra one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,7 +28,7 @@ BASE_TAGS = ("base.name", "base.version", "base.fingerprint")
 # not built in is code, loaded only because this record names it. Absent (bases logged before families
 # existed): the default family.
 FAMILY_TAG = "model.family"
-DEFAULT_FAMILY = "feature_transformer"   # == pipelines.model.family.DEFAULT (a test keeps them equal)
+DEFAULT_FAMILY = "feature_transformer"  # == pipelines.model.family.DEFAULT (a test keeps them equal)
 RECORD_KEYS = (TAG, FINGERPRINT_TAG, *BASE_TAGS, FAMILY_TAG)
 # PEFT writes a model-card README next to the weights; it does not change what the adapter computes,
 # and MLflow may rewrite line endings of text artifacts, so it is not part of the contract.
@@ -47,8 +48,11 @@ def file_hashes(directory: str | Path) -> dict[str, str]:
     d = Path(directory)
     if not d.is_dir():
         raise RegistryError(f"adapter directory {d} does not exist")
-    return {p.relative_to(d).as_posix(): sha256_file(p)
-            for p in sorted(d.rglob("*")) if p.is_file() and p.name not in IGNORED}
+    return {
+        p.relative_to(d).as_posix(): sha256_file(p)
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.name not in IGNORED
+    }
 
 
 def combined(hashes: dict[str, str]) -> str:
@@ -63,7 +67,9 @@ def verify_files(directory: str | Path, expected: dict[str, str] | str | None, w
     model version in the error. Returns the actual hashes.
     """
     if expected is None or expected == "":
-        raise RegistryError(f"{what}: no recorded adapter file hashes ({TAG}); refusing to load an unverifiable adapter")
+        raise RegistryError(
+            f"{what}: no recorded adapter file hashes ({TAG}); refusing to load an unverifiable adapter"
+        )
     if isinstance(expected, str):
         try:
             expected = json.loads(expected)
@@ -79,8 +85,9 @@ def verify_files(directory: str | Path, expected: dict[str, str] | str | None, w
         elif actual[name] != expected[name]:
             problems.append(f"{name} has sha256 {actual[name][:12]}..., recorded {expected[name][:12]}...")
     if problems:
-        raise RegistryError(f"{what}: adapter files do not match the registry ({'; '.join(problems)}); "
-                            "refusing to load")
+        raise RegistryError(
+            f"{what}: adapter files do not match the registry ({'; '.join(problems)}); refusing to load"
+        )
     return actual
 
 
@@ -88,12 +95,18 @@ def record(meta: dict) -> dict[str, str]:
     """The integrity record of a model being logged, from its meta.json contents (`adapter_files` of an
     adapter, `fingerprint` of a base): the tags its logged model, and later its version, carry."""
     if meta["kind"] == "base":
-        return {FINGERPRINT_TAG: meta["fingerprint"],
-                FAMILY_TAG: str((meta.get("model") or {}).get("family") or DEFAULT_FAMILY)}
+        return {
+            FINGERPRINT_TAG: meta["fingerprint"],
+            FAMILY_TAG: str((meta.get("model") or {}).get("family") or DEFAULT_FAMILY),
+        }
     b = meta["base"]
-    out = {TAG: json.dumps(meta["adapter_files"], sort_keys=True), "base.name": str(b["name"]),
-           "base.version": str(b["version"]), "base.fingerprint": str(b["fingerprint"])}
-    if b.get("family"):   # an adapter's family is its base's (absent where its base reference predates families)
+    out = {
+        TAG: json.dumps(meta["adapter_files"], sort_keys=True),
+        "base.name": str(b["name"]),
+        "base.version": str(b["version"]),
+        "base.fingerprint": str(b["fingerprint"]),
+    }
+    if b.get("family"):  # an adapter's family is its base's (absent where its base reference predates families)
         out[FAMILY_TAG] = str(b["family"])
     return out
 
@@ -112,12 +125,13 @@ def required(rec: dict, key: str, what: str) -> str:
     """rec[key], or RegistryError: a model whose record lacks it cannot be verified, so it does not load."""
     value = rec.get(key)
     if not value:
-        raise RegistryError(f"{what}: the registry records no {key!r} for it; refusing to load an unverifiable "
-                            "model")
+        raise RegistryError(f"{what}: the registry records no {key!r} for it; refusing to load an unverifiable model")
     return str(value)
 
 
 def check_fingerprint(actual: str, expected: str, what: str) -> None:
     if actual != expected:
-        raise RegistryError(f"{what}: weights hash to fingerprint {actual[:12]}..., the registry recorded "
-                            f"{expected[:12]}...; refusing to load")
+        raise RegistryError(
+            f"{what}: weights hash to fingerprint {actual[:12]}..., the registry recorded "
+            f"{expected[:12]}...; refusing to load"
+        )

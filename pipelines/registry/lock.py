@@ -26,6 +26,7 @@ Keys: the advisory-lock key is `lock_key(model)` on every PostgreSQL backend, so
 through the tracking database and processes that name the same database in CTR_REGISTRY_LOCK_URL
 exclude each other.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,10 @@ def backend() -> tuple[str, str]:
             return "postgresql", ("postgresql:" + url.split(":", 1)[1] if scheme == "postgres" else url)
         if scheme in ("redis", "rediss"):
             return "redis", url
-        raise PromotionError(f"{LOCK_URL_ENV}={redacted(url)!r} has an unknown scheme {scheme!r}: expected "
-                             "postgresql://… (an advisory lock) or redis://host:port/db; refusing to move aliases")
+        raise PromotionError(
+            f"{LOCK_URL_ENV}={redacted(url)!r} has an unknown scheme {scheme!r}: expected "
+            "postgresql://… (an advisory lock) or redis://host:port/db; refusing to move aliases"
+        )
     uri = mlflow.get_tracking_uri()
     scheme = urlparse(uri).scheme.split("+")[0]
     if scheme == "postgresql":
@@ -84,7 +87,8 @@ def backend() -> tuple[str, str]:
     raise PromotionError(
         f"no registry lock that holds across machines for the tracking store {redacted(uri)!r}: set "
         f"{LOCK_URL_ENV} to postgresql://… (e.g. the tracking server's backend database) or redis://host:port/db, "
-        "the same for every process that moves aliases; refusing to move aliases without it")
+        "the same for every process that moves aliases; refusing to move aliases without it"
+    )
 
 
 @contextlib.contextmanager
@@ -116,9 +120,11 @@ def _pg_lock(uri: str, name: str, timeout_s: float):
         _engines[uri] = sa.create_engine(uri, poolclass=sa.pool.NullPool)
     try:
         conn = _engines[uri].connect()
-    except sa.exc.SQLAlchemyError as exc:   # fail closed: no lock, no move
-        raise PromotionError(f"cannot reach the registry lock database {redacted(uri)}: {exc.__class__.__name__}; "
-                             f"refusing to move aliases of {name}") from exc
+    except sa.exc.SQLAlchemyError as exc:  # fail closed: no lock, no move
+        raise PromotionError(
+            f"cannot reach the registry lock database {redacted(uri)}: {exc.__class__.__name__}; "
+            f"refusing to move aliases of {name}"
+        ) from exc
     with conn:
         conn.execute(sa.text(f"SET lock_timeout = '{int(timeout_s * 1000)}ms'"))
         try:
@@ -138,18 +144,26 @@ def _redis_acquire(url: str, name: str, timeout_s: float):
     from redis.lock import Lock
 
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
-    lock = Lock(client, f"{REDIS_KEY_PREFIX}{name}", timeout=REDIS_TTL_S, sleep=0.02,
-                blocking_timeout=timeout_s, thread_local=False)
+    lock = Lock(
+        client,
+        f"{REDIS_KEY_PREFIX}{name}",
+        timeout=REDIS_TTL_S,
+        sleep=0.02,
+        blocking_timeout=timeout_s,
+        thread_local=False,
+    )
     try:
         got = lock.acquire()
     except redis.exceptions.RedisError as exc:
         client.close()
-        raise PromotionError(f"cannot reach the registry lock at {redacted(url)}: {exc}; "
-                             f"refusing to move aliases of {name}") from exc
+        raise PromotionError(
+            f"cannot reach the registry lock at {redacted(url)}: {exc}; refusing to move aliases of {name}"
+        ) from exc
     if not got:
         client.close()
-        raise PromotionError(f"timed out after {timeout_s:.0f} s waiting for the registry lock of {name} "
-                             f"at {redacted(url)}")
+        raise PromotionError(
+            f"timed out after {timeout_s:.0f} s waiting for the registry lock of {name} at {redacted(url)}"
+        )
     return client, lock
 
 
@@ -164,7 +178,7 @@ def _redis_lock(url: str, name: str, timeout_s: float):
         while not stop.wait(REDIS_TTL_S / 3):
             try:
                 lock.extend(REDIS_TTL_S, replace_ttl=True)
-            except redis.exceptions.RedisError as exc:   # expired (LockNotOwnedError) or Redis unreachable
+            except redis.exceptions.RedisError as exc:  # expired (LockNotOwnedError) or Redis unreachable
                 lost.append(exc)
                 return
 
@@ -182,8 +196,10 @@ def _redis_lock(url: str, name: str, timeout_s: float):
         client.close()
     # Only reached when the block itself succeeded: its writes may have raced with another holder.
     if lost:
-        raise PromotionError(f"the registry lock of {name} at {redacted(url)} was lost while held ({lost[0]}); "
-                             "another process may have moved its aliases meanwhile: check its history")
+        raise PromotionError(
+            f"the registry lock of {name} at {redacted(url)} was lost while held ({lost[0]}); "
+            "another process may have moved its aliases meanwhile: check its history"
+        )
 
 
 _held = threading.local()

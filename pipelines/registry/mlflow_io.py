@@ -10,6 +10,7 @@ here works the same on a directly opened SQLite / PostgreSQL store and over HTTP
 (tests/pipelines/registry/test_http_registry.py). Requests to a tracking server retry transient
 failures with backoff (HTTP_RETRY_SETTINGS); artifact downloads should go through `download_artifacts`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "ctr-lora-ops"
 PIP_PACKAGES = ("torch", "peft", "mlflow", "pandas", "numpy", "pyarrow", "safetensors", "scikit-learn", "PyYAML")
-PACKAGE_DIR = REPO_ROOT / "pipelines"   # the shipped package (docker/Dockerfile: COPY pipelines/)
+PACKAGE_DIR = REPO_ROOT / "pipelines"  # the shipped package (docker/Dockerfile: COPY pipelines/)
 
 # MLflow's REST client (mlflow/utils/rest_utils.py: http_request) retries every tracking, registry and
 # artifact-proxy request, whatever its method, on 408/429/500/502/503/504 and on refused, reset or
@@ -49,7 +50,7 @@ HTTP_RETRY_SETTINGS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1.0",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "120",   # per request, then retried like a dropped connection
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "120",  # per request, then retried like a dropped connection
 }
 # MLflow's own S3 client (an s3:// artifact root written without a proxying server) gets no retry
 # config from MLflow: botocore then reads these, so it retries like the lake's clients (lake.s3_config).
@@ -119,9 +120,12 @@ def code_version() -> str:
 def _git_state() -> tuple[str, bool] | None:
     """(HEAD, uncommitted changes) of the git checkout whose root holds this package; None when there is
     none (git missing, no .git, or REPO_ROOT only nested inside some other repository)."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5,
-                              check=True).stdout
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=True
+        ).stdout
+
     try:
         if Path(git("rev-parse", "--show-toplevel").strip()).resolve() != REPO_ROOT.resolve():
             return None
@@ -139,9 +143,11 @@ def source_hash(root: Path = PACKAGE_DIR) -> str:
     """sha256 over every file under `root` (the `pipelines` package as shipped), each by its relative
     path and its bytes, in path order. `__pycache__` and .pyc/.pyo files are left out: they depend on
     the interpreter that ran, not on the code."""
-    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*")
-                   if p.is_file() and "__pycache__" not in p.relative_to(root).parts
-                   and p.suffix not in (".pyc", ".pyo"))
+    files = sorted(
+        (p.relative_to(root).as_posix(), p)
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.relative_to(root).parts and p.suffix not in (".pyc", ".pyo")
+    )
     digest = hashlib.sha256()
     for rel, path in files:
         digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
@@ -156,8 +162,10 @@ def pip_requirements() -> list[str]:
         try:
             v = metadata.version(pkg).split("+")[0]
         except metadata.PackageNotFoundError as exc:
-            raise RegistryError(f"{pkg} is not installed (pip install -e . for {PACKAGE}): a logged model "
-                                "names the exact versions it needs") from exc
+            raise RegistryError(
+                f"{pkg} is not installed (pip install -e . for {PACKAGE}): a logged model "
+                "names the exact versions it needs"
+            ) from exc
         out.append(f"{pkg}=={v}")
     return out
 
@@ -173,19 +181,21 @@ def input_example(frame: pd.DataFrame, model_cfg=None, rows: int = 5) -> pd.Data
         required, optional = family.columns(model_cfg)
         # every optional column the family reads, present or not: one left out of the signature would be
         # cut from every evaluation frame (registry.model_input), and the model judged without it
-        frame = frame.assign(**{c: pd.Series("", index=frame.index, dtype="string")
-                                for c in optional if c not in frame.columns})
+        frame = frame.assign(
+            **{c: pd.Series("", index=frame.index, dtype="string") for c in optional if c not in frame.columns}
+        )
         cols = list(required) + list(optional)
     ex = frame.loc[:, cols].head(rows).copy()
     for c in ex.columns:
         ex[c] = ex[c].astype("int64") if c in ("hour", "weekday") else ex[c].astype(object)
-        if ex[c].dtype == object:   # a null text becomes "" (MLflow infers no type from None)
+        if ex[c].dtype == object:  # a null text becomes "" (MLflow infers no type from None)
             ex[c] = ex[c].where(ex[c].notna(), "")
     return ex.reset_index(drop=True)
 
 
-def log_ctr_model(meta: dict, example: pd.DataFrame, base_dir: str | None = None,
-                  adapter_dir: str | None = None, name: str = "model"):
+def log_ctr_model(
+    meta: dict, example: pd.DataFrame, base_dir: str | None = None, adapter_dir: str | None = None, name: str = "model"
+):
     """Log the CTR pyfunc in the active run; returns mlflow's ModelInfo (model_uri = models:/m-...).
 
     Logged as models-from-code (`registry/pyfunc_model.py`): no pickled object and no copy of the
@@ -217,8 +227,14 @@ def log_ctr_model(meta: dict, example: pd.DataFrame, base_dir: str | None = None
             # integer columns and missing values does not apply.
             warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
             return mlflow.pyfunc.log_model(
-                name=name, python_model=str(MODEL_FILE), model_config={TRUST_KEY: None}, artifacts=artifacts,
-                pip_requirements=pip_requirements(), tags=record, **_example_or_signature(meta, example))
+                name=name,
+                python_model=str(MODEL_FILE),
+                model_config={TRUST_KEY: None},
+                artifacts=artifacts,
+                pip_requirements=pip_requirements(),
+                tags=record,
+                **_example_or_signature(meta, example),
+            )
 
 
 def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
@@ -240,8 +256,10 @@ def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
         return {"input_example": example}
     # An optional contract column the family reads (a text family's item_title): in the signature, so
     # evaluation keeps it (registry.model_input), but not required, so a request without it still scores.
-    return {"input_example": example,
-            "signature": _optional(infer_signature(example, np.zeros(len(example), np.float32)), optional)}
+    return {
+        "input_example": example,
+        "signature": _optional(infer_signature(example, np.zeros(len(example), np.float32)), optional),
+    }
 
 
 def _optional(signature, columns: list[str]):
@@ -267,8 +285,10 @@ def _with_hashes(meta: dict, base_dir: str | None, adapter_dir: str | None) -> d
         # the family the caller trained (meta), not whatever the directory's config names
         family = (meta.get("model") or {}).get("family", "feature_transformer")
         return {**meta, "fingerprint": fingerprint(store.load_base(base_dir, family=family))}
-    raise RegistryError(f"a {meta.get('kind')!r} model is logged with its own directory (base_dir for a base, "
-                        "adapter_dir for an adapter)")
+    raise RegistryError(
+        f"a {meta.get('kind')!r} model is logged with its own directory (base_dir for a base, "
+        "adapter_dir for an adapter)"
+    )
 
 
 def register(model_uri: str, name: str, tags: dict, alias: str | None = None, run_id: str | None = None) -> str:
@@ -286,8 +306,9 @@ def register(model_uri: str, name: str, tags: dict, alias: str | None = None, ru
     # A tracking server (HTTP) accepts a `models:/m-...` source only together with the logged model's
     # id; a directly opened store accepts either. Passing the id always keeps the lineage link too.
     model_id = _parse_model_id_if_present(model_uri)
-    tags = _with_record(c, model_id, {**runs.airflow_tags(), **{k: str(v) for k, v in tags.items()}},
-                        f"{name} ({model_uri})")
+    tags = _with_record(
+        c, model_id, {**runs.airflow_tags(), **{k: str(v) for k, v in tags.items()}}, f"{name} ({model_uri})"
+    )
     try:
         c.get_registered_model(name)
     except Exception:
@@ -311,8 +332,10 @@ def _with_record(c, model_id: str | None, tags: dict[str, str], what: str) -> di
     recorded = integrity.of_tags(c.get_logged_model(model_id).tags)
     clash = sorted(k for k, v in recorded.items() if tags.get(k) not in (None, "", v))
     if clash:
-        raise RegistryError(f"{what}: tags {clash} differ from what was recorded when the model was logged "
-                            f"({', '.join(f'{k}={recorded[k][:24]}' for k in clash)}); refusing to register")
+        raise RegistryError(
+            f"{what}: tags {clash} differ from what was recorded when the model was logged "
+            f"({', '.join(f'{k}={recorded[k][:24]}' for k in clash)}); refusing to register"
+        )
     return {**tags, **recorded}
 
 
@@ -354,8 +377,13 @@ def download_artifacts(**kwargs) -> str:
             if exc.error_code in _FINAL:
                 raise
             wait = 2 ** (attempt - 1) * (0.5 + random.random() / 2)
-            log.warning("artifact download %s failed (attempt %d of %d), again in %.1f s: %s",
-                        kwargs.get("artifact_uri") or kwargs.get("run_id"), attempt, DOWNLOAD_ATTEMPTS,
-                        wait, str(exc).splitlines()[0])
+            log.warning(
+                "artifact download %s failed (attempt %d of %d), again in %.1f s: %s",
+                kwargs.get("artifact_uri") or kwargs.get("run_id"),
+                attempt,
+                DOWNLOAD_ATTEMPTS,
+                wait,
+                str(exc).splitlines()[0],
+            )
             time.sleep(wait)
     return mlflow.artifacts.download_artifacts(**kwargs)

@@ -6,6 +6,7 @@ signature" on every call, i.e. once per scored batch, and under Airflow its own 
 each of those lines into an ERROR record of the task log. Every evaluation call site cuts the frame
 here first, so what is scored is exactly what serving sends.
 """
+
 from __future__ import annotations
 
 import numpy as np

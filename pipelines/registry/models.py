@@ -3,12 +3,13 @@
 What the stages read from the registry before they train or score (the serving base, the slot
 champions that teach a cold-start student); the pyfunc's own loading is in `registry.pyfunc`.
 """
+
 from __future__ import annotations
 
 from pipelines.config import PipelineConfig
 from pipelines.errors import PipelineError
 
-BASELINE_ARTIFACT = "baseline_adapter"   # the cold-start baseline's adapter, an artifact of the student's run
+BASELINE_ARTIFACT = "baseline_adapter"  # the cold-start baseline's adapter, an artifact of the student's run
 
 
 def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
@@ -22,8 +23,12 @@ def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
         raise PipelineError(f"no serving base model: {name}@champion is not set; run the ctr_base_model DAG first")
     from pipelines.registry import integrity
 
-    out = {"name": name, "version": str(mv.version), "fingerprint": mv.tags["fingerprint"],
-           "family": integrity.family_of(mv.tags)}
+    out = {
+        "name": name,
+        "version": str(mv.version),
+        "fingerprint": mv.tags["fingerprint"],
+        "family": integrity.family_of(mv.tags),
+    }
     if with_cutoff:
         out["cutoff"] = mv.tags.get("data.last")
         if not out["cutoff"]:
@@ -31,8 +36,9 @@ def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
     return out
 
 
-def sibling_champions(cfg: PipelineConfig, model_name: str, dst: str, *, base_fingerprint: str | None = None
-                      ) -> dict[str, str]:
+def sibling_champions(
+    cfg: PipelineConfig, model_name: str, dst: str, *, base_fingerprint: str | None = None
+) -> dict[str, str]:
     """{"<name>:<version>": local adapter directory} of the other slots' @champion adapters (not
     `model_name`'s), downloaded under `dst`. With `base_fingerprint`, only champions trained on that base."""
     from pipelines.registry import mlflow_io
@@ -48,8 +54,7 @@ def sibling_champions(cfg: PipelineConfig, model_name: str, dst: str, *, base_fi
     return out
 
 
-def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None,
-                  base: dict | None = None) -> tuple[dict, dict]:
+def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None, base: dict | None = None) -> tuple[dict, dict]:
     """The teacher of each slot: `ctr_lora_<slot>@champion` (base + adapter), else the serving base.
 
     Returns ({slot: model, None: serving base}, {slot: ref}). With `refs` (from an earlier task),
@@ -72,13 +77,22 @@ def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None,
             version = str(mv.version) if mv is not None else None
         if version is None:
             models[slot] = models[None]
-            out_refs[slot] = {"kind": "base", "model": base["name"], "version": base["version"],
-                              "data_last": base["cutoff"]}
+            out_refs[slot] = {
+                "kind": "base",
+                "model": base["name"],
+                "version": base["version"],
+                "data_last": base["cutoff"],
+            }
             continue
         mv = mlflow_io.get_version(name, version)
         # the trusted load: the adapter's files are checked against the version's registry tags
         teacher = pyfunc.load(f"models:/{name}/{version}").unwrap_python_model()
         models[slot] = teacher.model
-        out_refs[slot] = {"kind": "adapter", "model": name, "version": version, "data_last": mv.tags.get("data.last"),
-                          "base_version": str(teacher.meta["base"]["version"])}
+        out_refs[slot] = {
+            "kind": "adapter",
+            "model": name,
+            "version": version,
+            "data_last": mv.tags.get("data.last"),
+            "base_version": str(teacher.meta["base"]["version"]),
+        }
     return models, out_refs

@@ -14,6 +14,7 @@ loads it from the registry. What the loaded bytes must match depends on how the 
   against its registered version's fingerprint tag.
 Any mismatch refuses to load (RegistryError) rather than serve a wrong model.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,15 +53,18 @@ def load_base_from_registry(name: str, version: str, expected_fingerprint: str |
     what = f"base {name} v{version}"
     rec = integrity.of_tags(mlflow_io.get_version(name, version).tags)
     recorded = integrity.required(rec, integrity.FINGERPRINT_TAG, what)
-    with tempfile.TemporaryDirectory() as tmp:   # only the weights: never the model's MLmodel or code
-        local = mlflow_io.download_artifacts(artifact_uri=f"models:/{name}/{version}/{_ARTIFACTS['base']}",
-                                             dst_path=tmp)
+    with tempfile.TemporaryDirectory() as tmp:  # only the weights: never the model's MLmodel or code
+        local = mlflow_io.download_artifacts(
+            artifact_uri=f"models:/{name}/{version}/{_ARTIFACTS['base']}", dst_path=tmp
+        )
         model = store.load_base(local, family=integrity.family_of(rec))
     actual = fingerprint(model)
     integrity.check_fingerprint(actual, recorded, what)
     if expected_fingerprint is not None and actual != expected_fingerprint:
-        raise RegistryError(f"{what} has fingerprint {actual[:12]}..., but this adapter was trained on "
-                            f"{expected_fingerprint[:12]}...; refusing to load")
+        raise RegistryError(
+            f"{what} has fingerprint {actual[:12]}..., but this adapter was trained on "
+            f"{expected_fingerprint[:12]}...; refusing to load"
+        )
     return model
 
 
@@ -90,28 +94,39 @@ def _from_registry(meta: dict, rec: dict) -> dict:
     """What the files must match, from the registry's record `load` passed (missing entries refuse)."""
     what = rec.get("what", "model")
     if meta.get("kind") == "base":
-        return {"what": what, "fingerprint": integrity.required(rec, integrity.FINGERPRINT_TAG, what),
-                "family": integrity.family_of(rec)}
+        return {
+            "what": what,
+            "fingerprint": integrity.required(rec, integrity.FINGERPRINT_TAG, what),
+            "family": integrity.family_of(rec),
+        }
     if meta.get("kind") != "adapter" or not isinstance(meta.get("base"), dict):
         raise RegistryError(f"{what}: meta.json is neither a base's nor an adapter's (kind={meta.get('kind')!r})")
     b = meta["base"]
     name, version = rec.get("base.name") or b.get("name"), rec.get("base.version") or b.get("version")
     if (str(b.get("name")), str(b.get("version"))) != (str(name), str(version)):
-        raise RegistryError(f"{what}: meta.json names base {b.get('name')} v{b.get('version')}, the registry "
-                            f"records {name} v{version}; refusing to load")
-    return {"what": what, "adapter_files": integrity.required(rec, integrity.TAG, what),
-            "base": (str(name), str(version), integrity.required(rec, "base.fingerprint", what))}
+        raise RegistryError(
+            f"{what}: meta.json names base {b.get('name')} v{b.get('version')}, the registry "
+            f"records {name} v{version}; refusing to load"
+        )
+    return {
+        "what": what,
+        "adapter_files": integrity.required(rec, integrity.TAG, what),
+        "base": (str(name), str(version), integrity.required(rec, "base.fingerprint", what)),
+    }
 
 
 def _from_meta(meta: dict) -> dict:
     """What the files must match when nothing from the registry was passed: the model's own meta.json."""
-    if meta.get("kind") == "base":   # models logged before the fingerprint went into meta.json: unchecked
+    if meta.get("kind") == "base":  # models logged before the fingerprint went into meta.json: unchecked
         return {"what": "base model", "fingerprint": meta.get("fingerprint")}
     b = meta.get("base")
     if meta.get("kind") != "adapter" or not isinstance(b, dict):
         raise RegistryError(f"meta.json is neither a base's nor an adapter's (kind={meta.get('kind')!r})")
-    return {"what": f"adapter of slot {meta.get('slot')!r} (base {b['name']} v{b['version']})",
-            "adapter_files": meta.get("adapter_files"), "base": (b["name"], str(b["version"]), b["fingerprint"])}
+    return {
+        "what": f"adapter of slot {meta.get('slot')!r} (base {b['name']} v{b['version']})",
+        "adapter_files": meta.get("adapter_files"),
+        "base": (b["name"], str(b["version"]), b["fingerprint"]),
+    }
 
 
 def _load_checked(meta: dict, artifacts: dict, expected: dict):
@@ -145,7 +160,7 @@ def load(model_uri: str) -> mlflow.pyfunc.PyFuncModel:
     from pipelines.registry import mlflow_io
 
     pinned, rec = registry_record(model_uri)
-    with tempfile.TemporaryDirectory() as tmp:   # everything is in memory once loaded
+    with tempfile.TemporaryDirectory() as tmp:  # everything is in memory once loaded
         try:
             local = Path(mlflow_io.download_artifacts(artifact_uri=pinned, dst_path=tmp))
         except Exception as exc:
@@ -162,15 +177,17 @@ def registry_record(model_uri: str) -> tuple[str, dict]:
 
     m = _URI.match(model_uri)
     if m is None:
-        raise RegistryError(f"{model_uri}: only models:/<name>/<version>, models:/<name>@<alias> and "
-                            "models:/m-<logged model id> are loaded with a registry record to check against")
+        raise RegistryError(
+            f"{model_uri}: only models:/<name>/<version>, models:/<name>@<alias> and "
+            "models:/m-<logged model id> are loaded with a registry record to check against"
+        )
     name, version, alias = m["name"], m["version"], m["alias"]
     if version is None and alias is None:
         try:
             tags = mlflow_io.client().get_logged_model(name).tags
         except MlflowException as exc:
             raise RegistryError(f"{model_uri}: no such logged model ({exc.message})") from exc
-        except Exception as exc:   # transport errors of a remote tracking server are not MlflowExceptions
+        except Exception as exc:  # transport errors of a remote tracking server are not MlflowExceptions
             raise RegistryError(f"{model_uri}: cannot read the logged model: {type(exc).__name__}: {exc}") from exc
         return f"models:/{name}", {**integrity.of_tags(tags), "what": f"logged model {name}"}
     if alias is not None:
@@ -198,13 +215,18 @@ def _use_installed_code(local: Path, what: str) -> None:
         raise RegistryError(f"{what}: unreadable MLmodel ({type(exc).__name__}: {exc})") from exc
     conf = model.flavors.get("python_function") or {}
     if conf.get("loader_module") not in (_LOADER, _PICKLE_LOADER):
-        raise RegistryError(f"{what}: MLmodel names loader {conf.get('loader_module')!r}, not a python model's "
-                            f"({_LOADER}); it is not a CTR pyfunc")
+        raise RegistryError(
+            f"{what}: MLmodel names loader {conf.get('loader_module')!r}, not a python model's "
+            f"({_LOADER}); it is not a CTR pyfunc"
+        )
     if not (local / _ARTIFACTS["meta"]).is_file():
         raise RegistryError(f"{what}: the model has no {_ARTIFACTS['meta']}")
     shutil.copyfile(MODEL_FILE, local / MODEL_FILE.name)
     model.flavors["python_function"] = {
         **{k: conf[k] for k in ("env", "python_version") if k in conf},
-        "loader_module": _LOADER, "model_code_path": MODEL_FILE.name, "config": {TRUST_KEY: None},
-        "artifacts": {k: {"path": p} for k, p in _ARTIFACTS.items() if (local / p).exists()}}
+        "loader_module": _LOADER,
+        "model_code_path": MODEL_FILE.name,
+        "config": {TRUST_KEY: None},
+        "artifacts": {k: {"path": p} for k, p in _ARTIFACTS.items() if (local / p).exists()},
+    }
     model.save(str(local / "MLmodel"))

@@ -9,6 +9,7 @@ installed (docs/architecture.md, "Registry entries serving can trust").
 Keep it this small: a model logged today is loaded by whatever version of the package is installed
 when it is loaded.
 """
+
 import mlflow.models
 
 from pipelines.registry.pyfunc import CTRPyfunc

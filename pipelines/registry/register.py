@@ -8,6 +8,7 @@ the task, or the whole training on the same data, config and code, finds the ver
 key and returns it instead of registering a duplicate, first completing what a run killed right after
 `create_model_version` left out (its `candidate` alias, its model card: `_complete_registration`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,10 +24,15 @@ KEY_TAG = "registration.key"
 
 
 def registration_key(name: str, candidate: dict, code_version: str) -> str:
-    ident = {"model": name, "data": candidate["data"]["sha256"], "config": candidate["config_hash"],
-             "code": code_version, "base": candidate["base"]["fingerprint"]}
+    ident = {
+        "model": name,
+        "data": candidate["data"]["sha256"],
+        "config": candidate["config_hash"],
+        "code": code_version,
+        "base": candidate["base"]["fingerprint"],
+    }
     siblings = (candidate.get("orthogonality") or {}).get("siblings")
-    if siblings:   # trained against these champions (lora.orthogonality_lambda): other siblings, another adapter
+    if siblings:  # trained against these champions (lora.orthogonality_lambda): other siblings, another adapter
         ident["siblings"] = sorted(siblings)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
@@ -39,9 +45,15 @@ def lineage_tags(candidate: dict, evaluation: dict, code_version: str | None = N
     run_tags = mlflow_io.client().get_run(candidate["run_id"]).data.tags
     return {
         "slot": candidate["slot"],
-        "data.first": d["first"], "data.last": d["last"], "data.partitions": d["count"], "data.sha256": d["sha256"],
-        "config.hash": candidate["config_hash"], "code.version": code,
-        "base.name": b["name"], "base.version": b["version"], "base.fingerprint": b["fingerprint"],
+        "data.first": d["first"],
+        "data.last": d["last"],
+        "data.partitions": d["count"],
+        "data.sha256": d["sha256"],
+        "config.hash": candidate["config_hash"],
+        "code.version": code,
+        "base.name": b["name"],
+        "base.version": b["version"],
+        "base.fingerprint": b["fingerprint"],
         "training.run_id": candidate["run_id"],
         # the adapter's file hashes as recorded by the training run when it logged the model
         integrity.TAG: run_tags.get(integrity.TAG, ""),
@@ -56,9 +68,11 @@ def _evaluation_tags(evaluation: dict, trained_through: str) -> dict:
     promotion.prequential judges it on the first validated day after `trained_through`."""
     if evaluation.get("waiting"):
         return {"judge.state": "waiting", "judge.trained_through": trained_through}
-    return {"eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
-            "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
-            "eval.champion_version": evaluation["champion_version"] or ""}
+    return {
+        "eval.candidate": json.dumps(evaluation["candidate"], sort_keys=True),
+        "eval.champion": json.dumps(evaluation["champion"], sort_keys=True),
+        "eval.champion_version": evaluation["champion_version"] or "",
+    }
 
 
 def find_registered(name: str, key: str):
@@ -76,13 +90,24 @@ def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
     tags = lineage_tags(candidate, evaluation)
     existing = find_registered(name, tags[KEY_TAG])
     if existing is not None:
-        log.info("%s: data %s, config %s, code %s and base %s are already registered as v%s: returning it",
-                 name, tags["data.sha256"][:12], tags["config.hash"][:12], tags["code.version"][:12],
-                 tags["base.fingerprint"][:12], existing.version)
+        log.info(
+            "%s: data %s, config %s, code %s and base %s are already registered as v%s: returning it",
+            name,
+            tags["data.sha256"][:12],
+            tags["config.hash"][:12],
+            tags["code.version"][:12],
+            tags["base.fingerprint"][:12],
+            existing.version,
+        )
         complete_registration(name, str(existing.version), evaluation)
-        return {"model": name, "version": str(existing.version), "slot": candidate["slot"], "evaluation": evaluation,
-                "existing": True}
-    with registry_lock(name):   # @candidate moves: a gate rejecting the previous one may be taking it off
+        return {
+            "model": name,
+            "version": str(existing.version),
+            "slot": candidate["slot"],
+            "evaluation": evaluation,
+            "existing": True,
+        }
+    with registry_lock(name):  # @candidate moves: a gate rejecting the previous one may be taking it off
         version = mlflow_io.register(candidate["model_uri"], name, tags, alias="candidate", run_id=candidate["run_id"])
         description.publish(name)
     model_card.publish(name, version, evaluation=None if evaluation.get("waiting") else evaluation)
@@ -101,7 +126,7 @@ def complete_registration(name: str, version: str, evaluation: dict) -> None:
     """
     from pipelines.registry import mlflow_io, model_card
 
-    mv = mlflow_io.get_version(name, version)   # with aliases and description (a search may omit them)
+    mv = mlflow_io.get_version(name, version)  # with aliases and description (a search may omit them)
     if mv.tags.get("gate.passed") == "pending" and "candidate" not in (mv.aliases or []):
         log.info("%s v%s: registered without its @candidate alias (interrupted): setting it", name, version)
         with registry_lock(name):

@@ -5,6 +5,7 @@ Airflow exports the task instance to the task's process as `AIRFLOW_CTX_*` varia
 (`airflow.sdk.execution_time.context.context_to_airflow_vars`), so this reads them without importing Airflow:
 pipelines stays plain Python, and outside Airflow (the CLI, the backtest) a run simply has no `airflow.*` tags.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,13 +18,18 @@ log = logging.getLogger(__name__)
 
 # AIRFLOW_CTX_MAP_INDEX (a mapped instance's index) and CTR_CELERY_WORKER (the Celery node that ran it) are set
 # by the CTR tasks themselves (ctr_airflow.dag_defaults, ctr_airflow.celery_config): Airflow exports neither.
-AIRFLOW_ENV = {"airflow.dag_id": "AIRFLOW_CTX_DAG_ID", "airflow.run_id": "AIRFLOW_CTX_DAG_RUN_ID",
-               "airflow.task_id": "AIRFLOW_CTX_TASK_ID", "airflow.try_number": "AIRFLOW_CTX_TRY_NUMBER",
-               "airflow.map_index": "AIRFLOW_CTX_MAP_INDEX", "airflow.worker": "CTR_CELERY_WORKER"}
+AIRFLOW_ENV = {
+    "airflow.dag_id": "AIRFLOW_CTX_DAG_ID",
+    "airflow.run_id": "AIRFLOW_CTX_DAG_RUN_ID",
+    "airflow.task_id": "AIRFLOW_CTX_TASK_ID",
+    "airflow.try_number": "AIRFLOW_CTX_TRY_NUMBER",
+    "airflow.map_index": "AIRFLOW_CTX_MAP_INDEX",
+    "airflow.worker": "CTR_CELERY_WORKER",
+}
 URL_TAG = "airflow.url"
 ERROR_TAG = "error"
 PREVIOUS_TRY_TAG = "airflow.previous_try_run_id"
-_ERROR_CHARS = 4000   # well inside MLflow's tag value limit; the task log has the traceback
+_ERROR_CHARS = 4000  # well inside MLflow's tag value limit; the task log has the traceback
 
 
 def airflow_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -32,10 +38,11 @@ def airflow_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     tags = {tag: environ[var] for tag, var in AIRFLOW_ENV.items() if environ.get(var)}
     base = environ.get("AIRFLOW__API__BASE_URL", "").rstrip("/")
     if base and {"airflow.dag_id", "airflow.run_id", "airflow.task_id"} <= tags.keys():
-        tags[URL_TAG] = (f"{base}/dags/{quote(tags['airflow.dag_id'], safe='')}/runs/"
-                         f"{quote(tags['airflow.run_id'], safe='')}/tasks/{quote(tags['airflow.task_id'], safe='')}"
-                         + (f"/mapped/{quote(tags['airflow.map_index'], safe='')}" if "airflow.map_index" in tags
-                            else ""))
+        tags[URL_TAG] = (
+            f"{base}/dags/{quote(tags['airflow.dag_id'], safe='')}/runs/"
+            f"{quote(tags['airflow.run_id'], safe='')}/tasks/{quote(tags['airflow.task_id'], safe='')}"
+            + (f"/mapped/{quote(tags['airflow.map_index'], safe='')}" if "airflow.map_index" in tags else "")
+        )
     return tags
 
 
@@ -70,10 +77,15 @@ def _previous_try(experiment_id: str, run_name: str, tags: dict[str, str]) -> st
         return None
     wanted["airflow.try_number"] = str(attempt - 1)
     if any("'" in v for v in [*wanted.values(), run_name]):
-        return None   # not expressible in MLflow's filter syntax; the tags still tell the tries apart
+        return None  # not expressible in MLflow's filter syntax; the tags still tell the tries apart
     import mlflow
 
     where = " and ".join([*(f"tags.`{k}` = '{v}'" for k, v in wanted.items()), f"attributes.run_name = '{run_name}'"])
-    found = mlflow.search_runs([experiment_id], filter_string=where, max_results=1, output_format="list",
-                               order_by=["attributes.start_time DESC"])
+    found = mlflow.search_runs(
+        [experiment_id],
+        filter_string=where,
+        max_results=1,
+        output_format="list",
+        order_by=["attributes.start_time DESC"],
+    )
     return found[0].info.run_id if found else None

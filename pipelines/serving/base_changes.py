@@ -4,6 +4,7 @@ serving base, its adapters as their aliases name them, and every slot switches i
 docstring). A mixin, because it works on the server's tables, leases and stores under the server's
 locks; kept apart so each file reads as one idea.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,14 +23,19 @@ class BaseChanges:
         and its adapters, switch when `base_switch.plan` says ready, else keep serving the old pair."""
         serving = self._table.base
         pending, why = self._pending_store(champion)
-        if pending is None:   # the new base cannot serve (now, or at all): the old pair carries on, nothing held
-            return self._apply(resolved, serving), {"version": champion.key, "dropped": [],
-                                                    "waiting_for": [f"{champion.key}: {why}"]}
+        if pending is None:  # the new base cannot serve (now, or at all): the old pair carries on, nothing held
+            return self._apply(resolved, serving), {
+                "version": champion.key,
+                "dropped": [],
+                "waiting_for": [f"{champion.key}: {why}"],
+            }
         plan = base_switch.plan(resolved, pending.fingerprint)
         loaded, refused = self._preload(pending, plan)
         # this round's refusals too: a download that failed (retried next time) has not loaded either
-        unloadable = {**{f"{r['model']}:{r['version']}": r["reason"] for r in refused},
-                      **{k: r["reason"] for k, r in pending.refused.items()}}
+        unloadable = {
+            **{f"{r['model']}:{r['version']}": r["reason"] for r in refused},
+            **{k: r["reason"] for k, r in pending.refused.items()},
+        }
         plan = base_switch.plan(resolved, pending.fingerprint, unloadable)
         if plan.ready:
             try:
@@ -53,7 +59,7 @@ class BaseChanges:
         for good (remembered), or its download failed (tried again next refresh)."""
         if self._pending is not None and self._pending.key == champion.key:
             return self._pending, None
-        self._set_pending(None)   # another new base (or none loadable) replaces a pending one
+        self._set_pending(None)  # another new base (or none loadable) replaces a pending one
         if champion.key in self._refused_bases:
             return None, self._refused_bases[champion.key]
         try:
@@ -63,7 +69,7 @@ class BaseChanges:
                 log.warning("new base %s could not be downloaded (next refresh retries): %s", champion.key, exc)
                 return None, f"download failed, retrying: {exc}"
             return None, self._refuse_base(champion, exc)
-        except Exception as exc:   # a base that does not load or verify never serves; the old one carries on
+        except Exception as exc:  # a base that does not load or verify never serves; the old one carries on
             return None, self._refuse_base(champion, exc)
         self._set_pending(store)
         return store, None
@@ -83,8 +89,9 @@ class BaseChanges:
                 if self._ensure_loaded(ref, pending):
                     loaded.append(ref.key)
             except RefusedVersion as exc:
-                refused.append({"model": model, "version": ref.version, "alias": alias,
-                                "reason": exc.reason, "error": exc.detail})
+                refused.append(
+                    {"model": model, "version": ref.version, "alias": alias, "reason": exc.reason, "error": exc.detail}
+                )
         wanted = {ref.key for ref in plan.on_new.values()}
         with self._lock:
             stale = {k: pending.loaded.pop(k) for k in list(pending.loaded) if k not in wanted}
@@ -119,8 +126,9 @@ class BaseChanges:
         (least recently routed first). Returns the evicted keys."""
         with self._lock:
             serving, live_tables, stores = self._table.base, list(self._live.values()), self._stores()
-            doomed: dict[BaseStore, list[str]] = {s: list(s.loaded) for s in self._known_stores
-                                                  if s not in stores and s.loaded}
+            doomed: dict[BaseStore, list[str]] = {
+                s: list(s.loaded) for s in self._known_stores if s not in stores and s.loaded
+            }
             self._known_stores = stores
             for store in stores:
                 if store is self._pending:

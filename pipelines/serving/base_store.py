@@ -9,6 +9,7 @@ exactly the one the new base will load.
 The `loaded` map is guarded by the server's lock (it decides what is live across tables); the PEFT
 store by this store's own `lock`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,15 +31,15 @@ class BaseStore:
     def __init__(self, ref: VersionRef, model: nn.Module, fingerprint: str):
         self.ref, self.model, self.fingerprint = ref, model, fingerprint
         self.cfg = model.cfg
-        self.columns = tuple(columns(self.cfg)[0])   # what a request must carry (this base family's input)
+        self.columns = tuple(columns(self.cfg)[0])  # what a request must carry (this base family's input)
         self.hooked = batched.hookable(model)
         # PEFT injects into this tree in place; the memo makes it share the serving tree's tensors.
         self._store = copy.deepcopy(model, {id(t): t for t in (*model.parameters(), *model.buffers())})
-        self._peft = None                        # the store PeftModel, created by the first adapter load
+        self._peft = None  # the store PeftModel, created by the first adapter load
         self.lock = threading.Lock()
         self._seq = itertools.count(1)
-        self.loaded: dict[str, str] = {}         # <model>:<version> -> PEFT adapter name
-        self.refused: dict[str, dict] = {}       # permanent refusals on this base, by key
+        self.loaded: dict[str, str] = {}  # <model>:<version> -> PEFT adapter name
+        self.refused: dict[str, dict] = {}  # permanent refusals on this base, by key
 
     @classmethod
     def load(cls, registry: loader.Registry, ref: VersionRef) -> BaseStore:
@@ -68,8 +69,9 @@ class BaseStore:
                 problems = batched.unsupported(self._store, name, self.hooked)
             except Exception as exc:
                 self._drop(name)
-                raise RefusedVersion(ref, "invalid",
-                                     f"PEFT cannot load the adapter: {type(exc).__name__}: {exc}") from exc
+                raise RefusedVersion(
+                    ref, "invalid", f"PEFT cannot load the adapter: {type(exc).__name__}: {exc}"
+                ) from exc
             if problems:
                 self._drop(name)
                 raise RefusedVersion(ref, "unsupported", "; ".join(problems))

@@ -9,6 +9,7 @@ a version of the new base keeps its old-base version meanwhile ("held"), it is n
 A canary still on the old base does not hold the switch back: canaries are optional and a canary on
 the old base cannot serve on the new one, so it is left out of the new table (and reported).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ class BasePlan:
     """ready: switch now; on_new: the routes the new base's table serves; held: routes the current base
     keeps serving with their current version (their alias names a new-base version); waiting: why not
     ready ("<model>@champion: v3 is on another base"); dropped: routes left out at the switch."""
+
     ready: bool
     on_new: Mapping[Route, VersionRef]
     held: frozenset[Route]
@@ -36,8 +38,9 @@ def trained_on(ref: VersionRef) -> str | None:
     return ref.tags.get(FINGERPRINT_TAG) or None
 
 
-def plan(resolved: Mapping[Route, VersionRef], new_fingerprint: str,
-         refused: Mapping[str, str] | None = None) -> BasePlan:
+def plan(
+    resolved: Mapping[Route, VersionRef], new_fingerprint: str, refused: Mapping[str, str] | None = None
+) -> BasePlan:
     """What to do with `resolved` ((model, alias) -> version) while a base with `new_fingerprint` waits.
 
     `refused` maps version keys the new base refused (integrity, unsupported...) to the reason: a
@@ -49,8 +52,11 @@ def plan(resolved: Mapping[Route, VersionRef], new_fingerprint: str,
     for (model, alias), ref in sorted(resolved.items()):
         if (model, alias) in on_new:
             continue
-        why = (f"v{ref.version} was refused by the new base ({refused[ref.key]})" if ref.key in refused
-               else f"v{ref.version} is on another base")
+        why = (
+            f"v{ref.version} was refused by the new base ({refused[ref.key]})"
+            if ref.key in refused
+            else f"v{ref.version} is on another base"
+        )
         (waiting if alias == CHAMPION else dropped).append(f"{model}@{alias}: {why}")
     held = frozenset(r for r, ref in resolved.items() if trained_on(ref) == new_fingerprint)
     return BasePlan(not waiting, on_new, held, tuple(waiting), tuple(dropped))

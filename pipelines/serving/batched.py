@@ -27,6 +27,7 @@ targeted layers gets a new tree), so a forward pass reads nothing a refresh modi
 gather and two batched matmuls per LoRA layer, two gathers and an add per token table, whatever the
 number of adapters in the batch, and untargeted layers run hook-free.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -42,17 +43,19 @@ import torch
 from torch import nn
 
 _REQUEST: contextvars.ContextVar[tuple[dict, torch.Tensor] | None] = contextvars.ContextVar(
-    "ctr_serving_request", default=None)
+    "ctr_serving_request", default=None
+)
 
 
 @dataclass(frozen=True)
 class LayerStack:
     """Stacked LoRA weights of one layer, laid out for `index_select` + batched matmul; row 0 (of
     each adapter axis) is the zero adapter."""
+
     embedding: bool
-    a: torch.Tensor   # Linear: A^T [n+1, d_in, r]; Embedding: A^T flattened [(n+1) * V, r]
-    b: torch.Tensor   # (s * B)^T [n+1, r, d_out]
-    vocab: int = 0    # V, for Embedding
+    a: torch.Tensor  # Linear: A^T [n+1, d_in, r]; Embedding: A^T flattened [(n+1) * V, r]
+    b: torch.Tensor  # (s * B)^T [n+1, r, d_out]
+    vocab: int = 0  # V, for Embedding
 
     def add_delta(self, output: torch.Tensor, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """`output` + each row's LoRA term, as one fused multiply-add."""
@@ -71,6 +74,7 @@ class TokenStack:
     """Trainable-token rows of one Embedding table over the served adapters, as offsets from the base
     rows: `rows` D [1 + sum k_i, d] (row 0 = zeros) and `index` M [(n+1) * V] int32, row of D for
     (adapter i, token v) at i * V + v. int32 because M is the big part: (n+1) * V entries."""
+
     rows: torch.Tensor
     index: torch.Tensor
     vocab: int
@@ -113,8 +117,11 @@ def unsupported(store: nn.Module, adapter: str, hooked: set[str]) -> list[str]:
     on anything but a plain Embedding, modules_to_save and any other PEFT wrapper or tuner, any adapter
     tensor of an unknown kind). Empty = every part of the adapter is served; otherwise refuse it, since
     serving would silently leave the listed parts out."""
-    found = [*_lora_problems(store, adapter, hooked), *_token_problems(store, adapter, hooked),
-             *_foreign_problems(store, adapter)]
+    found = [
+        *_lora_problems(store, adapter, hooked),
+        *_token_problems(store, adapter, hooked),
+        *_foreign_problems(store, adapter),
+    ]
     flagged = {name for name, _ in found}
     found += _stray_tensors(store, adapter, flagged)
     return sorted({problem for _, problem in found})
@@ -151,8 +158,12 @@ def _token_problems(store: nn.Module, adapter: str, hooked: set[str]) -> list[tu
         if layer.tied_adapter is not None:
             problems.append((table, f"{table} has trainable tokens tied to another layer"))
         if not isinstance(base, nn.Embedding) or base.max_norm is not None or hasattr(base, "embed_scale"):
-            problems.append((table, f"{table} has trainable tokens on a {type(base).__name__} that is not a plain "
-                                    "nn.Embedding lookup"))
+            problems.append(
+                (
+                    table,
+                    f"{table} has trainable tokens on a {type(base).__name__} that is not a plain nn.Embedding lookup",
+                )
+            )
         indices = list(layer.token_indices[adapter])
         if len(set(indices)) != len(indices):
             # PEFT's own index_copy with repeated indices is nondeterministic: nothing to match
@@ -173,8 +184,13 @@ def _foreign_problems(store: nn.Module, adapter: str) -> list[tuple[str, str]]:
         if isinstance(module, AuxiliaryTrainingWrapper) and not isinstance(module, TrainableTokensWrapper):
             if adapter in _wrapper_adapters(module):
                 kind = module._error_message_name()
-                problems.append((name, f"{name} is replaced by a {type(module).__name__} ({kind}), which batched "
-                                       "serving does not compute"))
+                problems.append(
+                    (
+                        name,
+                        f"{name} is replaced by a {type(module).__name__} ({kind}), which batched "
+                        "serving does not compute",
+                    )
+                )
         elif isinstance(module, BaseTunerLayer) and not isinstance(module, (LoraLayer, TrainableTokensLayer)):
             if any(adapter in getattr(module, attr, {}) for attr in module.adapter_layer_names):
                 problems.append((name, f"{name} is a {type(module).__name__} adapter layer"))
@@ -184,7 +200,7 @@ def _foreign_problems(store: nn.Module, adapter: str) -> list[tuple[str, str]]:
 def _wrapper_adapters(module: nn.Module) -> set[str]:
     try:
         return set(module._get_available_adapters()) | set(module._adapters)
-    except NotImplementedError:   # a wrapper that does not say: its own adapter set
+    except NotImplementedError:  # a wrapper that does not say: its own adapter set
         return set(module._adapters)
 
 
@@ -193,12 +209,17 @@ def _stray_tensors(store: nn.Module, adapter: str, flagged: set[str]) -> list[tu
     kind of adapter state this module does not know is refused rather than silently dropped. Tensors
     under an already reported module are left out (one message per cause)."""
     a = re.escape(adapter)
-    served = re.compile(rf"\.(?:lora_A\.{a}\.weight|lora_B\.{a}\.(?:weight|bias)|lora_embedding_[AB]\.{a}"
-                        rf"|trainable_tokens_(?:delta|original)\.{a})$")
+    served = re.compile(
+        rf"\.(?:lora_A\.{a}\.weight|lora_B\.{a}\.(?:weight|bias)|lora_embedding_[AB]\.{a}"
+        rf"|trainable_tokens_(?:delta|original)\.{a})$"
+    )
     problems = []
     for name, _ in itertools.chain(store.named_parameters(), store.named_buffers()):
-        if adapter in name.split(".") and not served.search(name) \
-                and not any(name.startswith(f + ".") for f in flagged):
+        if (
+            adapter in name.split(".")
+            and not served.search(name)
+            and not any(name.startswith(f + ".") for f in flagged)
+        ):
             problems.append((name, f"{name} is adapter state batched serving does not compute"))
     return problems
 
@@ -226,8 +247,8 @@ def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor] | None], embedding: boo
     for i, pair in enumerate(pairs, start=1):
         if pair is not None:
             a, b = pair
-            a_all[i, :, :a.shape[1]] = a
-            b_all[i, :b.shape[0], :] = b
+            a_all[i, :, : a.shape[1]] = a
+            b_all[i, : b.shape[0], :] = b
     if embedding:
         return LayerStack(True, a_all.reshape(-1, rank).contiguous(), b_all, vocab=rows_in)
     return LayerStack(False, a_all, b_all)
@@ -270,7 +291,7 @@ def build_stacks(store: nn.Module, adapters: Sequence[str]) -> dict[str, LayerSt
         stack = _token_stack(layer, adapters)
         if stack is None:
             continue
-        if table in out:   # PEFT cannot build such a store today; one hook adds one stack's term
+        if table in out:  # PEFT cannot build such a store today; one hook adds one stack's term
             raise ValueError(f"{table} has both LoRA and trainable tokens in the store")
         out[table] = stack
     return out

@@ -7,6 +7,7 @@ addresses when it calls a server on the same network (MLFLOW_WEBHOOK_ALLOWED_SCH
 MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true), and keep MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY fixed across
 restarts (docs/runbook.md, "Serving").
 """
+
 from __future__ import annotations
 
 import json
@@ -26,20 +27,36 @@ def add_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--poll-seconds", type=float, default=10.0, help="registry polling interval (the fallback)")
-    s.add_argument("--canary-share", type=float,
-                   help="share of users sent to @canary (default: canary_share of the gate policy)")
+    s.add_argument(
+        "--canary-share", type=float, help="share of users sent to @canary (default: canary_share of the gate policy)"
+    )
     s.add_argument("--policy", help="gate policy file (for its canary_share)")
-    s.add_argument("--workers", type=int, default=None,
-                   help="requests scored at a time (default: the CPU count; more only make them and the "
-                        "registry follower take turns for the GIL)")
-    s.add_argument("--load-budget-ms", type=float, default=None,
-                   help="once a refresh's loads took this long, install the moves already loaded and switch the "
-                        "rest when loaded (default 100)")
-    s.add_argument("--max-loaded-adapters", type=int, default=None,
-                   help="adapter versions held in memory: routed ones always, idle ones (a fast revert) up to "
-                        "this many in all, least recently routed evicted first (default 16)")
-    s.add_argument("--register-webhook", metavar="URL",
-                   help=f"instead: create or update the registry webhook that calls URL (secret: ${SECRET_ENV})")
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="requests scored at a time (default: the CPU count; more only make them and the "
+        "registry follower take turns for the GIL)",
+    )
+    s.add_argument(
+        "--load-budget-ms",
+        type=float,
+        default=None,
+        help="once a refresh's loads took this long, install the moves already loaded and switch the "
+        "rest when loaded (default 100)",
+    )
+    s.add_argument(
+        "--max-loaded-adapters",
+        type=int,
+        default=None,
+        help="adapter versions held in memory: routed ones always, idle ones (a fast revert) up to "
+        "this many in all, least recently routed evicted first (default 16)",
+    )
+    s.add_argument(
+        "--register-webhook",
+        metavar="URL",
+        help=f"instead: create or update the registry webhook that calls URL (secret: ${SECRET_ENV})",
+    )
     s.set_defaults(fn=cmd)
 
 
@@ -55,14 +72,32 @@ def cmd(a) -> int:
         return 0
     cfg = load_pipeline_config(a.config)
     share = a.canary_share if a.canary_share is not None else load_gate_policy(a.policy).canary_share
-    serve(cfg, host=a.host, port=a.port, poll_seconds=a.poll_seconds, canary_share=share, webhook_secret=secret,
-          max_loaded_adapters=a.max_loaded_adapters, load_budget_ms=a.load_budget_ms, workers=a.workers)
+    serve(
+        cfg,
+        host=a.host,
+        port=a.port,
+        poll_seconds=a.poll_seconds,
+        canary_share=share,
+        webhook_secret=secret,
+        max_loaded_adapters=a.max_loaded_adapters,
+        load_budget_ms=a.load_budget_ms,
+        workers=a.workers,
+    )
     return 0
 
 
-def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float,
-          webhook_secret: str | None, max_loaded_adapters: int | None = None,
-          load_budget_ms: float | None = None, workers: int | None = None) -> None:
+def serve(
+    cfg,
+    *,
+    host: str,
+    port: int,
+    poll_seconds: float,
+    canary_share: float,
+    webhook_secret: str | None,
+    max_loaded_adapters: int | None = None,
+    load_budget_ms: float | None = None,
+    workers: int | None = None,
+) -> None:
     """Load the base and the aliases, then serve until interrupted (SIGINT / SIGTERM)."""
     import uvicorn
 
@@ -70,14 +105,18 @@ def serve(cfg, *, host: str, port: int, poll_seconds: float, canary_share: float
     from pipelines.serving.http import create_app
     from pipelines.serving.router import AdapterServer
 
-    logging.getLogger("pipelines.serving").setLevel(logging.INFO)   # loads, refusals, routing tables
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # a server's log, not a terminal
-    limits = {k: v for k, v in (("max_loaded_adapters", max_loaded_adapters), ("load_budget_ms", load_budget_ms))
-              if v is not None}
-    server = _first_base(lambda: AdapterServer.from_config(cfg, canary_share=canary_share, refresh_now=False,
-                                                           **limits), poll_seconds)
+    logging.getLogger("pipelines.serving").setLevel(logging.INFO)  # loads, refusals, routing tables
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a server's log, not a terminal
+    limits = {
+        k: v
+        for k, v in (("max_loaded_adapters", max_loaded_adapters), ("load_budget_ms", load_budget_ms))
+        if v is not None
+    }
+    server = _first_base(
+        lambda: AdapterServer.from_config(cfg, canary_share=canary_share, refresh_now=False, **limits), poll_seconds
+    )
     follower = Follower(server, interval_s=poll_seconds)
-    follower.refresh("start")   # a registry it cannot read leaves /healthz at 503 until a tick succeeds
+    follower.refresh("start")  # a registry it cannot read leaves /healthz at 503 until a tick succeeds
     follower.start()
     try:
         app = create_app(server, follower, webhook_secret=webhook_secret, workers=workers)
@@ -107,17 +146,22 @@ def register_webhook(url: str, secret: str) -> dict:
 
     client = MlflowClient()
     existing, token = [], None
-    while True:   # every page: a registry may hold many webhooks
+    while True:  # every page: a registry may hold many webhooks
         page = client.list_webhooks(max_results=100, page_token=token)
         existing += [w for w in page if w.name == WEBHOOK_NAME]
         token = page.token
         if not token:
             break
     if existing:
-        hook = client.update_webhook(existing[0].webhook_id, url=url, events=list(WEBHOOK_EVENTS), secret=secret,
-                                     status="ACTIVE")
+        hook = client.update_webhook(
+            existing[0].webhook_id, url=url, events=list(WEBHOOK_EVENTS), secret=secret, status="ACTIVE"
+        )
     else:
-        hook = client.create_webhook(WEBHOOK_NAME, url, list(WEBHOOK_EVENTS), secret=secret,
-                                     description="CTR serving: refresh the routes when an alias moves")
-    return {"webhook_id": hook.webhook_id, "name": hook.name, "url": hook.url,
-            "events": [str(e) for e in hook.events]}
+        hook = client.create_webhook(
+            WEBHOOK_NAME,
+            url,
+            list(WEBHOOK_EVENTS),
+            secret=secret,
+            description="CTR serving: refresh the routes when an alias moves",
+        )
+    return {"webhook_id": hook.webhook_id, "name": hook.name, "url": hook.url, "events": [str(e) for e in hook.events]}

@@ -10,6 +10,7 @@ of alias moves costs at most two refreshes and the last move is never missed.
 A failed refresh (registry unreachable, a download that broke off) changes nothing: the server keeps
 serving its current routes and the next tick tries again. `ready()` is what `GET /healthz` reports.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,7 @@ class Follower:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._trigger = "poll"
-        self._hints: set[tuple[str, str]] | None = set()   # routes pokes named; None: a full read is due
+        self._hints: set[tuple[str, str]] | None = set()  # routes pokes named; None: a full read is due
         self._lock = threading.Lock()
         self._state: dict = {"ok_at": None, "error": None, "error_at": None, "report": None, "refreshes": 0}
 
@@ -63,14 +64,14 @@ class Follower:
             poked = self._wake.wait(max(0.0, last_full + self.interval_s - time.monotonic()))
             if self._stop.is_set():
                 return
-            self._wake.clear()   # before refreshing: a poke during the refresh triggers the next one
+            self._wake.clear()  # before refreshing: a poke during the refresh triggers the next one
             with self._lock:
                 hints, self._hints = self._hints, set()
             # a full read every interval, pokes or not: a webhook that never arrived is caught by it
             if poked and hints and time.monotonic() - last_full < self.interval_s:
                 if self.refresh(self._trigger, only=hints) is None:
                     with self._lock:
-                        self._hints = None   # the named routes were not read: the next refresh reads all
+                        self._hints = None  # the named routes were not read: the next refresh reads all
             else:
                 self.refresh(self._trigger if poked else "poll")
                 last_full = time.monotonic()
@@ -83,8 +84,9 @@ class Follower:
         try:
             report = self.server.refresh(only=only)
         except Exception as exc:  # the server keeps its routes; the next tick retries
-            log.error("refresh (%s) failed, still serving %s: %s: %s", trigger, self.server.routes(),
-                      type(exc).__name__, exc)
+            log.error(
+                "refresh (%s) failed, still serving %s: %s: %s", trigger, self.server.routes(), type(exc).__name__, exc
+            )
             metrics.refreshes.labels(trigger=trigger, outcome="error").inc()
             with self._lock:
                 self._state.update(error=f"{type(exc).__name__}: {exc}", error_at=time.time())
@@ -92,13 +94,20 @@ class Follower:
         metrics.refreshes.labels(trigger=trigger, outcome="ok").inc()
         elapsed_ms = 1000 * (time.perf_counter() - start)
         if report["swapped"] or report["refused"]:
-            log.info("refresh (%s) in %.1f ms: routes %s, loaded %s, refused %s", trigger, elapsed_ms,
-                     report["routes"], report["loaded"], [r["version"] for r in report["refused"]])
+            log.info(
+                "refresh (%s) in %.1f ms: routes %s, loaded %s, refused %s",
+                trigger,
+                elapsed_ms,
+                report["routes"],
+                report["loaded"],
+                [r["version"] for r in report["refused"]],
+            )
         now = time.time()
         metrics.last_refresh.set(now)
         with self._lock:
-            self._state.update(ok_at=now, error=None, error_at=None, report=report,
-                               refreshes=self._state["refreshes"] + 1)
+            self._state.update(
+                ok_at=now, error=None, error_at=None, report=report, refreshes=self._state["refreshes"] + 1
+            )
         return report
 
     def state(self) -> dict:

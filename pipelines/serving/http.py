@@ -16,6 +16,7 @@ Decoding, parsing, scoring and encoding run on worker threads, as many at a time
 (torch releases the GIL; the router is thread-safe); the event loop only moves bytes, and the status
 endpoints are async so a busy pool never makes the server look dead.
 """
+
 from __future__ import annotations
 
 import base64
@@ -51,9 +52,15 @@ _STAMP = re.compile(r"[0-9]{1,12}")
 _ALIAS_EVENTS = frozenset({("model_version_alias", "created"), ("model_version_alias", "deleted")})
 
 
-def create_app(server: AdapterServer, follower: Follower, *, webhook_secret: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, max_rows: int = protocol.MAX_ROWS,
-               workers: int | None = None) -> FastAPI:
+def create_app(
+    server: AdapterServer,
+    follower: Follower,
+    *,
+    webhook_secret: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_rows: int = protocol.MAX_ROWS,
+    workers: int | None = None,
+) -> FastAPI:
     """The app; `webhook_secret` None turns the webhook endpoint off (404): polling alone follows.
     `workers` requests are scored at a time (default: the CPU count); the rest wait on the event loop."""
     app = FastAPI(title="CTR LoRA adapter serving", docs_url=None, redoc_url=None, openapi_url=None)
@@ -74,8 +81,9 @@ def create_app(server: AdapterServer, follower: Follower, *, webhook_secret: str
         log.exception("%s %s failed", request.method, request.url.path)
         if request.url.path == "/invocations":
             server.metrics.requests.labels(status="500").inc()
-        return JSONResponse({"error_code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"},
-                            status_code=500)
+        return JSONResponse(
+            {"error_code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"}, status_code=500
+        )
 
     @app.post("/invocations")
     async def invocations(request: Request):
@@ -97,8 +105,13 @@ def create_app(server: AdapterServer, follower: Follower, *, webhook_secret: str
     async def routes():
         state = follower.state()
         report = state.pop("report") or {}
-        return {"routes": server.routes(), "base": report.get("base", {"serving": server.base_ref.key}),
-                "loaded": server.loaded_versions(), "refused": report.get("refused", []), "refresh": state}
+        return {
+            "routes": server.routes(),
+            "base": report.get("base", {"serving": server.base_ref.key}),
+            "loaded": server.loaded_versions(),
+            "refused": report.get("refused", []),
+            "refresh": state,
+        }
 
     @app.get("/metrics")
     async def metrics():
@@ -134,7 +147,7 @@ def _invoke(server: AdapterServer, body: bytes, max_rows: int) -> bytes:
         return b'{"predictions": [], "served_by": []}'
     try:
         predictions, keys = server.score(frame, return_versions=True)
-    except SchemaError as exc:   # a column the family needs that the protocol let through
+    except SchemaError as exc:  # a column the family needs that the protocol let through
         raise RequestError(str(exc), 422) from exc
     versions, counts = np.unique(keys.astype(str), return_counts=True)
     for key, n in zip(versions, counts):
@@ -160,7 +173,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
                     break
                 continue
             chunks.append(chunk)
-    except ClientDisconnect as exc:   # nobody is left to answer
+    except ClientDisconnect as exc:  # nobody is left to answer
         raise RequestError("the client went away mid-upload") from exc
     if size > limit:
         raise RequestError(f"the body is over {limit} bytes ({size:,} read)", 413)
@@ -170,7 +183,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def _decode(body: bytes) -> object:
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:   # RecursionError: "[[[[..." nested deep
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep
         raise RequestError(f"the body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
@@ -183,7 +196,7 @@ def _verify(headers, body: bytes, secret: str) -> str:
         raise RequestError("missing or malformed X-MLflow-Delivery-Id / -Timestamp / -Signature headers", 401)
     if abs(time.time() - int(stamp)) > WEBHOOK_MAX_AGE_S:
         raise RequestError(f"the delivery's timestamp is more than {WEBHOOK_MAX_AGE_S} s from now", 401)
-    signed = f"{delivery}.{stamp}.".encode("latin-1") + body   # headers arrive as latin-1 text
+    signed = f"{delivery}.{stamp}.".encode("latin-1") + body  # headers arrive as latin-1 text
     expected = base64.b64encode(hmac.new(secret.encode(), signed, hashlib.sha256).digest())
     if not hmac.compare_digest(expected, signature[3:].encode("latin-1")):
         raise RequestError("the webhook signature does not match", 401)

@@ -12,6 +12,7 @@ A version that fails a check raises `RefusedVersion` with a machine-readable `re
 * ``invalid``: meta.json is missing or not an adapter's, or PEFT cannot load the files;
 * ``download``: the artifact store could not be read (the only reason worth retrying).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,8 @@ from pipelines.registry import integrity
 from pipelines.model.adapters import LAYERNORM_BIAS_FILE
 
 CHAMPION, CANARY = "champion", "canary"
-Route = tuple[str, str]   # (model, alias): what a routing table maps to a version
-RETRYABLE = frozenset({"download"})   # refusal reasons a later refresh tries again
+Route = tuple[str, str]  # (model, alias): what a routing table maps to a version
+RETRYABLE = frozenset({"download"})  # refusal reasons a later refresh tries again
 # MLflow's answers for "no such model" and "no such alias": the route is simply absent.
 _ABSENT_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"})
 
@@ -44,13 +45,17 @@ class Registry:
         from pipelines.registry import mlflow_io
 
         # retried when a body breaks off mid-stream (MLflow's own retries stop at the response headers)
-        return Path(mlflow_io.download_artifacts(artifact_uri=uri, dst_path=str(dst),
-                                                 tracking_uri=self.tracking_uri, registry_uri=self.registry_uri))
+        return Path(
+            mlflow_io.download_artifacts(
+                artifact_uri=uri, dst_path=str(dst), tracking_uri=self.tracking_uri, registry_uri=self.registry_uri
+            )
+        )
 
 
 @dataclass(frozen=True)
 class VersionRef:
     """One registered version, as an alias resolved to it (tags as the registry holds them)."""
+
     model: str
     version: str
     tags: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -118,25 +123,37 @@ def _read_meta(ref: VersionRef, local: Path) -> dict:
 
 def _check_base(ref: VersionRef, meta: dict, base_fingerprint: str, base_family: str | None = None) -> None:
     family = ref.tags.get(integrity.FAMILY_TAG)
-    if base_family is not None and family is not None and family != base_family:   # the fingerprint implies it;
-        raise RefusedVersion(ref, "base_mismatch", f"trained on a {family!r} base, the served base is a "  # this says why
-                                                   f"{base_family!r} one")
-    if not ref.tags.get("base.fingerprint"):   # meta.json alone is the artifact store's word
-        raise RefusedVersion(ref, "integrity", "the version carries no base.fingerprint tag: the base it was "
-                                               "trained on cannot be checked against the registry")
+    if base_family is not None and family is not None and family != base_family:  # the fingerprint implies it;
+        raise RefusedVersion(
+            ref,
+            "base_mismatch",
+            f"trained on a {family!r} base, the served base is a "  # this says why
+            f"{base_family!r} one",
+        )
+    if not ref.tags.get("base.fingerprint"):  # meta.json alone is the artifact store's word
+        raise RefusedVersion(
+            ref,
+            "integrity",
+            "the version carries no base.fingerprint tag: the base it was "
+            "trained on cannot be checked against the registry",
+        )
     recorded = {"meta.json": meta["base"].get("fingerprint"), "tag base.fingerprint": ref.tags.get("base.fingerprint")}
     for where, fp in recorded.items():
         if fp is not None and fp != base_fingerprint:
             b = meta["base"]
-            raise RefusedVersion(ref, "base_mismatch",
-                                 f"trained on base {b.get('name')} v{b.get('version')} with fingerprint {fp[:12]}... "
-                                 f"({where}), the served base has {base_fingerprint[:12]}...")
+            raise RefusedVersion(
+                ref,
+                "base_mismatch",
+                f"trained on base {b.get('name')} v{b.get('version')} with fingerprint {fp[:12]}... "
+                f"({where}), the served base has {base_fingerprint[:12]}...",
+            )
     if recorded["meta.json"] is None:
         raise RefusedVersion(ref, "base_mismatch", "meta.json records no base fingerprint")
 
 
-def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, dst: str | Path,
-                  base_family: str | None = None) -> Path:
+def fetch_adapter(
+    registry: Registry, ref: VersionRef, base_fingerprint: str, dst: str | Path, base_family: str | None = None
+) -> Path:
     """Download `models:/<model>/<version>` adapter files into `dst`, check them (base fingerprint and, with
     `base_family`, the model family its version records), return the adapter dir.
 
@@ -151,9 +168,12 @@ def fetch_adapter(registry: Registry, ref: VersionRef, base_fingerprint: str, ds
     except RegistryError as exc:
         raise RefusedVersion(ref, "integrity", str(exc)) from exc
     if (adapter_dir / LAYERNORM_BIAS_FILE).exists():
-        raise RefusedVersion(ref, "unsupported",
-                             f"it carries trained LayerNorm biases ({LAYERNORM_BIAS_FILE}), which belong to the "
-                             "shared base and would change every other adapter's output")
+        raise RefusedVersion(
+            ref,
+            "unsupported",
+            f"it carries trained LayerNorm biases ({LAYERNORM_BIAS_FILE}), which belong to the "
+            "shared base and would change every other adapter's output",
+        )
     return adapter_dir
 
 

@@ -19,7 +19,8 @@ Mixed batches. Options measured (default ModelConfig, batch 32 over 4 adapters, 
   (or, on an id table, its trainable token rows) from weights stacked for that table (a gather and two
   batched matmuls per targeted layer, any number of adapters): 1.16x the merged model's forward on the
   same batch, ~1.1x end to end (`pipelines.bench.serving`). An adapter holding anything the stacks do
-  not compute is refused ("unsupported"), never served without it. Each thread passes its rows' stack indices through a ContextVar;
+  not compute is refused ("unsupported"), never served without it. Each thread passes its rows' stack indices through
+  a ContextVar;
   requests share no mutable state.
 
 Swap and unload safety. A refresh resolves the aliases, loads (download + verify + inject into the
@@ -27,7 +28,8 @@ store) what is not loaded yet, builds a new immutable `RoutingTable` with its ow
 replaces one reference. A request takes a lease on the table it started with and computes every row
 with it; nothing it reads is ever modified. An adapter version becomes idle once no live table (the
 current one, or an old one still leased) names it, and is only then eligible for eviction (below); the
-last request to release an old table triggers that. So no request fails, waits on a load, or mixes versions during a swap.
+last request to release an old table triggers that. So no request fails, waits on a load, or mixes versions during a
+swap.
 
 Base changes without a restart. The base is `<base_model>@champion` when the server starts. When that
 alias moves, the new base is loaded beside the old one (its own `BaseStore`), the adapter versions
@@ -46,6 +48,7 @@ not a download) while the total held stays within `max_loaded_adapters`: idle ve
 are evicted least recently routed first. Routed and draining versions are never evicted; when they
 alone pass the cap, the cap is reported exceeded (metric and log), not enforced against live traffic.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -96,12 +99,21 @@ class AdapterServer(BaseChanges, VersionLoads):
     a refresh's loads may hold back the moves already loaded (None: no bound); see the module docstring.
     """
 
-    def __init__(self, slots: Sequence[str], *, adapter_prefix: str = "ctr_lora_",
-                 cold_start_model: str | None = "ctr_lora_cold_start", base_model: str = "ctr_base",
-                 canary_share: float = 0.0, new_users: routing.NewUsers | None = "is_new_user",
-                 tracking_uri: str | None = None, registry_uri: str | None = None, refresh_now: bool = True,
-                 max_loaded_adapters: int = DEFAULT_MAX_LOADED,
-                 load_budget_ms: float | None = DEFAULT_LOAD_BUDGET_MS):
+    def __init__(
+        self,
+        slots: Sequence[str],
+        *,
+        adapter_prefix: str = "ctr_lora_",
+        cold_start_model: str | None = "ctr_lora_cold_start",
+        base_model: str = "ctr_base",
+        canary_share: float = 0.0,
+        new_users: routing.NewUsers | None = "is_new_user",
+        tracking_uri: str | None = None,
+        registry_uri: str | None = None,
+        refresh_now: bool = True,
+        max_loaded_adapters: int = DEFAULT_MAX_LOADED,
+        load_budget_ms: float | None = DEFAULT_LOAD_BUDGET_MS,
+    ):
         if not 0.0 <= canary_share <= 1.0:
             raise ValueError(f"canary_share must be in [0, 1], got {canary_share}")
         if max_loaded_adapters < 0:
@@ -117,18 +129,18 @@ class AdapterServer(BaseChanges, VersionLoads):
         if ref is None:
             raise RegistryError(f"no serving base: {base_model}@{CHAMPION} is not set")
         base = BaseStore.load(self.registry, ref)
-        self._lock = threading.Lock()            # guards the table, leases, pinned and every store's loaded map
-        self._refresh_lock = threading.Lock()    # one refresh at a time
+        self._lock = threading.Lock()  # guards the table, leases, pinned and every store's loaded map
+        self._refresh_lock = threading.Lock()  # one refresh at a time
         self._table = RoutingTable(0, base.key, {}, model=base.model, base=base)
-        self._live: dict[int, RoutingTable] = {0: self._table}   # current + old tables still leased
+        self._live: dict[int, RoutingTable] = {0: self._table}  # current + old tables still leased
         self._leases: dict[int, int] = {}
-        self._pinned: set[str] = set()           # loaded by a refresh whose table is not installed yet
-        self._pending: BaseStore | None = None   # a new base@champion waiting for its adapters
+        self._pinned: set[str] = set()  # loaded by a refresh whose table is not installed yet
+        self._pending: BaseStore | None = None  # a new base@champion waiting for its adapters
         self._refused_bases: dict[str, str] = {}  # base version key -> why it cannot serve
         self._tick = itertools.count(1)
-        self._last_routed: dict[str, int] = {}   # version key -> tick of the last table that routed it (LRU)
-        self._last_read: tuple[dict, VersionRef | None] | None = None   # the last refresh's registry answer
-        self._known_stores: list[BaseStore] = [base]   # the stores _collect saw last: one that leaves is emptied
+        self._last_routed: dict[str, int] = {}  # version key -> tick of the last table that routed it (LRU)
+        self._last_read: tuple[dict, VersionRef | None] | None = None  # the last refresh's registry answer
+        self._known_stores: list[BaseStore] = [base]  # the stores _collect saw last: one that leaves is emptied
         self.metrics.base_info.labels(version=base.key, state="serving").set(1)
         if refresh_now:
             self.refresh()
@@ -136,8 +148,13 @@ class AdapterServer(BaseChanges, VersionLoads):
     @classmethod
     def from_config(cls, cfg: PipelineConfig, **kwargs) -> AdapterServer:
         """A server for a PipelineConfig's slots, registry names and cold-start model."""
-        return cls(cfg.data.slots, adapter_prefix=cfg.registry.adapter_model_prefix,
-                   cold_start_model=cfg.cold_start.model_name, base_model=cfg.registry.base_model_name, **kwargs)
+        return cls(
+            cfg.data.slots,
+            adapter_prefix=cfg.registry.adapter_model_prefix,
+            cold_start_model=cfg.cold_start.model_name,
+            base_model=cfg.registry.base_model_name,
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ introspection
 
@@ -179,8 +196,7 @@ class AdapterServer(BaseChanges, VersionLoads):
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, frame: pd.DataFrame, return_versions: bool = False
-              ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    def score(self, frame: pd.DataFrame, return_versions: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """pCTR per row, in row order (float32 array); with return_versions, also the object array of
         the `<model>:<version>` that scored each row (the base's own key for rows without an adapter).
         Raises SchemaError when a feature column is missing."""
@@ -192,8 +208,9 @@ class AdapterServer(BaseChanges, VersionLoads):
             tokens = encode(frame, table.base.cfg)
             canary = routing.canary_mask(frame["user_id"], self.canary_share)
             new = routing.new_user_mask(frame, self.new_users)
-            keys = routing.assign(table, frame, prefix=self.adapter_prefix, cold_model=self.cold_start_model,
-                                  canary=canary, new=new)
+            keys = routing.assign(
+                table, frame, prefix=self.adapter_prefix, cold_model=self.cold_start_model, canary=canary, new=new
+            )
             rows = table.stack_rows(keys)
             start = time.perf_counter()
             probs = self._forward(table, tokens, rows)
@@ -207,7 +224,7 @@ class AdapterServer(BaseChanges, VersionLoads):
     def _forward(self, table: RoutingTable, tokens: np.ndarray, rows: np.ndarray) -> np.ndarray:
         out = []
         for i in range(0, len(tokens), _CHUNK):
-            x, r = torch.from_numpy(tokens[i:i + _CHUNK]), torch.from_numpy(rows[i:i + _CHUNK])
+            x, r = torch.from_numpy(tokens[i : i + _CHUNK]), torch.from_numpy(rows[i : i + _CHUNK])
             with torch.inference_mode(), batched.request(table.stacks, r):
                 out.append(torch.sigmoid(table.model(x)).numpy())
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
@@ -259,8 +276,12 @@ class AdapterServer(BaseChanges, VersionLoads):
             else:
                 report, pending = self._toward(champion, resolved)
             self._last_read = (resolved, champion)
-        report["base"] = {"serving": self.base_ref.key, "champion": champion.key if champion else None,
-                          "stale": champion is None or champion.key != self.base_ref.key, "pending": pending}
+        report["base"] = {
+            "serving": self.base_ref.key,
+            "champion": champion.key if champion else None,
+            "stale": champion is None or champion.key != self.base_ref.key,
+            "pending": pending,
+        }
         if pending is not None:
             log.warning("new base %s waits: %s", champion.key, pending["waiting_for"])
         return report
@@ -295,8 +316,7 @@ class AdapterServer(BaseChanges, VersionLoads):
         with self._refresh_lock:
             return self._apply(resolved, self._table.base)
 
-    def _apply(self, resolved: dict[Route, VersionRef], store: BaseStore,
-               held: frozenset[Route] = frozenset()) -> dict:
+    def _apply(self, resolved: dict[Route, VersionRef], store: BaseStore, held: frozenset[Route] = frozenset()) -> dict:
         current = self._table
         deadline = None if self.load_budget_ms is None else time.perf_counter() + self.load_budget_ms / 1000
         try:
@@ -304,10 +324,13 @@ class AdapterServer(BaseChanges, VersionLoads):
             swapped = routes != dict(current.routes)
             if swapped:
                 self._install(routes, store)
-            if late:   # what loaded in time is serving already; the rest switches once loaded
+            if late:  # what loaded in time is serving already; the rest switches once loaded
                 self.metrics.slow_loads.inc(len(late))
-                log.warning("loads past the %.0f ms budget: %s keep their versions until loaded",
-                            self.load_budget_ms, sorted(f"{m}@{a}" for m, a in late))
+                log.warning(
+                    "loads past the %.0f ms budget: %s keep their versions until loaded",
+                    self.load_budget_ms,
+                    sorted(f"{m}@{a}" for m, a in late),
+                )
                 more, loaded_late, refused_late, _ = self._load_routes(self._table, late, store)
                 loaded, refused, routes = loaded + loaded_late, refused + refused_late, {**routes, **more}
                 if routes != dict(self._table.routes):
@@ -322,14 +345,20 @@ class AdapterServer(BaseChanges, VersionLoads):
         unloaded = self._collect()
         with self._lock:
             draining = sorted({k for t in self._live.values() for k in t.keys()} - self._table.keys())
-        return {"swapped": swapped, "routes": self._table.describe(), "loaded": loaded, "unloaded": unloaded,
-                "draining": draining, "refused": refused}
+        return {
+            "swapped": swapped,
+            "routes": self._table.describe(),
+            "loaded": loaded,
+            "unloaded": unloaded,
+            "draining": draining,
+            "refused": refused,
+        }
 
     def _install(self, routes: dict[Route, str], store: BaseStore) -> None:
         with self._lock:
             old = self._table
         adapters = tuple(sorted(set(routes.values())))
-        stacks, model = old.stacks, old.model   # same base and versions, other routes (canary <-> champion): reuse
+        stacks, model = old.stacks, old.model  # same base and versions, other routes (canary <-> champion): reuse
         if store is not old.base or adapters != old.adapters:
             stacks = store.stacks([store.loaded[k] for k in adapters])
             if store is not old.base or set(stacks) != set(old.stacks):
@@ -341,7 +370,7 @@ class AdapterServer(BaseChanges, VersionLoads):
             if not self._leases.get(old.generation):
                 self._live.pop(old.generation, None)
             tick = next(self._tick)
-            for key in old.keys() | table.keys():   # both were routed until this moment
+            for key in old.keys() | table.keys():  # both were routed until this moment
                 self._last_routed[key] = tick
         self.metrics.active_adapters.set(len(table.keys()))
         self.metrics.swaps.inc()

@@ -14,6 +14,7 @@ The canary share is a stable hash of user_id (`pd.util.hash_array`, fixed key: t
 process and on every platform), bucketed mod 10,000: a user is in or out for every request and every
 model. The hash key differs from the feature encoder's so canary users are not an embedding bucket.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ import pandas as pd
 from pipelines.serving.loader import CANARY, CHAMPION
 
 CANARY_BUCKETS = 10_000
-_CANARY_HASH_KEY = "ctr-canary-route"   # 16 bytes, as pd.util.hash_array requires
+_CANARY_HASH_KEY = "ctr-canary-route"  # 16 bytes, as pd.util.hash_array requires
 
 NewUsers = str | Callable[[pd.DataFrame], np.ndarray]
 
@@ -36,6 +37,7 @@ class RoutingTable:
     stacks: the LoRA weights of those adapters per layer and model: the module tree that serves them
     (see serving.batched), both owned by this table and never modified; base: the `BaseStore` of the
     base they were trained on (its cfg encodes the request)."""
+
     generation: int
     base_key: str
     routes: Mapping[tuple[str, str], str]
@@ -99,8 +101,15 @@ def _model_keys(table: RoutingTable, model: str) -> tuple[str, str]:
     return champion, table.lookup(model, CANARY) or champion
 
 
-def assign(table: RoutingTable, frame: pd.DataFrame, *, prefix: str, cold_model: str | None,
-           canary: np.ndarray, new: np.ndarray) -> np.ndarray:
+def assign(
+    table: RoutingTable,
+    frame: pd.DataFrame,
+    *,
+    prefix: str,
+    cold_model: str | None,
+    canary: np.ndarray,
+    new: np.ndarray,
+) -> np.ndarray:
     """The version key (object array) that scores each row of `frame`, in row order."""
     codes, uniques = pd.factorize(_strings(frame["slot"]))
     pairs = [_model_keys(table, prefix + s) for s in uniques]

@@ -4,6 +4,7 @@ verify, inject) with its refusals remembered per version and base (see `serving.
 mixin, like `serving.base_changes`, because it works on the server's stores, pins and metrics under the
 server's lock; kept apart so each file reads as one idea.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,14 @@ log = logging.getLogger("pipelines.serving.router")
 
 
 class VersionLoads:
-    def _load_routes(self, current: RoutingTable, resolved: dict[Route, VersionRef], store: BaseStore,
-                     held: frozenset[Route] = frozenset(), deadline: float | None = None):
+    def _load_routes(
+        self,
+        current: RoutingTable,
+        resolved: dict[Route, VersionRef],
+        store: BaseStore,
+        held: frozenset[Route] = frozenset(),
+        deadline: float | None = None,
+    ):
         """(routes, loaded keys, refusals, late): each route's version loaded, or the current one when
         refused, held (its alias names a version of a base not serving yet) or late (a move to a version
         not in memory when `deadline` had passed: returned in `late` to load next; a route with no
@@ -27,8 +34,13 @@ class VersionLoads:
         routes, loaded, refused, late = {}, [], [], {}
         for (model, alias), ref in sorted(resolved.items()):
             keep = current.lookup(model, alias) if current.base is store else None
-            late_now = (deadline is not None and keep is not None and keep != ref.key
-                        and time.perf_counter() > deadline and not self._in_memory(ref, store))
+            late_now = (
+                deadline is not None
+                and keep is not None
+                and keep != ref.key
+                and time.perf_counter() > deadline
+                and not self._in_memory(ref, store)
+            )
             if (model, alias) in held or late_now:
                 if (model, alias) not in held:
                     late[(model, alias)] = ref
@@ -40,8 +52,9 @@ class VersionLoads:
                     loaded.append(ref.key)
                 routes[(model, alias)] = ref.key
             except RefusedVersion as exc:
-                refused.append({"model": model, "version": ref.version, "alias": alias,
-                                "reason": exc.reason, "error": exc.detail})
+                refused.append(
+                    {"model": model, "version": ref.version, "alias": alias, "reason": exc.reason, "error": exc.detail}
+                )
                 if keep is not None:
                     routes[(model, alias)] = keep
         return routes, loaded, refused, late

@@ -4,6 +4,7 @@ Input: config, the lake URI, the run's logical date (end of the trailing window)
 Output: a JSON-safe dict with the run id, the logged model URI, the base it was trained on, the
 data lineage and the metrics. Nothing is registered here (see pipelines.registry.register).
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,15 @@ from pipelines.registry.models import serving_base
 log = logging.getLogger(__name__)
 
 
-def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkpoint_uri: str | None = None,
-          progress: bool = False) -> dict:
+def train(
+    cfg: PipelineConfig,
+    lake_uri: str,
+    end_day: str,
+    slot: str,
+    *,
+    checkpoint_uri: str | None = None,
+    progress: bool = False,
+) -> dict:
     """Train, log and return the candidate adapter of `slot` for the window ending `end_day`.
 
     Rows stream from the lake's partitions (`model.stream`): memory is bounded by the read chunk
@@ -54,29 +62,58 @@ def train(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, *, checkp
     settings = loop_settings(lc)
     model_name = cfg.adapter_model_name(slot)
     chash = config_hash(lc)
-    store = checkpoint.CheckpointStore(checkpoint_uri or checkpoint.default_uri(
-        checkpoint.default_root(lake_uri), model_name, end_day, chash))
+    store = checkpoint.CheckpointStore(
+        checkpoint_uri or checkpoint.default_uri(checkpoint.default_root(lake_uri), model_name, end_day, chash)
+    )
     # A checkpoint only resumes this exact run: same config, base weights and data.
-    run_key = {"config_hash": chash, "base_fingerprint": base_ref["fingerprint"], "data": data_lineage["sha256"],
-               "siblings": sorted(regularizer.siblings) if regularizer else None}
+    run_key = {
+        "config_hash": chash,
+        "base_fingerprint": base_ref["fingerprint"],
+        "data": data_lineage["sha256"],
+        "siblings": sorted(regularizer.siblings) if regularizer else None,
+    }
 
     with runs.start_run(mlflow_io.ensure_experiment(cfg.registry.experiment), f"{model_name}-{end_day}") as run:
         _log_inputs(lc, slot, end_day, base_ref, stab, streams, store, sizes, model_name)
-        result = _fit_logged(model, streams, settings, store, run_key, model_name, progress,
-                             delta.regularizer(lc, streams["train"].rows, regularizer))
+        result = _fit_logged(
+            model,
+            streams,
+            settings,
+            store,
+            run_key,
+            model_name,
+            progress,
+            delta.regularizer(lc, streams["train"].rows, regularizer),
+        )
         ortho = _log_orthogonality(model, regularizer)
         # judged_on next_day: nothing is held out; the days after the window judge it (promotion.prequential)
         metrics = score_stream(model, streams["holdout"]) if streams["holdout"].rows else {}
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(data_lineage, "lineage/data.json")
-        info = _log_adapter(model, slot, base_ref, lc, streams["holdout"] if streams["holdout"].rows else streams["train"])
+        info = _log_adapter(
+            model, slot, base_ref, lc, streams["holdout"] if streams["holdout"].rows else streams["train"]
+        )
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
-    return {"run_id": run.info.run_id, "model_uri": info.model_uri, "model_name": model_name, "slot": slot,
-            "end_day": end_day, "base": base_ref, "metrics": metrics, "trainable_fraction": sizes["trainable_fraction"],
-            "data": {k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
-            "config_hash": chash, "judged_on": lc.judged_on, "effective_lr": stab["effective_lr"], "stability": stab["stability"],
-            "lr_rescaled": stab["lr_rescaled"], "epochs_run": result["epochs_run"], "best_epoch": result["best_epoch"],
-            "resumed_from_epoch": result["resumed_from_epoch"], "orthogonality": ortho}
+    return {
+        "run_id": run.info.run_id,
+        "model_uri": info.model_uri,
+        "model_name": model_name,
+        "slot": slot,
+        "end_day": end_day,
+        "base": base_ref,
+        "metrics": metrics,
+        "trainable_fraction": sizes["trainable_fraction"],
+        "data": {k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
+        "config_hash": chash,
+        "judged_on": lc.judged_on,
+        "effective_lr": stab["effective_lr"],
+        "stability": stab["stability"],
+        "lr_rescaled": stab["lr_rescaled"],
+        "epochs_run": result["epochs_run"],
+        "best_epoch": result["best_epoch"],
+        "resumed_from_epoch": result["resumed_from_epoch"],
+        "orthogonality": ortho,
+    }
 
 
 def sibling_regularizer(cfg: PipelineConfig, slot: str, base_ref: dict):
@@ -104,9 +141,13 @@ def _log_orthogonality(model, regularizer) -> dict | None:
 
     report = regularizer.report(model)
     mlflow.set_tag("orthogonality.siblings", ",".join(report["siblings"]))
-    mlflow.log_metrics({k: float(report[v]) for k, v in (("orthogonality_penalty", "penalty"),
-                                                         ("orthogonality_max_abs_cos", "max_abs_cos"))
-                        if report[v] is not None})
+    mlflow.log_metrics(
+        {
+            k: float(report[v])
+            for k, v in (("orthogonality_penalty", "penalty"), ("orthogonality_max_abs_cos", "max_abs_cos"))
+            if report[v] is not None
+        }
+    )
     return report
 
 
@@ -127,7 +168,7 @@ def token_rows(lc: LoraTrainConfig, streams: dict, model_cfg) -> dict[str, list[
 
     tables = list(lc.trainable_tokens)
     found: dict[str, set[int]] = {t: set() for t in tables}
-    end = max(streams["train"].hi, streams["val"].hi)   # the holdout starts where both end
+    end = max(streams["train"].hi, streams["val"].hi)  # the holdout starts where both end
     for frame in streams["index"].frames(0, end, 262_144, columns=tables):
         for t in tables:
             found[t].update(features.id_buckets(frame[t], t, model_cfg))
@@ -143,29 +184,62 @@ def _fresh_adapter(lc: LoraTrainConfig, base, rows: dict[str, list[int]] | None)
     return adapters.attach(base, lc, token_rows=rows)
 
 
-def _log_inputs(lc: LoraTrainConfig, slot: str, end_day: str, base_ref: dict, stab: dict, streams: dict, store,
-                sizes: dict, model_name: str) -> None:
+def _log_inputs(
+    lc: LoraTrainConfig,
+    slot: str,
+    end_day: str,
+    base_ref: dict,
+    stab: dict,
+    streams: dict,
+    store,
+    sizes: dict,
+    model_name: str,
+) -> None:
     """Tags, params and sizes of the run, before training."""
     import mlflow
 
     from pipelines.registry import mlflow_io
 
     fit_rows, val_rows, holdout = streams["train"], streams["val"], streams["holdout"]
-    mlflow.set_tags({"stage": "lora_adapter", "slot": slot, "data.end": end_day,
-                     "base.name": base_ref["name"], "base.version": base_ref["version"],
-                     "base.fingerprint": base_ref["fingerprint"], "code.version": mlflow_io.code_version()})
+    mlflow.set_tags(
+        {
+            "stage": "lora_adapter",
+            "slot": slot,
+            "data.end": end_day,
+            "base.name": base_ref["name"],
+            "base.version": base_ref["version"],
+            "base.fingerprint": base_ref["fingerprint"],
+            "code.version": mlflow_io.code_version(),
+        }
+    )
     mlflow.log_params({f"lora.{k}": v for k, v in to_dict(lc).items()})
-    mlflow.log_params({"train.effective_lr": stab["effective_lr"], "train.stability": stab["stability"],
-                       "train.lr_rescaled": stab["lr_rescaled"], "train.rows": fit_rows.rows,
-                       "train.val_rows": val_rows.rows, "train.checkpoint": store.location})
+    mlflow.log_params(
+        {
+            "train.effective_lr": stab["effective_lr"],
+            "train.stability": stab["stability"],
+            "train.lr_rescaled": stab["lr_rescaled"],
+            "train.rows": fit_rows.rows,
+            "train.val_rows": val_rows.rows,
+            "train.checkpoint": store.location,
+        }
+    )
     mlflow.log_metrics({k: float(v) for k, v in sizes.items()})
-    log.info("%s: %d train rows, %d val rows, %d holdout rows; trainable %d / %d params (%.4f%%); lr %.6g",
-             model_name, fit_rows.rows, val_rows.rows, holdout.rows, sizes["trainable_params"],
-             sizes["total_params"], 100 * sizes["trainable_fraction"], stab["effective_lr"])
+    log.info(
+        "%s: %d train rows, %d val rows, %d holdout rows; trainable %d / %d params (%.4f%%); lr %.6g",
+        model_name,
+        fit_rows.rows,
+        val_rows.rows,
+        holdout.rows,
+        sizes["trainable_params"],
+        sizes["total_params"],
+        100 * sizes["trainable_fraction"],
+        stab["effective_lr"],
+    )
 
 
-def _fit_logged(model, streams: dict, settings, store, run_key: dict, model_name: str, progress: bool,
-                regularizer=None) -> dict:
+def _fit_logged(
+    model, streams: dict, settings, store, run_key: dict, model_name: str, progress: bool, regularizer=None
+) -> dict:
     """`fit` on the train stream (validating on the val stream, if it has rows), every epoch's metrics
     logged to the active run; refuses a model whose trainable weights are no longer finite."""
     import mlflow
@@ -174,15 +248,31 @@ def _fit_logged(model, streams: dict, settings, store, run_key: dict, model_name
     from pipelines.training.loop import fit
 
     val_rows = streams["val"]
-    result = fit(model, streams["train"], settings, val=val_rows if val_rows.rows else None, desc=model_name,
-                 checkpoint=store, run_key=run_key, progress=progress, regularizer=regularizer,
-                 on_epoch=lambda m: mlflow.log_metrics(
-                     {k: float(v) for k, v in m.items() if k != "epoch" and v is not None}, step=m["epoch"]))
+    result = fit(
+        model,
+        streams["train"],
+        settings,
+        val=val_rows if val_rows.rows else None,
+        desc=model_name,
+        checkpoint=store,
+        run_key=run_key,
+        progress=progress,
+        regularizer=regularizer,
+        on_epoch=lambda m: mlflow.log_metrics(
+            {k: float(v) for k, v in m.items() if k != "epoch" and v is not None}, step=m["epoch"]
+        ),
+    )
     if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
-        raise PipelineError(f"{model_name}: training diverged (non-finite weights) at lr {settings.lr:g}; "
-                            "lower lora.lr or lora.stability_max")
-    mlflow.set_tags({"training.resumed_from_epoch": str(result["resumed_from_epoch"]),
-                     "training.best_epoch": str(result["best_epoch"])})
+        raise PipelineError(
+            f"{model_name}: training diverged (non-finite weights) at lr {settings.lr:g}; "
+            "lower lora.lr or lora.stability_max"
+        )
+    mlflow.set_tags(
+        {
+            "training.resumed_from_epoch": str(result["resumed_from_epoch"]),
+            "training.best_epoch": str(result["best_epoch"]),
+        }
+    )
     mlflow.log_metrics({"epochs_run": result["epochs_run"]})
     return result
 
@@ -194,9 +284,11 @@ def _log_adapter(model, slot: str, base_ref: dict, lc: LoraTrainConfig, holdout)
 
     with tempfile.TemporaryDirectory() as tmp:
         adapters.save(model, tmp)
-        return mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
-                                       mlflow_io.input_example(holdout.head(5), model.get_base_model().cfg),
-                                       adapter_dir=tmp)
+        return mlflow_io.log_ctr_model(
+            {"kind": "adapter", "slot": slot, "base": base_ref, "lora": to_dict(lc)},
+            mlflow_io.input_example(holdout.head(5), model.get_base_model().cfg),
+            adapter_dir=tmp,
+        )
 
 
 def score_stream(model, stream) -> dict:

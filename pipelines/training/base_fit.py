@@ -2,6 +2,7 @@
 training loop over every parameter, after the wide term's logistic regression when
 `base_training.wide_l2` > 0 (`training.wide`; its L2 chosen on the rows' newest `holdout_fraction` when
 `wide_l2_grid` names candidates). The rows come in event-time order."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,16 @@ from torch import nn
 from pipelines.config import BaseTrainConfig
 
 
-def fit_base(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, bt: BaseTrainConfig, *, val=None,
-             desc: str = "base", on_epoch=None) -> dict:
+def fit_base(
+    model: nn.Module,
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    bt: BaseTrainConfig,
+    *,
+    val=None,
+    desc: str = "base",
+    on_epoch=None,
+) -> dict:
     """Train `model` (fresh, pretrained weights loaded) on the rows as `bt` says; returns
     {"wide": the LR fit's report or None, "history": the loop's per-epoch metrics}."""
     from pipelines.training.loop import LoopSettings, seed_everything, train

@@ -6,6 +6,7 @@
 `base_training.refit_all_rows` the holdout only scores the recipe: the base logged is the same recipe
 refitted on every row of the window, so the rows nearest what it will serve train it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,30 +38,57 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
         mlflow.set_tags({"stage": "base_model", "data.cutoff": cutoff_day, "code.version": mlflow_io.code_version()})
         mlflow.log_params({f"model.{k}": v for k, v in to_dict(cfg.model).items()})
         mlflow.log_params({f"train.{k}": v for k, v in to_dict(bt).items()})
-        fitted = fit_base(model, x_tr, y_tr, bt, val=(x_ho, y_ho), desc="base", on_epoch=lambda m: mlflow.log_metrics(
-            {k: v for k, v in m.items() if k != "epoch"}, step=m["epoch"]))
+        fitted = fit_base(
+            model,
+            x_tr,
+            y_tr,
+            bt,
+            val=(x_ho, y_ho),
+            desc="base",
+            on_epoch=lambda m: mlflow.log_metrics({k: v for k, v in m.items() if k != "epoch"}, step=m["epoch"]),
+        )
         if fitted["wide"]:
             by_l2 = fitted["wide"].get("auc_by_l2") or {}
-            mlflow.log_metrics({**{f"wide_lr_{k}": v for k, v in fitted["wide"].items() if k != "auc_by_l2"},
-                                **{f"wide_lr_newest_auc_l2_{k}": v for k, v in by_l2.items()}})
+            mlflow.log_metrics(
+                {
+                    **{f"wide_lr_{k}": v for k, v in fitted["wide"].items() if k != "auc_by_l2"},
+                    **{f"wide_lr_newest_auc_l2_{k}": v for k, v in by_l2.items()},
+                }
+            )
         metrics = summary(y_ho, predict(model, x_ho))
         mlflow.log_metrics({f"holdout_{k}": v for k, v in metrics.items() if v is not None})
         evaluation = _against_serving_base(cfg, split.holdout, y_ho, metrics)
         if evaluation["champion"]:
             mlflow.log_metrics({f"serving_base_{k}": v for k, v in evaluation["champion"].items() if v is not None})
-        if bt.refit_all_rows:   # the holdout has scored the recipe: what ships learns from its rows too
+        if bt.refit_all_rows:  # the holdout has scored the recipe: what ships learns from its rows too
             model = _refit_all_rows(fam, cfg, (x_tr, x_ho), (y_tr, y_ho))
         mlflow.log_dict(split.lineage, "lineage/data.json")
         with tempfile.TemporaryDirectory() as tmp:
             meta = store.save_base(model, tmp)
-            info = mlflow_io.log_ctr_model({"kind": "base", "model": meta["model"]},
-                                           mlflow_io.input_example(split.holdout, model.cfg), base_dir=tmp)
-        log.info("base model trained on %d rows (%s..%s): holdout AUC %.4f logloss %.4f%s",
-                 len(split.train), split.lineage["first"], split.lineage["last"], metrics["auc"], metrics["logloss"],
-                 f"; refitted on all {len(split.train) + len(split.holdout)} rows" if bt.refit_all_rows else "")
-    return {"run_id": run.info.run_id, "model_uri": info.model_uri, "fingerprint": meta["fingerprint"],
-            "metrics": metrics, "data": {k: split.lineage[k] for k in ("first", "last", "count", "sha256")},
-            "config_hash": config_hash(cfg.model), "cutoff": cutoff_day, "evaluation": evaluation}
+            info = mlflow_io.log_ctr_model(
+                {"kind": "base", "model": meta["model"]},
+                mlflow_io.input_example(split.holdout, model.cfg),
+                base_dir=tmp,
+            )
+        log.info(
+            "base model trained on %d rows (%s..%s): holdout AUC %.4f logloss %.4f%s",
+            len(split.train),
+            split.lineage["first"],
+            split.lineage["last"],
+            metrics["auc"],
+            metrics["logloss"],
+            f"; refitted on all {len(split.train) + len(split.holdout)} rows" if bt.refit_all_rows else "",
+        )
+    return {
+        "run_id": run.info.run_id,
+        "model_uri": info.model_uri,
+        "fingerprint": meta["fingerprint"],
+        "metrics": metrics,
+        "data": {k: split.lineage[k] for k in ("first", "last", "count", "sha256")},
+        "config_hash": config_hash(cfg.model),
+        "cutoff": cutoff_day,
+        "evaluation": evaluation,
+    }
 
 
 def _fresh_model(fam, cfg: PipelineConfig):
@@ -83,8 +111,14 @@ def _refit_all_rows(fam, cfg: PipelineConfig, tokens: tuple, labels: tuple):
 
     model = _fresh_model(fam, cfg)
     x, y = np.concatenate(tokens), np.concatenate(labels)
-    fitted = fit_base(model, x, y, cfg.base_training, desc="base-refit", on_epoch=lambda m: mlflow.log_metrics(
-        {f"refit_{k}": v for k, v in m.items() if k != "epoch"}, step=m["epoch"]))
+    fitted = fit_base(
+        model,
+        x,
+        y,
+        cfg.base_training,
+        desc="base-refit",
+        on_epoch=lambda m: mlflow.log_metrics({f"refit_{k}": v for k, v in m.items() if k != "epoch"}, step=m["epoch"]),
+    )
     mlflow.log_metrics({"refit_rows": len(y), **({"refit_wide_lr_l2": fitted["wide"]["l2"]} if fitted["wide"] else {})})
     return model
 
@@ -106,5 +140,9 @@ def _against_serving_base(cfg: PipelineConfig, holdout, y_ho, metrics: dict) -> 
     if serving is not None:
         old = load_base_from_registry(name, str(serving.version))
         champion = summary(y_ho, predict(old, family.encode(holdout, old.cfg)))
-    return {"candidate": metrics, "champion": champion, "holdout_rows": int(len(y_ho)),
-            "champion_version": str(serving.version) if serving is not None else None}
+    return {
+        "candidate": metrics,
+        "champion": champion,
+        "holdout_rows": int(len(y_ho)),
+        "champion_version": str(serving.version) if serving is not None else None,
+    }

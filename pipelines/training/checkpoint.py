@@ -9,6 +9,7 @@ random), the run key (settings + config + data/base identity) and the best-so-fa
 Writes are atomic: locally a temp file in the same directory, fsynced, then `os.replace`; on S3 a
 single PUT, which is atomic per object (a reader sees the old or the new object, never a part).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,10 +52,18 @@ def default_uri(root: str, model_name: str, end_day: str, config_hash: str) -> s
 def capture_rng(gen: torch.Generator) -> dict:
     """Every RNG the loop touches, in a form `torch.load(weights_only=True)` accepts."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"generator": gen.get_state(), "torch": torch.get_rng_state(),
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached": float(cached)},
-            "random": random.getstate()}
+    return {
+        "generator": gen.get_state(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "random": random.getstate(),
+    }
 
 
 def restore_rng(state: dict, gen: torch.Generator) -> None:
@@ -82,7 +91,7 @@ class CheckpointStore:
     def __init__(self, uri: str):
         self.uri = uri.rstrip("/")
         if self.uri.startswith("file://"):
-            self.uri = self.uri[len("file://"):]
+            self.uri = self.uri[len("file://") :]
         self.is_s3 = self.uri.startswith("s3://")
         self._lake = Lake(self.uri) if self.is_s3 else None
 
@@ -128,8 +137,11 @@ class CheckpointStore:
             log.warning("ignoring unreadable checkpoint %s: %s", self.location, exc)
             return None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
-            log.warning("ignoring checkpoint %s: unknown format %r", self.location,
-                        state.get("format") if isinstance(state, dict) else type(state).__name__)
+            log.warning(
+                "ignoring checkpoint %s: unknown format %r",
+                self.location,
+                state.get("format") if isinstance(state, dict) else type(state).__name__,
+            )
             return None
         return state
 

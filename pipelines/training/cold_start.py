@@ -29,6 +29,7 @@ Stage functions take (cfg, lake_uri, end_day, ...) and return small JSON-safe di
 re-reads the lake (the data's lineage hash must not change between tasks), so nothing but URIs and
 those dicts passes between them. Deterministic for a seed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,8 +53,10 @@ def student_for(base, cs: LoraShape, seed: int):
 
     seed_everything(seed)
     base.requires_grad_(False)
-    return get_peft_model(base, LoraConfig(r=cs.r, lora_alpha=cs.alpha, lora_dropout=0.0,
-                                           target_modules=list(cs.target_modules), bias="none"))
+    return get_peft_model(
+        base,
+        LoraConfig(r=cs.r, lora_alpha=cs.alpha, lora_dropout=0.0, target_modules=list(cs.target_modules), bias="none"),
+    )
 
 
 def init_student(student, cs: ColdStartConfig, transfer_tokens: np.ndarray) -> dict:
@@ -70,13 +73,17 @@ def init_student(student, cs: ColdStartConfig, transfer_tokens: np.ndarray) -> d
         cov = D.behaviour_covariance(emb, counts)
         vals, _ = D.principal_directions(cov, cs.r)
         D.set_lora_A(student, D.covariance_lora_A(cov, cs.r))
-        init.update(users=int(len(emb)), explained_variance=float(vals.sum() / torch.trace(cov).clamp_min(1e-30)),
-                    top_eigenvalue=float(vals[0]))
+        init.update(
+            users=int(len(emb)),
+            explained_variance=float(vals.sum() / torch.trace(cov).clamp_min(1e-30)),
+            top_eigenvalue=float(vals[0]),
+        )
     return init
 
 
-def choose_teacher(teachers: dict, x_labelled: np.ndarray, y_labelled: np.ndarray, slots: np.ndarray,
-                   fallback: bool = True) -> dict:
+def choose_teacher(
+    teachers: dict, x_labelled: np.ndarray, y_labelled: np.ndarray, slots: np.ndarray, fallback: bool = True
+) -> dict:
     """Which model teaches: the slot champions (`teachers`), or the serving base (`teachers[None]`)
     when `fallback` and the base has the lower logloss on the labelled cold rows."""
     from pipelines.metrics import logloss
@@ -94,21 +101,28 @@ def detect_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = A
     """Detect the cold users / items and size the split; raises PipelineError when there is too little."""
     prep = prepare(cfg, lake_uri, end_day, slot, serving_base(cfg, with_cutoff=True))
     out = describe(cfg, prep, end_day, slot)
-    log.info("cold start %s..%s (slot %s, base cutoff %s): %s; rows %s; %d held-out users from %s",
-             prep.window_first, end_day, slot, prep.base["cutoff"], out["cold"], out["rows"], out["holdout_users"],
-             out["holdout_start"])
+    log.info(
+        "cold start %s..%s (slot %s, base cutoff %s): %s; rows %s; %d held-out users from %s",
+        prep.window_first,
+        end_day,
+        slot,
+        prep.base["cutoff"],
+        out["cold"],
+        out["rows"],
+        out["holdout_users"],
+        out["holdout_start"],
+    )
     return out
 
 
-def distill_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = ALL,
-                  detected: dict | None = None) -> dict:
+def distill_stage(
+    cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = ALL, detected: dict | None = None
+) -> dict:
     """Train the distilled student and the no-distillation baseline; log both to one MLflow run.
 
     The student is logged as the CTR pyfunc (base reference + adapter), the baseline's adapter as
     the run artifact `baseline_adapter/`. Returns the candidate dict that evaluate / register take.
     """
-    import mlflow
-
     from pipelines.registry import mlflow_io, runs
     from pipelines.training import distill as D
 
@@ -124,18 +138,33 @@ def distill_stage(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = 
 
     with runs.start_run(mlflow_io.ensure_experiment(cfg.registry.experiment), f"{name}-{end_day}") as run:
         _log_inputs(cfg, slot, end_day, prep, summary, teacher, teacher_refs, init)
-        log.info("%s: %d labelled rows, %d transfer rows; teacher: %s (slot champions %s; logloss on the labelled "
-                 "cold rows %s); init %s", name, len(labelled[0]), len(transfer), teacher["kind"],
-                 {s: f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()}, teacher["labelled_logloss"],
-                 init)
+        log.info(
+            "%s: %d labelled rows, %d transfer rows; teacher: %s (slot champions %s; logloss on the labelled "
+            "cold rows %s); init %s",
+            name,
+            len(labelled[0]),
+            len(transfer),
+            teacher["kind"],
+            {s: f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()},
+            teacher["labelled_logloss"],
+            init,
+        )
         hist = D.distill(student, labelled, transfer, settings, desc=name, on_epoch=_epoch_logger())
         baseline = student_for(_registered_base(base_ref), cs, cfg.lora.seed)
-        b_hist = D.distill(baseline, labelled, None, baseline_settings, desc=f"{name}-baseline",
-                           on_epoch=_epoch_logger("baseline_"))
+        b_hist = D.distill(
+            baseline, labelled, None, baseline_settings, desc=f"{name}-baseline", on_epoch=_epoch_logger("baseline_")
+        )
         info = _log_models(student, baseline, slot, base_ref, cs, prep.split.holdout)
-    return {**summary, "run_id": run.info.run_id, "model_uri": info.model_uri, "teachers": teacher_refs,
-            "teacher": teacher, "init": init, "config_hash": config_hash(cs),
-            "train": {"student_final_loss": hist[-1]["train_loss"], "baseline_final_loss": b_hist[-1]["train_loss"]}}
+    return {
+        **summary,
+        "run_id": run.info.run_id,
+        "model_uri": info.model_uri,
+        "teachers": teacher_refs,
+        "teacher": teacher,
+        "init": init,
+        "config_hash": config_hash(cs),
+        "train": {"student_final_loss": hist[-1]["train_loss"], "baseline_final_loss": b_hist[-1]["train_loss"]},
+    }
 
 
 def _registered_base(ref: dict):
@@ -156,8 +185,9 @@ def _teacher_outputs(cfg: PipelineConfig, prep, slot: str):
     mcfg = teachers[None].cfg
     x_l, y_l = family.encode(sp.labelled, mcfg), features.labels(sp.labelled)
     x_t = family.encode(sp.transfer, mcfg)
-    teacher = choose_teacher(teachers, x_l, y_l, sp.labelled["slot"].astype(str).to_numpy(),
-                             cfg.cold_start.teacher_fallback)
+    teacher = choose_teacher(
+        teachers, x_l, y_l, sp.labelled["slot"].astype(str).to_numpy(), cfg.cold_start.teacher_fallback
+    )
     if teacher["kind"] == "base":
         teachers = {None: teachers[None]}
     t_logits, t_pooled = inference.forward_by_group(teachers, x_t, sp.transfer["slot"].astype(str).to_numpy())
@@ -169,36 +199,69 @@ def _distill_settings(cfg: PipelineConfig):
     from pipelines.training import distill as D
 
     cs, lc = cfg.cold_start, cfg.lora
-    student = D.DistillSettings(cs.epochs, cs.batch_size, cs.transfer_batch_size, cs.lr, cs.weight_decay,
-                                cs.warmup_steps, cs.seed, cs.loss_weights)
-    baseline = D.DistillSettings(lc.epochs, lc.batch_size, cs.transfer_batch_size, lc.lr, lc.weight_decay,
-                                 lc.warmup_steps, lc.seed, D.LossWeights(1.0, 0.0, 0.0, cs.temperature))
+    student = D.DistillSettings(
+        cs.epochs,
+        cs.batch_size,
+        cs.transfer_batch_size,
+        cs.lr,
+        cs.weight_decay,
+        cs.warmup_steps,
+        cs.seed,
+        cs.loss_weights,
+    )
+    baseline = D.DistillSettings(
+        lc.epochs,
+        lc.batch_size,
+        cs.transfer_batch_size,
+        lc.lr,
+        lc.weight_decay,
+        lc.warmup_steps,
+        lc.seed,
+        D.LossWeights(1.0, 0.0, 0.0, cs.temperature),
+    )
     return student, baseline
 
 
-def _log_inputs(cfg: PipelineConfig, slot: str, end_day: str, prep, summary: dict, teacher: dict, teacher_refs: dict,
-                init: dict) -> None:
+def _log_inputs(
+    cfg: PipelineConfig, slot: str, end_day: str, prep, summary: dict, teacher: dict, teacher_refs: dict, init: dict
+) -> None:
     """Tags, params, sizes and the detection / lineage records of the run, before training."""
     import mlflow
 
     from pipelines.registry import mlflow_io
 
     cs, lc, base_ref = cfg.cold_start, cfg.lora, summary["base"]
-    mlflow.set_tags({"stage": "cold_start", "slot": slot, "data.end": end_day, "base.name": base_ref["name"],
-                     "base.version": base_ref["version"], "base.fingerprint": base_ref["fingerprint"],
-                     "base.cutoff": prep.base["cutoff"], "code.version": mlflow_io.code_version(),
-                     "teacher.kind": teacher["kind"],
-                     **{f"teacher.{s}": f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()}})
+    mlflow.set_tags(
+        {
+            "stage": "cold_start",
+            "slot": slot,
+            "data.end": end_day,
+            "base.name": base_ref["name"],
+            "base.version": base_ref["version"],
+            "base.fingerprint": base_ref["fingerprint"],
+            "base.cutoff": prep.base["cutoff"],
+            "code.version": mlflow_io.code_version(),
+            "teacher.kind": teacher["kind"],
+            **{f"teacher.{s}": f"{r['model']} v{r['version']}" for s, r in teacher_refs.items()},
+        }
+    )
     mlflow.log_params({f"cold_start.{k}": v for k, v in to_dict(cs).items()})
-    mlflow.log_params({f"baseline.{k}": getattr(lc, k) for k in ("epochs", "batch_size", "lr", "weight_decay",
-                                                                 "warmup_steps", "seed")})
-    mlflow.log_metrics({**{f"cold_{k}": float(v) for k, v in summary["cold"].items()},
-                        **{f"rows_{k}": float(v) for k, v in summary["rows"].items()},
-                        "holdout_users": float(prep.split.holdout_users),
-                        **{f"teacher_labelled_logloss_{k}": v for k, v in teacher["labelled_logloss"].items()},
-                        **{f"init_{k}": float(v) for k, v in init.items() if k != "init"}})
-    mlflow.log_dict({**summary, "teachers": teacher_refs, "teacher": teacher, "init": init},
-                    "cold_start/detected.json")
+    mlflow.log_params(
+        {
+            f"baseline.{k}": getattr(lc, k)
+            for k in ("epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed")
+        }
+    )
+    mlflow.log_metrics(
+        {
+            **{f"cold_{k}": float(v) for k, v in summary["cold"].items()},
+            **{f"rows_{k}": float(v) for k, v in summary["rows"].items()},
+            "holdout_users": float(prep.split.holdout_users),
+            **{f"teacher_labelled_logloss_{k}": v for k, v in teacher["labelled_logloss"].items()},
+            **{f"init_{k}": float(v) for k, v in init.items() if k != "init"},
+        }
+    )
+    mlflow.log_dict({**summary, "teachers": teacher_refs, "teacher": teacher, "init": init}, "cold_start/detected.json")
     mlflow.log_dict(prep.lineage, "lineage/data.json")
 
 
@@ -220,8 +283,14 @@ def _log_models(student, baseline, slot: str, base_ref: dict, cs: LoraShape, hol
         student.save_pretrained(f"{tmp}/student")
         baseline.save_pretrained(f"{tmp}/{BASELINE_ARTIFACT}")
         mlflow.log_artifacts(f"{tmp}/{BASELINE_ARTIFACT}", BASELINE_ARTIFACT)
-        return mlflow_io.log_ctr_model({"kind": "adapter", "slot": slot, "cold_start": True, "base": base_ref,
-                                        "lora": {"r": cs.r, "alpha": cs.alpha,
-                                                 "target_modules": list(cs.target_modules)}},
-                                       mlflow_io.input_example(holdout, student.get_base_model().cfg),
-                                       adapter_dir=f"{tmp}/student")
+        return mlflow_io.log_ctr_model(
+            {
+                "kind": "adapter",
+                "slot": slot,
+                "cold_start": True,
+                "base": base_ref,
+                "lora": {"r": cs.r, "alpha": cs.alpha, "target_modules": list(cs.target_modules)},
+            },
+            mlflow_io.input_example(holdout, student.get_base_model().cfg),
+            adapter_dir=f"{tmp}/student",
+        )

@@ -6,6 +6,7 @@ logistic regression's: `delta_l2 / 2 * ||offsets||^2` per sum of the rows' log-l
 loss is a mean) the penalty is divided by the training rows. The ids of a window appear a few times each,
 so their rows train with Adagrad, whose per-coordinate steps follow each row's own gradient history.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,17 @@ from pipelines.training.loop import LoopSettings
 
 def loop_settings(lc: LoraTrainConfig) -> LoopSettings:
     """The training loop's settings for an adapter of `lc` (the stability rule's lr; Adagrad for a delta)."""
-    return LoopSettings(lc.epochs, lc.batch_size, lc.stable_lr(), lc.weight_decay, lc.warmup_steps, lc.seed,
-                        patience=lc.early_stopping_patience, start_is_candidate=lc.keep_base_if_no_gain,
-                        optimizer="adagrad" if lc.kind == "delta" else "adamw")
+    return LoopSettings(
+        lc.epochs,
+        lc.batch_size,
+        lc.stable_lr(),
+        lc.weight_decay,
+        lc.warmup_steps,
+        lc.seed,
+        patience=lc.early_stopping_patience,
+        start_is_candidate=lc.keep_base_if_no_gain,
+        optimizer="adagrad" if lc.kind == "delta" else "adamw",
+    )
 
 
 class Anchor:
@@ -45,8 +54,11 @@ class Anchor:
 def regularizer(lc: LoraTrainConfig, rows: int, orthogonality=None):
     """The penalty `fit` adds to every batch's loss: the delta's anchor, the orthogonality penalty, both
     (summed) or neither (None)."""
-    parts = [p for p in (Anchor(lc.delta_l2, rows) if lc.kind == "delta" and lc.delta_l2 > 0 else None,
-                         orthogonality) if p is not None]
+    parts = [
+        p
+        for p in (Anchor(lc.delta_l2, rows) if lc.kind == "delta" and lc.delta_l2 > 0 else None, orthogonality)
+        if p is not None
+    ]
     if len(parts) <= 1:
         return parts[0] if parts else None
     return lambda model: sum(p(model) for p in parts)

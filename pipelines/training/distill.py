@@ -26,6 +26,7 @@ floored at 1% of l_1 so no row is (near) zero: a zero row of A is a dead rank (n
 matching column of B ever gets a gradient). B stays 0, so the student starts exactly at the base.
 Eigenvector signs are fixed (largest-|.| component positive) so the init is reproducible.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,7 +72,7 @@ def kd_term(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     s, t = student_logits / temperature, teacher_logits.detach() / temperature
     p = torch.sigmoid(t)
     kl = p * (F.logsigmoid(t) - F.logsigmoid(s)) + (1 - p) * (F.logsigmoid(-t) - F.logsigmoid(-s))
-    return temperature ** 2 * kl.mean()
+    return temperature**2 * kl.mean()
 
 
 def align_term(student_h: torch.Tensor, teacher_h: torch.Tensor, kind: str = "mse") -> torch.Tensor:
@@ -86,13 +87,22 @@ def align_term(student_h: torch.Tensor, teacher_h: torch.Tensor, kind: str = "ms
     raise ValueError(f"unknown alignment {kind!r}; expected 'mse' or 'cosine'")
 
 
-def distill_loss(w: LossWeights, *, labelled_logits: torch.Tensor, labels: torch.Tensor,
-                 transfer_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                 transfer_h: torch.Tensor, teacher_h: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def distill_loss(
+    w: LossWeights,
+    *,
+    labelled_logits: torch.Tensor,
+    labels: torch.Tensor,
+    transfer_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    transfer_h: torch.Tensor,
+    teacher_h: torch.Tensor,
+) -> tuple[torch.Tensor, dict]:
     """The weighted sum of the three terms, and each term's value (floats, for logging)."""
-    parts = {"bce": bce_term(labelled_logits, labels) if w.bce else None,
-             "kd": kd_term(transfer_logits, teacher_logits, w.temperature) if w.kd else None,
-             "align": align_term(transfer_h, teacher_h, w.align_kind) if w.align else None}
+    parts = {
+        "bce": bce_term(labelled_logits, labels) if w.bce else None,
+        "kd": kd_term(transfer_logits, teacher_logits, w.temperature) if w.kd else None,
+        "align": align_term(transfer_h, teacher_h, w.align_kind) if w.align else None,
+    }
     total = sum(getattr(w, k) * v for k, v in parts.items() if v is not None)
     if not isinstance(total, torch.Tensor):
         raise ValueError("distill_loss: every loss weight is 0")
@@ -126,8 +136,9 @@ def principal_directions(cov: torch.Tensor, r: int) -> tuple[torch.Tensor, torch
     return vals, vecs * signs[:, None]
 
 
-def covariance_lora_A(cov: torch.Tensor, r: int, row_norm: float = KAIMING_ROW_NORM,
-                      floor: float = EIGEN_FLOOR) -> torch.Tensor:
+def covariance_lora_A(
+    cov: torch.Tensor, r: int, row_norm: float = KAIMING_ROW_NORM, floor: float = EIGEN_FLOOR
+) -> torch.Tensor:
     """A [r, D] = row_norm * sqrt(l_i / mean(l)) * u_i (see the module docstring), float32."""
     vals, vecs = principal_directions(cov, r)
     top = vals[0] if vals[0] > 0 else torch.tensor(1.0, dtype=vals.dtype)
@@ -160,7 +171,7 @@ def user_embedding_rows(model: nn.Module, user_tokens: np.ndarray) -> tuple[torc
     among `user_tokens` (one per impression)."""
     base = unwrap_peft(model)
     tokens = np.asarray(user_tokens, dtype=np.int64)
-    if getattr(base.cfg, "wide_id_buckets", 0):   # tokens range over the wide table's rows (features.token_sizes)
+    if getattr(base.cfg, "wide_id_buckets", 0):  # tokens range over the wide table's rows (features.token_sizes)
         tokens = tokens % base.cfg.id_buckets
     uniq, counts = np.unique(tokens, return_counts=True)
     table = base.embeddings["user_id"].weight.detach()
@@ -171,8 +182,8 @@ def user_embedding_rows(model: nn.Module, user_tokens: np.ndarray) -> tuple[torc
 @dataclass(frozen=True)
 class DistillSettings:
     epochs: int
-    batch_size: int            # labelled rows per step (an epoch is one pass over the labelled rows)
-    transfer_batch_size: int   # transfer rows per step (cycled through the transfer set)
+    batch_size: int  # labelled rows per step (an epoch is one pass over the labelled rows)
+    transfer_batch_size: int  # transfer rows per step (cycled through the transfer set)
     lr: float
     weight_decay: float
     warmup_steps: int
@@ -183,6 +194,7 @@ class DistillSettings:
 @dataclass
 class TransferSet:
     """Rows the teacher labels softly: tokens, teacher logits, teacher pooled representations."""
+
     tokens: np.ndarray
     teacher_logits: np.ndarray
     teacher_pooled: np.ndarray
@@ -191,9 +203,15 @@ class TransferSet:
         return len(self.tokens)
 
 
-def distill(student: nn.Module, labelled: tuple[np.ndarray, np.ndarray], transfer: TransferSet | None,
-            settings: DistillSettings, val: tuple[np.ndarray, np.ndarray] | None = None,
-            on_epoch: Callable[[dict], None] | None = None, desc: str = "distill") -> list[dict]:
+def distill(
+    student: nn.Module,
+    labelled: tuple[np.ndarray, np.ndarray],
+    transfer: TransferSet | None,
+    settings: DistillSettings,
+    val: tuple[np.ndarray, np.ndarray] | None = None,
+    on_epoch: Callable[[dict], None] | None = None,
+    desc: str = "distill",
+) -> list[dict]:
     """Train the parameters of `student` that require grad (its LoRA matrices) on the loss above.
 
     With weights kd = align = 0 and no transfer set this is plain BCE fine-tuning on the labelled
@@ -220,16 +238,22 @@ def distill(student: nn.Module, labelled: tuple[np.ndarray, np.ndarray], transfe
     for epoch in range(settings.epochs):
         student.train()
         t0, sums, count = time.perf_counter(), {}, 0
-        for labelled_batch, transfer_batch in _epoch_batches(xl, yl, n_l, transfer_batches, steps_per_epoch,
-                                                             settings.batch_size, gen):
+        for labelled_batch, transfer_batch in _epoch_batches(
+            xl, yl, n_l, transfer_batches, steps_per_epoch, settings.batch_size, gen
+        ):
             lr = lr_at(step, total, settings.lr, settings.warmup_steps)
             for name, v in _step(student, opt, w, lr, labelled_batch, transfer_batch).items():
                 sums[name] = sums.get(name, 0.0) + v
             step += 1
             count += 1
         metrics = _epoch_metrics(student, epoch, sums, count, time.perf_counter() - t0, val)
-        log.info("%s epoch %d/%d %s", desc, epoch + 1, settings.epochs,
-                 " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "epoch"))
+        log.info(
+            "%s epoch %d/%d %s",
+            desc,
+            epoch + 1,
+            settings.epochs,
+            " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "epoch"),
+        )
         history.append(metrics)
         if on_epoch:
             on_epoch(metrics)
@@ -264,47 +288,76 @@ class _TransferBatches:
     def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.pos + self.batch_size > len(self.tokens):
             self.order, self.pos = torch.randperm(len(self.tokens), generator=self.gen), 0
-        idx = self.order[self.pos:self.pos + self.batch_size]
+        idx = self.order[self.pos : self.pos + self.batch_size]
         self.pos += self.batch_size
         return self.tokens[idx], self.teacher_logits[idx], self.teacher_pooled[idx]
 
 
-def _epoch_batches(xl: torch.Tensor, yl: torch.Tensor, n_l: int, transfer: _TransferBatches | None, steps: int,
-                   batch_size: int, gen: torch.Generator) -> Iterator[tuple[tuple, tuple]]:
+def _epoch_batches(
+    xl: torch.Tensor,
+    yl: torch.Tensor,
+    n_l: int,
+    transfer: _TransferBatches | None,
+    steps: int,
+    batch_size: int,
+    gen: torch.Generator,
+) -> Iterator[tuple[tuple, tuple]]:
     """One epoch's ((tokens, labels), (tokens, teacher logits, teacher pooled)) batches: the first n_l
     labelled rows in a fresh seeded order (none when n_l is 0), each paired with the next transfer batch
     (an empty one without a transfer set)."""
     order = torch.randperm(n_l, generator=gen) if n_l else None
     no_transfer = (xl[:0], yl[:0], xl[:0].float())
     for s in range(steps):
-        li = order[s * batch_size:(s + 1) * batch_size] if n_l else slice(0, 0)
+        li = order[s * batch_size : (s + 1) * batch_size] if n_l else slice(0, 0)
         yield (xl[li], yl[li]), (transfer.next() if transfer is not None else no_transfer)
 
 
-def _step(student: nn.Module, opt: torch.optim.Optimizer, w: LossWeights, lr: float,
-          labelled: tuple[torch.Tensor, torch.Tensor], transfer: tuple[torch.Tensor, ...]) -> dict[str, float]:
+def _step(
+    student: nn.Module,
+    opt: torch.optim.Optimizer,
+    w: LossWeights,
+    lr: float,
+    labelled: tuple[torch.Tensor, torch.Tensor],
+    transfer: tuple[torch.Tensor, ...],
+) -> dict[str, float]:
     """One optimiser step on a labelled and a transfer batch (one forward pass over both); the loss and its terms."""
     (x_l, y_l), (x_t, teacher_logits, teacher_pooled) = labelled, transfer
     logits, pooled = logits_and_pooled(student, torch.cat([x_l, x_t]))
     k = len(x_l)
     for g in opt.param_groups:
         g["lr"] = lr
-    loss, parts = distill_loss(w, labelled_logits=logits[:k], labels=y_l, transfer_logits=logits[k:],
-                               teacher_logits=teacher_logits, transfer_h=pooled[k:], teacher_h=teacher_pooled)
+    loss, parts = distill_loss(
+        w,
+        labelled_logits=logits[:k],
+        labels=y_l,
+        transfer_logits=logits[k:],
+        teacher_logits=teacher_logits,
+        transfer_h=pooled[k:],
+        teacher_h=teacher_pooled,
+    )
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
     return {"loss": float(loss.detach()), **parts}
 
 
-def _epoch_metrics(student: nn.Module, epoch: int, sums: dict[str, float], count: int, secs: float,
-                   val: tuple[np.ndarray, np.ndarray] | None) -> dict:
+def _epoch_metrics(
+    student: nn.Module,
+    epoch: int,
+    sums: dict[str, float],
+    count: int,
+    secs: float,
+    val: tuple[np.ndarray, np.ndarray] | None,
+) -> dict:
     """Mean training loss terms and speed of epoch `epoch` (0-based), plus val AUC / logloss when there is `val`."""
     from pipelines.metrics import auc, logloss
     from pipelines.model.inference import predict
 
-    metrics = {"epoch": epoch + 1, **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},
-               "steps_per_s": count / max(secs, 1e-9)}
+    metrics = {
+        "epoch": epoch + 1,
+        **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},
+        "steps_per_s": count / max(secs, 1e-9),
+    }
     if val is not None and len(val[0]):
         p = predict(student, val[0])
         metrics.update(val_auc=auc(val[1], p), val_logloss=logloss(val[1], p))

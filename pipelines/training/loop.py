@@ -6,6 +6,7 @@ with `rows` and `batches(batch_size, gen)` (e.g. `pipelines.model.stream.LakeStr
 epoch's order is drawn from one seeded torch generator, so a run is a pure function of the seed and
 the data, and a checkpoint taken between epochs resumes it bit-exactly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,7 +54,7 @@ class LoopSettings:
     weight_decay: float
     warmup_steps: int
     seed: int
-    patience: int = 0   # early stopping: epochs without a lower val logloss before stopping; 0 = off
+    patience: int = 0  # early stopping: epochs without a lower val logloss before stopping; 0 = off
     # With early stopping: the weights before the first epoch are a candidate too (epoch 0). For an adapter
     # (LoRA B starts at zero) that is the base itself: when no epoch beats it on the val rows, none is kept.
     start_is_candidate: bool = False
@@ -77,12 +78,20 @@ def _set_weights(named: list[tuple[str, nn.Parameter]], weights: dict[str, torch
 
 
 def _fmt(metrics: dict) -> str:
-    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
-                    if k != "epoch")
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items() if k != "epoch")
 
 
-def _train_epoch(model: nn.Module, src, opt, gen: torch.Generator, st: dict, settings: LoopSettings, total: int,
-                 bar, regularizer=None) -> tuple[float, int]:
+def _train_epoch(
+    model: nn.Module,
+    src,
+    opt,
+    gen: torch.Generator,
+    st: dict,
+    settings: LoopSettings,
+    total: int,
+    bar,
+    regularizer=None,
+) -> tuple[float, int]:
     """One pass over `src` (advances st["step"]; sets st["diverged"] on a non-finite loss). The loss
     returned is the data loss: a `regularizer`'s term is trained on but not reported in it."""
     model.train()
@@ -118,13 +127,28 @@ def _select(st: dict, metrics: dict, named, patience: int, desc: str) -> None:
     st["bad_epochs"] += 1
     if st["bad_epochs"] >= patience:
         st["stopped"] = True
-        log.info("%s: early stop after epoch %d: no lower val logloss for %d epochs (best %s)", desc,
-                 metrics["epoch"], st["bad_epochs"],
-                 f"{best['val_logloss']:.4f} at epoch {best['epoch']}" if best else "none")
+        log.info(
+            "%s: early stop after epoch %d: no lower val logloss for %d epochs (best %s)",
+            desc,
+            metrics["epoch"],
+            st["bad_epochs"],
+            f"{best['val_logloss']:.4f} at epoch {best['epoch']}" if best else "none",
+        )
 
 
-def fit(model: nn.Module, data, settings: LoopSettings, val=None, desc: str = "train", on_epoch=None, *,
-        checkpoint=None, run_key: dict | None = None, progress: bool = False, regularizer=None) -> dict:
+def fit(
+    model: nn.Module,
+    data,
+    settings: LoopSettings,
+    val=None,
+    desc: str = "train",
+    on_epoch=None,
+    *,
+    checkpoint=None,
+    run_key: dict | None = None,
+    progress: bool = False,
+    regularizer=None,
+) -> dict:
     """Train the parameters of `model` that require grad with AdamW or Adagrad (`settings.optimizer`;
     warm-up + cosine decay).
 
@@ -188,14 +212,24 @@ def _optimizer(settings: LoopSettings, params: list[nn.Parameter]) -> torch.opti
 def _checkpoint_key(settings: LoopSettings, src, val_src, named, run_key: dict | None) -> dict:
     """What a checkpoint must match to be resumed (JSON-normalised, as it is stored): the settings, the
     row counts, the trainable parameters' shapes and the caller's `run_key`."""
-    return json.loads(json.dumps({"settings": dataclasses.asdict(settings), "rows": src.rows,
-                                  "val_rows": val_src.rows if val_src else 0,
-                                  "params": {n: list(p.shape) for n, p in named}, "run": run_key or {}},
-                                 sort_keys=True, default=str))
+    return json.loads(
+        json.dumps(
+            {
+                "settings": dataclasses.asdict(settings),
+                "rows": src.rows,
+                "val_rows": val_src.rows if val_src else 0,
+                "params": {n: list(p.shape) for n, p in named},
+                "run": run_key or {},
+            },
+            sort_keys=True,
+            default=str,
+        )
+    )
 
 
-def _resume(checkpoint, key: dict, st: dict, named, opt, gen: torch.Generator, settings: LoopSettings,
-            desc: str) -> int | None:
+def _resume(
+    checkpoint, key: dict, st: dict, named, opt, gen: torch.Generator, settings: LoopSettings, desc: str
+) -> int | None:
     """Restore weights, optimizer, generator and `st` from `checkpoint` when it was written by this run
     (same key); returns the epoch it resumes after, or None (no checkpoint, or another run's)."""
     from pipelines.training.checkpoint import key_digest, restore_rng
@@ -204,15 +238,26 @@ def _resume(checkpoint, key: dict, st: dict, named, opt, gen: torch.Generator, s
     if saved is None:
         return None
     if saved.get("key") != key:
-        log.warning("%s: checkpoint %s belongs to another run (key %s, this run %s): starting over", desc,
-                    checkpoint.location, key_digest(saved.get("key") or {}), key_digest(key))
+        log.warning(
+            "%s: checkpoint %s belongs to another run (key %s, this run %s): starting over",
+            desc,
+            checkpoint.location,
+            key_digest(saved.get("key") or {}),
+            key_digest(key),
+        )
         return None
     _set_weights(named, saved["weights"])
     opt.load_state_dict(saved["optimizer"])
     restore_rng(saved["rng"], gen)
     st.update({k: saved[k] for k in st})
-    log.info("%s: resumed from %s after epoch %d/%d (step %d)", desc, checkpoint.location, st["epoch"],
-             settings.epochs, st["step"])
+    log.info(
+        "%s: resumed from %s after epoch %d/%d (step %d)",
+        desc,
+        checkpoint.location,
+        st["epoch"],
+        settings.epochs,
+        st["step"],
+    )
     return st["epoch"]
 
 
@@ -224,8 +269,20 @@ def _progress_bar(progress: bool, steps: int, label: str):
     return tqdm(total=steps, desc=label, unit="batch", leave=False)
 
 
-def _fit_epoch(model: nn.Module, src, val_src, opt, gen: torch.Generator, st: dict, named, settings: LoopSettings,
-               total: int, desc: str, progress: bool, regularizer=None) -> dict:
+def _fit_epoch(
+    model: nn.Module,
+    src,
+    val_src,
+    opt,
+    gen: torch.Generator,
+    st: dict,
+    named,
+    settings: LoopSettings,
+    total: int,
+    desc: str,
+    progress: bool,
+    regularizer=None,
+) -> dict:
     """Train the next epoch (advancing st["step"]), validate it (early stopping bookkeeping included)
     and return its metrics."""
     epoch = st["epoch"] + 1
@@ -238,17 +295,28 @@ def _fit_epoch(model: nn.Module, src, val_src, opt, gen: torch.Generator, st: di
             bar.close()
     secs = time.perf_counter() - t0
     if not st["diverged"] and seen != src.rows:
-        raise ValueError(f"{desc}: the source yielded {seen} rows in epoch {epoch}, expected {src.rows} "
-                         "(did the data change during training?)")
-    metrics = {"epoch": epoch, "train_loss": loss_sum / max(seen, 1), "samples_per_s": seen / max(secs, 1e-9),
-               "lr": opt.param_groups[0]["lr"]}
+        raise ValueError(
+            f"{desc}: the source yielded {seen} rows in epoch {epoch}, expected {src.rows} "
+            "(did the data change during training?)"
+        )
+    metrics = {
+        "epoch": epoch,
+        "train_loss": loss_sum / max(seen, 1),
+        "samples_per_s": seen / max(secs, 1e-9),
+        "lr": opt.param_groups[0]["lr"],
+    }
     if val_src is not None and not st["diverged"]:
         metrics.update(evaluate(model, val_src))
         if settings.patience > 0:
             _select(st, metrics, named, settings.patience, desc)
     if st["diverged"]:
-        log.error("%s epoch %d/%d: training loss became non-finite at step %d; stopping", desc, epoch,
-                  settings.epochs, st["step"])
+        log.error(
+            "%s epoch %d/%d: training loss became non-finite at step %d; stopping",
+            desc,
+            epoch,
+            settings.epochs,
+            st["step"],
+        )
     log.info("%s epoch %d/%d %s", desc, epoch, settings.epochs, _fmt(metrics))
     return metrics
 
@@ -257,12 +325,12 @@ def _save_checkpoint(checkpoint, st: dict, key: dict, named, opt, gen: torch.Gen
     from pipelines.training.checkpoint import capture_rng
 
     try:
-        checkpoint.save({**st, "key": key, "weights": _weights(named), "optimizer": opt.state_dict(),
-                         "rng": capture_rng(gen)})
+        checkpoint.save(
+            {**st, "key": key, "weights": _weights(named), "optimizer": opt.state_dict(), "rng": capture_rng(gen)}
+        )
     except (OSError, LakeError) as exc:
         # A checkpoint only saves time on a re-run: a storage blip must not fail the training.
-        log.warning("%s: could not write checkpoint %s after epoch %d: %s", desc, checkpoint.location,
-                    st["epoch"], exc)
+        log.warning("%s: could not write checkpoint %s after epoch %d: %s", desc, checkpoint.location, st["epoch"], exc)
 
 
 def _finish(model: nn.Module, named, st: dict, resumed_from: int | None, desc: str) -> dict:
@@ -272,13 +340,26 @@ def _finish(model: nn.Module, named, st: dict, resumed_from: int | None, desc: s
         log.info("%s: restoring the weights of epoch %d (val logloss %.4f)", desc, best["epoch"], best["val_logloss"])
         _set_weights(named, best["weights"])
     model.eval()
-    return {"history": st["history"], "epochs_run": st["epoch"], "best_epoch": best["epoch"] if best else None,
-            "best_val_logloss": best["val_logloss"] if best else None, "resumed_from_epoch": resumed_from,
-            "stopped_early": st["stopped"] and not st["diverged"], "diverged": st["diverged"]}
+    return {
+        "history": st["history"],
+        "epochs_run": st["epoch"],
+        "best_epoch": best["epoch"] if best else None,
+        "best_val_logloss": best["val_logloss"] if best else None,
+        "resumed_from_epoch": resumed_from,
+        "stopped_early": st["stopped"] and not st["diverged"],
+        "diverged": st["diverged"],
+    }
 
 
-def train(model: nn.Module, tokens: np.ndarray, y: np.ndarray, settings: LoopSettings,
-          val: tuple[np.ndarray, np.ndarray] | None = None, desc: str = "train",
-          on_epoch=None, **kwargs) -> list[dict]:
+def train(
+    model: nn.Module,
+    tokens: np.ndarray,
+    y: np.ndarray,
+    settings: LoopSettings,
+    val: tuple[np.ndarray, np.ndarray] | None = None,
+    desc: str = "train",
+    on_epoch=None,
+    **kwargs,
+) -> list[dict]:
     """`fit` on in-memory arrays; returns the per-epoch metrics (see `fit` for the keyword options)."""
     return fit(model, (tokens, y), settings, val=val, desc=desc, on_epoch=on_epoch, **kwargs)["history"]

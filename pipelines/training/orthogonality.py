@@ -11,6 +11,7 @@ Linear, [vocab, dim] for an Embedding), so dW^T dW_j = Q^T (P^T P_j) Q_j and its
 sum over r x r matrices: the cost does not grow with the layer's width (a 16,384-row id table costs
 two r x vocab products, not a vocab x vocab one).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ from torch import nn
 
 from pipelines.errors import PipelineError
 
-Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]   # module -> (P, Q), dW = P @ Q
+Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]  # module -> (P, Q), dW = P @ Q
 _PREFIX = "base_model.model."
-_EPS = 1e-20   # under the square root: its gradient stays finite where the product is zero (B starts at 0)
+_EPS = 1e-20  # under the square root: its gradient stays finite where the product is zero (B starts at 0)
 
 
 def live_factors(model: nn.Module, adapter: str = "default") -> Factors:
@@ -55,15 +56,17 @@ def saved_factors(adapter_dir: str | Path) -> Factors:
         raise PipelineError(f"orthogonality: {d} has an alpha_pattern, which this penalty does not read")
     out: Factors = {}
     for key, a in tensors.items():
-        for a_suffix, b_suffix, embedding in ((".lora_A.weight", ".lora_B.weight", False),
-                                             (".lora_embedding_A", ".lora_embedding_B", True)):
+        for a_suffix, b_suffix, embedding in (
+            (".lora_A.weight", ".lora_B.weight", False),
+            (".lora_embedding_A", ".lora_embedding_B", True),
+        ):
             if not key.endswith(a_suffix):
                 continue
             module = key[: -len(a_suffix)]
             b = tensors[module + b_suffix].float()
             a = a.float()
             r = a.shape[0]
-            scale = conf["lora_alpha"] / (r ** 0.5 if conf.get("use_rslora") else r)
+            scale = conf["lora_alpha"] / (r**0.5 if conf.get("use_rslora") else r)
             out[module.removeprefix(_PREFIX)] = (a.T, (b * scale).T) if embedding else (b * scale, a)
     if not out:
         raise PipelineError(f"orthogonality: {d} holds no LoRA matrices")
@@ -137,5 +140,9 @@ class Regularizer:
         with torch.no_grad():
             live = live_factors(model, self.adapter)
             value = float(penalty(live, self.siblings))
-        return {"lambda": self.lam, "siblings": sorted(self.siblings), "penalty": value,
-                "max_abs_cos": max_abs_cos(live, self.siblings)}
+        return {
+            "lambda": self.lam,
+            "siblings": sorted(self.siblings),
+            "penalty": value,
+            "max_abs_cos": max_abs_cos(live, self.siblings),
+        }

@@ -20,6 +20,7 @@ network started 0.014 AUC below that LR on the backtest. So the base is fitted i
 Per-id freshness then lives where an LR keeps it: in the wide rows of users and items, which the
 `delta` adapter kind moves (`model.adapters`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,15 @@ def wide_fields(model: nn.Module, fields: tuple[str, ...]) -> list[str]:
     return picked
 
 
-def fit_wide(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, l2: float, fields: tuple[str, ...] = (),
-             max_iter: int = 1000, start_intercept: float | None = None) -> dict:
+def fit_wide(
+    model: nn.Module,
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    l2: float,
+    fields: tuple[str, ...] = (),
+    max_iter: int = 1000,
+    start_intercept: float | None = None,
+) -> dict:
     """Fit `fields`' wide tables (the other tables are zeroed) and an intercept as an L2 logistic regression
     on all rows at once; returns {"loss", "iterations", "intercept"}. `start_intercept`: start L-BFGS from
     the fit the tables hold now (of the same fields), whose intercept that was; the optimum is the same
@@ -61,8 +69,15 @@ def fit_wide(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, l2: float
     cols = [np.unique(tokens[:, FEATURE_FIELDS.index(f)], return_inverse=True) for f in picked]
     x = [torch.as_tensor(inverse.reshape(-1), dtype=torch.long) for _, inverse in cols]
     weights, intercept = _start(model, picked, [values for values, _ in cols], start_intercept)
-    opt = torch.optim.LBFGS(weights + [intercept], lr=1.0, max_iter=max_iter, history_size=20,
-                            line_search_fn="strong_wolfe", tolerance_grad=1e-3, tolerance_change=1e-6)
+    opt = torch.optim.LBFGS(
+        weights + [intercept],
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-3,
+        tolerance_change=1e-6,
+    )
     y64 = torch.as_tensor(labels, dtype=torch.float64)
     last = {}
 
@@ -82,9 +97,15 @@ def fit_wide(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, l2: float
             table.weight.zero_()
         for f, (values, _), w in zip(picked, cols, weights):
             model.wide[f].weight[torch.as_tensor(values, dtype=torch.long), 0] = w.float()
-        model.wide[picked[0]].weight.add_(intercept.float())   # each row has one value of every field
-    log.info("wide LR (l2 %g, fields %s): penalised loss %.2f over %d rows after %d L-BFGS iterations", l2, picked,
-             last["loss"], len(labels), iterations)
+        model.wide[picked[0]].weight.add_(intercept.float())  # each row has one value of every field
+    log.info(
+        "wide LR (l2 %g, fields %s): penalised loss %.2f over %d rows after %d L-BFGS iterations",
+        l2,
+        picked,
+        last["loss"],
+        len(labels),
+        iterations,
+    )
     return {"loss": last["loss"], "iterations": int(iterations), "intercept": float(intercept.detach())}
 
 
@@ -92,17 +113,29 @@ def _start(model: nn.Module, picked: list[str], values: list[np.ndarray], interc
     """L-BFGS's first point: zeros, or the weights the tables hold at `values` (the intercept taken back
     out of the first table, where `fit_wide` folds it)."""
     if intercept is None:
-        return ([torch.zeros(len(v), dtype=torch.float64, requires_grad=True) for v in values],
-                torch.zeros((), dtype=torch.float64, requires_grad=True))
+        return (
+            [torch.zeros(len(v), dtype=torch.float64, requires_grad=True) for v in values],
+            torch.zeros((), dtype=torch.float64, requires_grad=True),
+        )
     with torch.no_grad():
-        weights = [model.wide[f].weight[torch.as_tensor(v, dtype=torch.long), 0].double() for f, v in zip(picked, values)]
+        weights = [
+            model.wide[f].weight[torch.as_tensor(v, dtype=torch.long), 0].double() for f, v in zip(picked, values)
+        ]
         weights[0] -= intercept
-    return ([w.clone().requires_grad_(True) for w in weights],
-            torch.tensor(float(intercept), dtype=torch.float64, requires_grad=True))
+    return (
+        [w.clone().requires_grad_(True) for w in weights],
+        torch.tensor(float(intercept), dtype=torch.float64, requires_grad=True),
+    )
 
 
-def choose_l2(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, grid: tuple[float, ...],
-              newest_fraction: float, fields: tuple[str, ...] = ()) -> tuple[float, dict[str, float], float]:
+def choose_l2(
+    model: nn.Module,
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    grid: tuple[float, ...],
+    newest_fraction: float,
+    fields: tuple[str, ...] = (),
+) -> tuple[float, dict[str, float], float]:
     """(the L2 of `grid` whose LR, fitted on the oldest rows, has the best AUC on the newest
     `newest_fraction` of them, {str(l2): that AUC}, that fit's intercept); the rows are in event-time
     order. Ties: the larger L2. The grid is fitted from the largest L2 down, each fit starting from the
@@ -112,8 +145,10 @@ def choose_l2(model: nn.Module, tokens: np.ndarray, labels: np.ndarray, grid: tu
 
     cut = int(round(len(labels) * (1.0 - newest_fraction)))
     if cut < 1 or cut >= len(labels) or len(np.unique(labels[cut:])) < 2:
-        raise ConfigError(f"base_training.wide_l2_grid: {len(labels)} rows leave no newest {newest_fraction:.0%} "
-                          "with both labels to choose the L2 on")
+        raise ConfigError(
+            f"base_training.wide_l2_grid: {len(labels)} rows leave no newest {newest_fraction:.0%} "
+            "with both labels to choose the L2 on"
+        )
     scores, best, intercept = {}, None, None
     for l2 in sorted(grid, reverse=True):
         intercept = fit_wide(model, tokens[:cut], labels[:cut], l2, fields, start_intercept=intercept)["intercept"]

@@ -20,6 +20,7 @@ looks for something a healthy log does not do at all):
 
 MovieLens (`docs/benchmarks.md`, fault suite) has no day on which any of them fails.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -50,8 +51,11 @@ def reference(frames: Iterable[pd.DataFrame]) -> dict:
     if ref.empty:
         raise ValueError("cannot build a consistency reference from an empty window")
     shares = {c: ref[c].value_counts(normalize=True, dropna=False).to_dict() for c in STUCK_COLUMNS}
-    return {"item_category": ref.dropna(subset=["category"]).groupby("item_id", observed=True)["category"].last(),
-            "replay_keys": np.sort(_replay_keys(ref)), "shares": shares}
+    return {
+        "item_category": ref.dropna(subset=["category"]).groupby("item_id", observed=True)["category"].last(),
+        "replay_keys": np.sort(_replay_keys(ref)),
+        "shares": shares,
+    }
 
 
 def _check(name: str, value, limit, passed: bool, expected: str) -> dict:
@@ -62,15 +66,25 @@ def _category_mismatch(frame: pd.DataFrame, ref: dict, limit: float) -> dict:
     known = frame["item_id"].map(ref["item_category"])
     seen = known.notna() & frame["category"].notna()
     share = float((known[seen].astype(str) != frame["category"][seen].astype(str)).mean()) if seen.any() else 0.0
-    return _check("item_category_consistency", round(share, 4), limit, share <= limit,
-                  f"rows whose item has another category than in the reference <= {limit:.1%}")
+    return _check(
+        "item_category_consistency",
+        round(share, 4),
+        limit,
+        share <= limit,
+        f"rows whose item has another category than in the reference <= {limit:.1%}",
+    )
 
 
 def _replayed(frame: pd.DataFrame, ref: dict, limit: float) -> dict:
-    seen, keys = ref["replay_keys"], _replay_keys(frame)   # `seen` is sorted: a binary search, not np.isin
+    seen, keys = ref["replay_keys"], _replay_keys(frame)  # `seen` is sorted: a binary search, not np.isin
     share = float((seen[np.minimum(np.searchsorted(seen, keys), len(seen) - 1)] == keys).mean())
-    return _check("replayed_rows", round(share, 4), limit, share <= limit,
-                  f"rows repeating a reference impression (user, item, slot, time of day) <= {limit:.1%}")
+    return _check(
+        "replayed_rows",
+        round(share, 4),
+        limit,
+        share <= limit,
+        f"rows repeating a reference impression (user, item, slot, time of day) <= {limit:.1%}",
+    )
 
 
 def _units(frame: pd.DataFrame, column: str) -> int:
@@ -89,9 +103,16 @@ def _stuck(frame: pd.DataFrame, ref: dict, p_min: float) -> list[dict]:
         if frame[c].nunique(dropna=False) != 1 or len(shares) < 2:
             continue
         k = _units(frame, c)
-        p = float(sum(s ** k for s in shares.values()))
-        out.append(_check(f"stuck_column[{c}]", f"{str(frame[c].iloc[0])!r} on all {len(frame)} rows ({k} units)", p_min,
-                          p >= p_min, f"P(one value all day | the reference's mix) = {p:.2g} >= {p_min:g}"))
+        p = float(sum(s**k for s in shares.values()))
+        out.append(
+            _check(
+                f"stuck_column[{c}]",
+                f"{str(frame[c].iloc[0])!r} on all {len(frame)} rows ({k} units)",
+                p_min,
+                p >= p_min,
+                f"P(one value all day | the reference's mix) = {p:.2g} >= {p_min:g}",
+            )
+        )
     return out
 
 
@@ -103,8 +124,15 @@ def _missing_slots(frame: pd.DataFrame, ref: dict, slots, p_min: float) -> list[
         if s in present or share == 0.0:
             continue
         p = float((1.0 - share) ** k)
-        out.append(_check(f"missing_slot[{s}]", f"no rows ({k} user-hours, reference share {share:.1%})", p_min,
-                          p >= p_min, f"P(no row of the slot | the reference's share) = {p:.2g} >= {p_min:g}"))
+        out.append(
+            _check(
+                f"missing_slot[{s}]",
+                f"no rows ({k} user-hours, reference share {share:.1%})",
+                p_min,
+                p >= p_min,
+                f"P(no row of the slot | the reference's share) = {p:.2g} >= {p_min:g}",
+            )
+        )
     return out
 
 
@@ -119,22 +147,42 @@ def _leaks(frame: pd.DataFrame, limit: float, min_rows: int) -> list[dict]:
     from pipelines.metrics import auc
 
     y = frame["label"].to_numpy(dtype=np.float64)
-    if len(frame) < min_rows or set(np.unique(y).tolist()) != {0.0, 1.0}:   # bad labels fail their own checks
+    if len(frame) < min_rows or set(np.unique(y).tolist()) != {0.0, 1.0}:  # bad labels fail their own checks
         return []
     aucs = {c: float(auc(y, _click_rate(frame[c], y))) for c in LEAK_COLUMNS}
     worst = max(aucs, key=aucs.get)
-    return [_check("label_leak", {"column": worst, "auc": round(aucs[worst], 4)}, limit, aucs[worst] < limit,
-                   f"AUC of the label from any one column's click rate < {limit} (else the label leaked into it)")]
+    return [
+        _check(
+            "label_leak",
+            {"column": worst, "auc": round(aucs[worst], 4)},
+            limit,
+            aucs[worst] < limit,
+            f"AUC of the label from any one column's click rate < {limit} (else the label leaked into it)",
+        )
+    ]
 
 
-def consistency_checks(frame: pd.DataFrame, ref: dict | None, *, slots, max_item_category_mismatch: float,
-                       max_replayed_fraction: float, stuck_column_p: float, max_single_column_auc: float,
-                       leak_min_rows: int) -> list[dict]:
+def consistency_checks(
+    frame: pd.DataFrame,
+    ref: dict | None,
+    *,
+    slots,
+    max_item_category_mismatch: float,
+    max_replayed_fraction: float,
+    stuck_column_p: float,
+    max_single_column_auc: float,
+    leak_min_rows: int,
+) -> list[dict]:
     """Every check on `frame` (a partition that passed the contract's column and type checks); with no
     reference (the first partitions) only the label-leak check runs. Checks that cannot fail on this
     partition (a column with several values) are left out: each entry is a measurement."""
     checks = _leaks(frame, max_single_column_auc, leak_min_rows)
     if ref is None or frame.empty:
         return checks
-    return [_category_mismatch(frame, ref, max_item_category_mismatch), _replayed(frame, ref, max_replayed_fraction),
-            *_stuck(frame, ref, stuck_column_p), *_missing_slots(frame, ref, slots, stuck_column_p), *checks]
+    return [
+        _category_mismatch(frame, ref, max_item_category_mismatch),
+        _replayed(frame, ref, max_replayed_fraction),
+        *_stuck(frame, ref, stuck_column_p),
+        *_missing_slots(frame, ref, slots, stuck_column_p),
+        *checks,
+    ]

@@ -13,6 +13,7 @@ reference takes about a second, reference profiling included.
   convention bug (Sunday=0, local time) moves the mass and fails the check.
 * Unseen ids (users/items absent from the reference) are reported, never failed: cold start is normal.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,11 +26,11 @@ import pandas as pd
 
 CATEGORICAL = ("slot", "gender", "age_bucket", "category")
 NUMERIC = ("hour", "weekday")
-NUMERIC_BINS = {"hour": 24, "weekday": 7}   # values 0..n-1; bin n takes out-of-domain and nulls
+NUMERIC_BINS = {"hour": 24, "weekday": 7}  # values 0..n-1; bin n takes out-of-domain and nulls
 ID_COLUMNS = ("user_id", "item_id")
 NULL = "<null>"
-DEFAULT_MAX_IDS = 1 << 18                   # per id column: 2 MiB of hashes, ~2.8 MB in JSON
-_THURSDAY = 3                               # 1970-01-01, day 0 of the epoch, was a Thursday (Monday = 0)
+DEFAULT_MAX_IDS = 1 << 18  # per id column: 2 MiB of hashes, ~2.8 MB in JSON
+_THURSDAY = 3  # 1970-01-01, day 0 of the epoch, was a Thursday (Monday = 0)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class IdSketch:
     0.017 keeping 7 % of the ids, 0.011 at 13 %, 0.004 at 30 %. A reference id is never reported unseen.
     """
 
-    hashes: bytes = field(repr=False)   # little-endian uint64, sorted, unique; bytes keep it immutable, comparable
+    hashes: bytes = field(repr=False)  # little-endian uint64, sorted, unique; bytes keep it immutable, comparable
     cap: int
     sampled: bool
 
@@ -58,7 +59,7 @@ class IdSketch:
         """Fraction of rows whose id is not in the reference (None when no row can be judged)."""
         codes, h = _hash_ids(ids)
         rows = np.bincount(codes, minlength=len(h))
-        ref = self.array   # never empty: profile() refuses an empty window, and null ids count as "<null>"
+        ref = self.array  # never empty: profile() refuses an empty window, and null ids count as "<null>"
         pos = np.minimum(np.searchsorted(ref, h), len(ref) - 1)
         seen = ref[pos] == h
         judged = h <= ref[-1] if self.sampled else np.ones(len(h), dtype=bool)
@@ -66,8 +67,12 @@ class IdSketch:
         return float(rows[judged & ~seen].sum() / total) if total else None
 
     def to_json(self) -> dict:
-        return {"cap": self.cap, "sampled": self.sampled, "count": len(self.array),
-                "hashes_u64le_b64": base64.b64encode(self.hashes).decode("ascii")}
+        return {
+            "cap": self.cap,
+            "sampled": self.sampled,
+            "count": len(self.array),
+            "hashes_u64le_b64": base64.b64encode(self.hashes).decode("ascii"),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "IdSketch":
@@ -92,18 +97,28 @@ class ReferenceProfile:
     item_ids: IdSketch
 
     def to_json(self) -> dict:
-        return {"version": 1, "rows": self.rows, "partitions": self.partitions,
-                "categorical": self.categorical, "numeric": self.numeric,
-                "user_ids": self.user_ids.to_json(), "item_ids": self.item_ids.to_json()}
+        return {
+            "version": 1,
+            "rows": self.rows,
+            "partitions": self.partitions,
+            "categorical": self.categorical,
+            "numeric": self.numeric,
+            "user_ids": self.user_ids.to_json(),
+            "item_ids": self.item_ids.to_json(),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "ReferenceProfile":
         if d.get("version") != 1:
             raise ValueError(f"unsupported reference profile version {d.get('version')!r}")
-        return cls(rows=int(d["rows"]), partitions=int(d["partitions"]),
-                   categorical={c: {str(k): float(v) for k, v in f.items()} for c, f in d["categorical"].items()},
-                   numeric={c: [float(v) for v in f] for c, f in d["numeric"].items()},
-                   user_ids=IdSketch.from_json(d["user_ids"]), item_ids=IdSketch.from_json(d["item_ids"]))
+        return cls(
+            rows=int(d["rows"]),
+            partitions=int(d["partitions"]),
+            categorical={c: {str(k): float(v) for k, v in f.items()} for c, f in d["categorical"].items()},
+            numeric={c: [float(v) for v in f] for c, f in d["numeric"].items()},
+            user_ids=IdSketch.from_json(d["user_ids"]),
+            item_ids=IdSketch.from_json(d["item_ids"]),
+        )
 
 
 # ------------------------------------------------------------------------------------ per-frame pieces
@@ -123,8 +138,8 @@ def _as_int(values) -> np.ndarray:
     v = np.asarray(values)
     if v.dtype.kind in "iu":
         return v.astype(np.int64)
-    v = np.clip(np.asarray(v, dtype=np.float64), -1, 2**31)   # clip: huge floats must not wrap into the domain
-    return np.where(v == np.floor(v), v, -1).astype(np.int64)   # NaN == NaN is False
+    v = np.clip(np.asarray(v, dtype=np.float64), -1, 2**31)  # clip: huge floats must not wrap into the domain
+    return np.where(v == np.floor(v), v, -1).astype(np.int64)  # NaN == NaN is False
 
 
 def _numeric_values(frame: pd.DataFrame, col: str, days: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -146,8 +161,8 @@ def _hash_ids(ids: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """(row -> unique code, uint64 hash per unique id): hashing the uniques only is what makes 5M rows cheap."""
     codes, uniques = pd.factorize(ids, use_na_sentinel=False)
     u = np.asarray(uniques, dtype=object)
-    u[pd.isna(u)] = NULL   # a null id is the id "<null>", as in the categorical mixes
-    return codes, pd.util.hash_array(u, categorize=False)   # non-str ids are hashed as str(id) by pandas
+    u[pd.isna(u)] = NULL  # a null id is the id "<null>", as in the categorical mixes
+    return codes, pd.util.hash_array(u, categorize=False)  # non-str ids are hashed as str(id) by pandas
 
 
 def _bottom_k(cur: np.ndarray, new: np.ndarray, cap: int, sampled: bool) -> tuple[np.ndarray, bool]:
@@ -155,7 +170,7 @@ def _bottom_k(cur: np.ndarray, new: np.ndarray, cap: int, sampled: bool) -> tupl
     and the new ones), so streaming gives exactly the sketch of the concatenation."""
     if sampled:
         new = new[new <= cur[-1]]
-    merged = np.sort(np.concatenate([cur, new]))   # a sort + adjacent dedupe is cheaper than np.union1d here
+    merged = np.sort(np.concatenate([cur, new]))  # a sort + adjacent dedupe is cheaper than np.union1d here
     merged = merged[np.r_[True, merged[1:] != merged[:-1]]] if len(merged) else merged
     return (merged[:cap], True) if len(merged) > cap else (merged, sampled)
 
@@ -176,7 +191,7 @@ def profile(frames: Iterable[pd.DataFrame], *, max_ids: int = DEFAULT_MAX_IDS) -
             cats[c].update(_counts(frame[c]))
         days = _days(frame["event_ts"])
         d = days[0][~days[1]]
-        if len(d):   # bincount over the day range: far cheaper than np.unique on every row
+        if len(d):  # bincount over the day range: far cheaper than np.unique on every row
             days_seen.update((np.flatnonzero(np.bincount(d - d.min())) + d.min()).tolist())
         for c in NUMERIC:
             nums[c] += _histogram(_numeric_values(frame, c, days), NUMERIC_BINS[c])
@@ -187,10 +202,13 @@ def profile(frames: Iterable[pd.DataFrame], *, max_ids: int = DEFAULT_MAX_IDS) -
         raise ValueError("cannot profile an empty reference window")
     sketches = {c: IdSketch(hashes=h.astype("<u8").tobytes(), cap=max_ids, sampled=s) for c, (h, s) in ids.items()}
     return ReferenceProfile(
-        rows=rows, partitions=len(days_seen),
+        rows=rows,
+        partitions=len(days_seen),
         categorical={c: {k: n / rows for k, n in sorted(cats[c].items())} for c in CATEGORICAL},
         numeric={c: (nums[c] / rows).tolist() for c in NUMERIC},
-        user_ids=sketches["user_id"], item_ids=sketches["item_id"])
+        user_ids=sketches["user_id"],
+        item_ids=sketches["item_id"],
+    )
 
 
 # ------------------------------------------------------------------------------------ statistics
@@ -201,7 +219,7 @@ def _aligned(p: dict, q: dict) -> tuple[np.ndarray, np.ndarray]:
         v = np.array([float(d.get(k, 0.0)) for k in keys])
         if not v.sum() > 0:
             raise ValueError("empty distribution")
-        out.append(v / v.sum())   # accept counts as well as frequencies
+        out.append(v / v.sum())  # accept counts as well as frequencies
     return out[0], out[1]
 
 
@@ -223,7 +241,7 @@ def js_divergence(p: dict, q: dict) -> float:
     m = (p + q) / 2
 
     def kl(x: np.ndarray) -> float:
-        nz = x > 0   # 0 log 0 = 0; m > 0 wherever x > 0
+        nz = x > 0  # 0 log 0 = 0; m > 0 wherever x > 0
         return float(np.sum(x[nz] * np.log2(x[nz] / m[nz])))
 
     return min(max(0.5 * kl(p) + 0.5 * kl(q), 0.0), 1.0)
@@ -249,12 +267,17 @@ def _non_null_psi(expected: dict, actual: dict) -> float:
 
 
 def _check(col: str, value: float, limit: float) -> dict:
-    return {"check": f"drift_psi({col})", "observed": round(value, 4), "expected": f"<= {limit}",
-            "passed": bool(value <= limit)}
+    return {
+        "check": f"drift_psi({col})",
+        "observed": round(value, 4),
+        "expected": f"<= {limit}",
+        "passed": bool(value <= limit),
+    }
 
 
-def drift_checks(frame: pd.DataFrame, ref: ReferenceProfile, *, psi_max: float = 0.2,
-                 numeric_psi_max: float = 0.2) -> dict:
+def drift_checks(
+    frame: pd.DataFrame, ref: ReferenceProfile, *, psi_max: float = 0.2, numeric_psi_max: float = 0.2
+) -> dict:
     """One PSI check per CATEGORICAL and NUMERIC column, plus the unseen-id rates (reported, never failed).
 
     Run it on a partition that passed the contract suite: a missing column raises KeyError.
@@ -263,8 +286,13 @@ def drift_checks(frame: pd.DataFrame, ref: ReferenceProfile, *, psi_max: float =
         raise ValueError("cannot check drift of an empty frame")
     checks = [_check(c, _non_null_psi(ref.categorical[c], _counts(frame[c])), psi_max) for c in CATEGORICAL]
     days = _days(frame["event_ts"])
-    checks += [_check(c, numeric_drift(ref.numeric[c], _numeric_values(frame, c, days))["psi"], numeric_psi_max)
-               for c in NUMERIC]
-    unseen = {"user_rate": ref.user_ids.unseen_rate(frame["user_id"]),
-              "item_rate": ref.item_ids.unseen_rate(frame["item_id"]), "rows": int(len(frame))}
+    checks += [
+        _check(c, numeric_drift(ref.numeric[c], _numeric_values(frame, c, days))["psi"], numeric_psi_max)
+        for c in NUMERIC
+    ]
+    unseen = {
+        "user_rate": ref.user_ids.unseen_rate(frame["user_id"]),
+        "item_rate": ref.item_ids.unseen_rate(frame["item_id"]),
+        "rows": int(len(frame)),
+    }
     return {"checks": checks, "unseen": unseen}

@@ -5,6 +5,7 @@ reference, quarantined, validated_at). Only `where`, `success` and `rows` are gu
 else may be missing or None. The page uses inline CSS only (no scripts, no external resources), so it
 opens offline from an artifact store. Every value that came from data or config is HTML-escaped.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,8 +82,10 @@ def _table(headers: list[str], rows: list[list[str]], empty: str) -> str:
 
 
 def _check_rows(checks: list[dict]) -> list[list[str]]:
-    return [[f"<code>{_e(c.get('check'))}</code>", f"<code>{_e(c.get('observed'))}</code>", _e(c.get("expected"))]
-            for c in checks]
+    return [
+        [f"<code>{_e(c.get('check'))}</code>", f"<code>{_e(c.get('observed'))}</code>", _e(c.get("expected"))]
+        for c in checks
+    ]
 
 
 def render_html(report: dict) -> str:
@@ -90,42 +93,58 @@ def render_html(report: dict) -> str:
     label, css = _status(report)
     where = report.get("where")
     note = '<span class="note">quarantined</span>' if report.get("quarantined") else ""
-    meta = [("Partition", f"<code>{_e(where, 1000)}</code>"), ("dt", _e(report.get("dt") or "n/a")),
-            ("Rows", _num(report.get("rows"), ",")),
-            ("Suite", f"{_e(report.get('suite') or 'n/a')} (GX {_e(report.get('gx_version') or 'n/a')})"),
-            ("Checks evaluated", _num(report.get("evaluated"), ",")),
-            ("Validated at", _e(report.get("validated_at") or "n/a"))]
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>{escape(label)}: {_e(where, 300)}</title><style>{_CSS}</style></head><body>",
-           f'<h1>Click-log validation <span class="badge {css}">{escape(label)}</span>{note}</h1>',
-           "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in meta) + "</dl>",
-           "<h2>Failed checks</h2>",
-           _table(["check", "observed", "expected"], _check_rows(_list(report, "failures")), "No failed checks."),
-           "<h2>Warnings</h2>",
-           _table(["check", "observed", "expected"], _check_rows(_list(report, "warnings")), "No warnings."),
-           "<h2>Drift vs reference</h2>"]
+    meta = [
+        ("Partition", f"<code>{_e(where, 1000)}</code>"),
+        ("dt", _e(report.get("dt") or "n/a")),
+        ("Rows", _num(report.get("rows"), ",")),
+        ("Suite", f"{_e(report.get('suite') or 'n/a')} (GX {_e(report.get('gx_version') or 'n/a')})"),
+        ("Checks evaluated", _num(report.get("evaluated"), ",")),
+        ("Validated at", _e(report.get("validated_at") or "n/a")),
+    ]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(label)}: {_e(where, 300)}</title><style>{_CSS}</style></head><body>",
+        f'<h1>Click-log validation <span class="badge {css}">{escape(label)}</span>{note}</h1>',
+        "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in meta) + "</dl>",
+        "<h2>Failed checks</h2>",
+        _table(["check", "observed", "expected"], _check_rows(_list(report, "failures")), "No failed checks."),
+        "<h2>Warnings</h2>",
+        _table(["check", "observed", "expected"], _check_rows(_list(report, "warnings")), "No warnings."),
+        "<h2>Drift vs reference</h2>",
+    ]
     drift_rows = []
     for c in _drift_checks(report):
         col, stat = _split_check(c.get("check"))
         passed = c.get("passed")
-        verdict = ('<span class="ok">pass</span>' if passed else '<span class="bad">fail</span>'
-                   if passed is False else '<span class="muted">n/a</span>')
-        drift_rows.append([_e(col), _e(stat or "n/a"), f"<code>{_e(c.get('observed'))}</code>",
-                           _e(c.get("expected")), verdict])
+        verdict = (
+            '<span class="ok">pass</span>'
+            if passed
+            else '<span class="bad">fail</span>'
+            if passed is False
+            else '<span class="muted">n/a</span>'
+        )
+        drift_rows.append(
+            [_e(col), _e(stat or "n/a"), f"<code>{_e(c.get('observed'))}</code>", _e(c.get("expected")), verdict]
+        )
     out.append(_table(["column", "statistic", "value", "threshold", "result"], drift_rows, "No drift checks."))
     drift = report.get("drift") if isinstance(report.get("drift"), dict) else {}
     unseen = drift.get("unseen") if isinstance(drift.get("unseen"), dict) else None
     if unseen:
-        out.append("<p>New users / new items vs reference — feeds cold start, not a failure: "
-                   f"<b>{_num(unseen.get('user_rate'), '.1%')}</b> new users, "
-                   f"<b>{_num(unseen.get('item_rate'), '.1%')}</b> new items"
-                   f" (of {_num(unseen.get('rows'), ',')} rows).</p>")
+        out.append(
+            "<p>New users / new items vs reference — feeds cold start, not a failure: "
+            f"<b>{_num(unseen.get('user_rate'), '.1%')}</b> new users, "
+            f"<b>{_num(unseen.get('item_rate'), '.1%')}</b> new items"
+            f" (of {_num(unseen.get('rows'), ',')} rows).</p>"
+        )
     out.append("<h2>Reference window</h2>")
     ref = report.get("reference") if isinstance(report.get("reference"), dict) else {}
     parts = sorted(str(p) for p in (ref.get("partitions") or []))
     if parts:
-        out.append(f"<p>{_plural(len(parts), 'partition')}: {_e(parts[0])} .. {_e(parts[-1])}"
-                   f" ({_num(ref.get('rows'), ',')} rows).</p>")
+        out.append(
+            f"<p>{_plural(len(parts), 'partition')}: {_e(parts[0])} .. {_e(parts[-1])}"
+            f" ({_num(ref.get('rows'), ',')} rows).</p>"
+        )
     else:
         out.append('<p class="muted">No reference window.</p>')
     out.append("</body></html>")
@@ -137,8 +156,10 @@ def summary_line(report: dict) -> str:
     label = _status(report)[0]
     where = re.sub(r"[\x00-\x1f\x7f]", "?", str(report.get("where")))
     rows = report.get("rows")
-    line = (f"{label} {where}: {len(_list(report, 'failures'))} failed, "
-            f"{_plural(len(_list(report, 'warnings')), 'warning')}, {_num(rows, ',')} rows")
+    line = (
+        f"{label} {where}: {len(_list(report, 'failures'))} failed, "
+        f"{_plural(len(_list(report, 'warnings')), 'warning')}, {_num(rows, ',')} rows"
+    )
     drifted = [c for c in _drift_checks(report) if c.get("passed") is False]
     if drifted:
         bits = []

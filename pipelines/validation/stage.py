@@ -10,6 +10,7 @@ the unseen-id rate against that reference, then record the outcome next to the p
 The data itself is never deleted or rewritten. A partition already validated under the same suite
 version with the same content hash is not validated again.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -27,9 +28,12 @@ from pipelines.validation.verdicts import window_table
 
 log = logging.getLogger(__name__)
 
-_SCHEMA_CHECKS = ("expect_column_to_exist", "expect_column_values_to_be_of_type",
-                  "expect_column_values_to_be_in_type_list")
-REPORT_HTML = "_validation_report.html"   # the marker's name (MARKER) is data.validated's: training reads it
+_SCHEMA_CHECKS = (
+    "expect_column_to_exist",
+    "expect_column_values_to_be_of_type",
+    "expect_column_values_to_be_in_type_list",
+)
+REPORT_HTML = "_validation_report.html"  # the marker's name (MARKER) is data.validated's: training reads it
 
 
 def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict | None:
@@ -41,11 +45,16 @@ def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict |
         return None
     ref = pd.concat([f[["label", "slot"]] for f in frames], ignore_index=True)
     by_slot = ref.groupby("slot", observed=True)["label"].agg(["mean", "size"])
-    return {"partitions": len(partitions), "dates": partitions, "rows": int(len(ref)),
-            "label_rate": float(ref["label"].mean()),
-            "label_rate_by_slot": {str(k): float(r["mean"]) for k, r in by_slot.iterrows()},
-            "rows_by_slot": {str(k): int(r["size"]) for k, r in by_slot.iterrows()},
-            "profile": profile(frames), "consistency": consistency.reference(frames)}
+    return {
+        "partitions": len(partitions),
+        "dates": partitions,
+        "rows": int(len(ref)),
+        "label_rate": float(ref["label"].mean()),
+        "label_rate_by_slot": {str(k): float(r["mean"]) for k, r in by_slot.iterrows()},
+        "rows_by_slot": {str(k): int(r["size"]) for k, r in by_slot.iterrows()},
+        "profile": profile(frames),
+        "consistency": consistency.reference(frames),
+    }
 
 
 def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | None) -> dict:
@@ -54,16 +63,25 @@ def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | 
     from pipelines.validation.suite import validate_frame
 
     v = cfg.validation
-    ref_public = None if reference is None else {k: reference[k] for k in ("partitions", "rows", "label_rate", "label_rate_by_slot",
-                                                                  "rows_by_slot")}
-    report = validate_frame(part.frame, v, cfg.data.slots, where=part.uri,
-                            day=None if part.dt == "-" else part.dt, reference=ref_public)
-    report.update(dt=part.dt, sha256=part.sha256, drift=None,
-                  reference=None if reference is None else {"partitions": reference["dates"], "rows": reference["rows"]})
+    ref_public = (
+        None
+        if reference is None
+        else {k: reference[k] for k in ("partitions", "rows", "label_rate", "label_rate_by_slot", "rows_by_slot")}
+    )
+    report = validate_frame(
+        part.frame, v, cfg.data.slots, where=part.uri, day=None if part.dt == "-" else part.dt, reference=ref_public
+    )
+    report.update(
+        dt=part.dt,
+        sha256=part.sha256,
+        drift=None,
+        reference=None if reference is None else {"partitions": reference["dates"], "rows": reference["rows"]},
+    )
     # Drift and consistency read columns as their contract types: not run once the suite found one missing or mistyped.
     if reference is not None and not any(f["check"].startswith(_SCHEMA_CHECKS) for f in report["failures"]):
-        drift = drift_checks(part.frame, reference["profile"], psi_max=v.drift_psi_max,
-                             numeric_psi_max=v.drift_numeric_psi_max)
+        drift = drift_checks(
+            part.frame, reference["profile"], psi_max=v.drift_psi_max, numeric_psi_max=v.drift_numeric_psi_max
+        )
         report["drift"] = drift
         # Drift measured on a few hundred rows is mostly sampling noise: below drift_min_rows it warns.
         judged = len(part.frame) >= v.drift_min_rows and v.drift_action == "fail"
@@ -72,8 +90,9 @@ def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | 
         report["success"] = not report["failures"]
     if not any(f["check"].startswith(_SCHEMA_CHECKS) for f in report["failures"]):
         report["consistency"] = _consistency(cfg, part.frame, reference)
-        report["failures"] += [{k: c[k] for k in ("check", "observed", "expected")}
-                               for c in report["consistency"] if not c["passed"]]
+        report["failures"] += [
+            {k: c[k] for k in ("check", "observed", "expected")} for c in report["consistency"] if not c["passed"]
+        ]
         report["success"] = not report["failures"]
     return report
 
@@ -82,15 +101,28 @@ def _consistency(cfg: PipelineConfig, frame: pd.DataFrame, reference: dict | Non
     from pipelines.validation.consistency import consistency_checks
 
     v = cfg.validation
-    return consistency_checks(frame, None if reference is None else reference["consistency"], slots=cfg.data.slots,
-                              max_item_category_mismatch=v.max_item_category_mismatch,
-                              max_replayed_fraction=v.max_replayed_fraction, stuck_column_p=v.stuck_column_p,
-                              max_single_column_auc=v.max_single_column_auc, leak_min_rows=v.label_leak_min_rows)
+    return consistency_checks(
+        frame,
+        None if reference is None else reference["consistency"],
+        slots=cfg.data.slots,
+        max_item_category_mismatch=v.max_item_category_mismatch,
+        max_replayed_fraction=v.max_replayed_fraction,
+        stuck_column_p=v.stuck_column_p,
+        max_single_column_auc=v.max_single_column_auc,
+        leak_min_rows=v.label_leak_min_rows,
+    )
 
 
 def unreadable_report(where: str, day: str, exc: Exception) -> dict:
-    return {"where": where, "dt": day, "success": False, "rows": 0, "warnings": [], "drift": None,
-            "failures": [{"check": "readable_partition", "observed": str(exc), "expected": "readable, non-empty parquet"}]}
+    return {
+        "where": where,
+        "dt": day,
+        "success": False,
+        "rows": 0,
+        "warnings": [],
+        "drift": None,
+        "failures": [{"check": "readable_partition", "observed": str(exc), "expected": "readable, non-empty parquet"}],
+    }
 
 
 def record(lake: Lake, day: str, report: dict, suite_version: str) -> dict:
@@ -99,8 +131,13 @@ def record(lake: Lake, day: str, report: dict, suite_version: str) -> dict:
 
     report["quarantined"] = not report["success"]
     report["validated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    marker = {"status": "passed" if report["success"] else "quarantined", "suite_version": suite_version,
-              "sha256": report.get("sha256"), "validated_at": report["validated_at"], "report": report}
+    marker = {
+        "status": "passed" if report["success"] else "quarantined",
+        "suite_version": suite_version,
+        "sha256": report.get("sha256"),
+        "validated_at": report["validated_at"],
+        "report": report,
+    }
     html_uri = lake.put_bytes(f"dt={day}/{REPORT_HTML}", render_html(report).encode())
     marker_uri = lake.write_marker(day, MARKER, marker)
     return {"marker": marker_uri, "html": html_uri}
@@ -122,7 +159,7 @@ def _trim(validated: OrderedDict[str, pd.DataFrame], keep: int) -> None:
 def _seed_reference(lake: Lake, present: list[str], start: dt.date, keep: int) -> OrderedDict[str, pd.DataFrame]:
     """The reference before the window: the last `keep` readable `passed` partitions before `start`
     (looked for among the 4 x `keep` partitions before it), oldest first."""
-    before = [d for d in present if dt.date.fromisoformat(d) < start][-4 * keep:]
+    before = [d for d in present if dt.date.fromisoformat(d) < start][-4 * keep :]
     validated: OrderedDict[str, pd.DataFrame] = OrderedDict()
     for d in before:
         m = read_marker(lake, d)
@@ -135,8 +172,9 @@ def _seed_reference(lake: Lake, present: list[str], start: dt.date, keep: int) -
     return validated
 
 
-def _validate_day(cfg: PipelineConfig, lake: Lake, day: str, version: str,
-                  validated: OrderedDict[str, pd.DataFrame]) -> dict:
+def _validate_day(
+    cfg: PipelineConfig, lake: Lake, day: str, version: str, validated: OrderedDict[str, pd.DataFrame]
+) -> dict:
     """The report of one partition of the window, judged against `validated` (the reference) and recorded;
     a partition that passes joins the reference of the days after it."""
     from pipelines.validation.report import summary_line
@@ -148,8 +186,12 @@ def _validate_day(cfg: PipelineConfig, lake: Lake, day: str, version: str,
         report, part = unreadable_report(lake.partition_uri(day), day, exc), None
     else:
         marker = read_marker(lake, day)
-        if (marker and marker.get("status") == "passed" and marker.get("suite_version") == version
-                and marker.get("sha256") == part.sha256):
+        if (
+            marker
+            and marker.get("status") == "passed"
+            and marker.get("suite_version") == version
+            and marker.get("sha256") == part.sha256
+        ):
             report, fresh = marker["report"], False  # same data, same checks: the earlier verdict stands
         else:
             ref = reference_stats(list(validated.values()), list(validated)) if validated else None
@@ -190,11 +232,18 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
         warnings += [{**w, "check": f"{w['check']} @ dt={day}"} for w in report.get("warnings", [])]
 
     newest = reports[-1]
-    summary = {"lake": lake_uri, "end_day": end_day, "partitions": len(wanted),
-               "rows": sum(r.get("rows", 0) for r in reports), "failed_partitions": [r["dt"] for r in reports if not r["success"]],
-               "warnings": len(warnings), "success": not failures, "suite_version": version,
-               "unseen": (newest.get("drift") or {}).get("unseen"),
-               "report": lake.partition_uri(end_day) + "/" + REPORT_HTML}
+    summary = {
+        "lake": lake_uri,
+        "end_day": end_day,
+        "partitions": len(wanted),
+        "rows": sum(r.get("rows", 0) for r in reports),
+        "failed_partitions": [r["dt"] for r in reports if not r["success"]],
+        "warnings": len(warnings),
+        "success": not failures,
+        "suite_version": version,
+        "unseen": (newest.get("drift") or {}).get("unseen"),
+        "report": lake.partition_uri(end_day) + "/" + REPORT_HTML,
+    }
     # one table, not a line per warning: a clean day's log fits one screen (every figure is in the reports)
     level = logging.ERROR if failures else logging.WARNING if warnings else logging.INFO
     log.log(level, "%s", window_table(reports, summary))
@@ -214,10 +263,22 @@ def _log_to_mlflow(cfg: PipelineConfig, summary: dict, reports: list[dict]) -> N
 
     exp = mlflow_io.ensure_experiment("ctr-data-validation")
     with runs.start_run(exp, f"validate-{summary['end_day']}", nested=mlflow.active_run() is not None):
-        mlflow.set_tags({"lake": summary["lake"], "end_day": summary["end_day"], "success": str(summary["success"]),
-                         "suite_version": summary["suite_version"]})
-        mlflow.log_metrics({"partitions": summary["partitions"], "rows": summary["rows"],
-                            "failed_partitions": len(summary["failed_partitions"]), "warnings": summary["warnings"]})
+        mlflow.set_tags(
+            {
+                "lake": summary["lake"],
+                "end_day": summary["end_day"],
+                "success": str(summary["success"]),
+                "suite_version": summary["suite_version"],
+            }
+        )
+        mlflow.log_metrics(
+            {
+                "partitions": summary["partitions"],
+                "rows": summary["rows"],
+                "failed_partitions": len(summary["failed_partitions"]),
+                "warnings": summary["warnings"],
+            }
+        )
         if summary.get("unseen"):
             mlflow.log_metrics({f"unseen_{k}": float(x) for k, x in summary["unseen"].items() if k != "rows"})
         for r in reports:
@@ -225,8 +286,9 @@ def _log_to_mlflow(cfg: PipelineConfig, summary: dict, reports: list[dict]) -> N
         mlflow.log_dict({"summary": summary, "reports": reports}, "reports/validation.json")
 
 
-def validate_uri(cfg: PipelineConfig, data_uri: str, reference_uris: list[str] | None = None,
-                 report_dir: str | None = None) -> dict:
+def validate_uri(
+    cfg: PipelineConfig, data_uri: str, reference_uris: list[str] | None = None, report_dir: str | None = None
+) -> dict:
     """Validate one partition given by its own URI (`.../dt=YYYY-MM-DD` or any directory of parquet),
     against the given reference partitions. Writes report.html/report.json to `report_dir` if given."""
     from pathlib import Path

@@ -3,6 +3,7 @@
 Only GX's own expectations are used; this module turns their results into a short JSON-safe report
 (the task log / XCom carries it) and raises DataValidationError on failure.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,6 +24,7 @@ logging.getLogger("great_expectations").setLevel(logging.WARNING)
 import great_expectations as gx  # noqa: E402
 import great_expectations.expectations as gxe  # noqa: E402
 from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
+
 
 def _quiet_gx_logs() -> None:
     """Some GX modules pin their own logger to INFO (e.g. the ephemeral docs-site notice); undo that."""
@@ -46,8 +48,9 @@ _COLUMNS_PARAM = "contract_columns_present"
 # or the dtype object (ExpectColumnValuesToBeInTypeList). "str" is the only name that matches every
 # pandas string flavour (pandas 3 `str`, `string`, object-of-str), and "Timestamp" the only one that
 # matches tz-aware datetimes; integers need InTypeList to accept any width, numpy or nullable.
-_INT_TYPES = [f"{p}int{b}" for p in ("", "u") for b in (8, 16, 32, 64)] + \
-             [f"{p}Int{b}Dtype" for p in ("", "U") for b in (8, 16, 32, 64)]
+_INT_TYPES = [f"{p}int{b}" for p in ("", "u") for b in (8, 16, 32, 64)] + [
+    f"{p}Int{b}Dtype" for p in ("", "U") for b in (8, 16, 32, 64)
+]
 
 DUPLICATE_KEY = ("user_id", "item_id", "slot", "event_ts")  # one impression
 _SAMPLE = 5  # unexpected values shown per failure
@@ -59,11 +62,13 @@ def _type_expectation(col: schema.Column) -> gxe.Expectation:
     if pa.types.is_string(t):
         return gxe.ExpectColumnValuesToBeOfType(column=col.name, type_="str", meta={"expected": "string dtype"})
     if pa.types.is_integer(t):
-        return gxe.ExpectColumnValuesToBeInTypeList(column=col.name, type_list=_INT_TYPES,
-                                                    meta={"expected": "integer dtype"})
+        return gxe.ExpectColumnValuesToBeInTypeList(
+            column=col.name, type_list=_INT_TYPES, meta={"expected": "integer dtype"}
+        )
     if pa.types.is_timestamp(t):
-        return gxe.ExpectColumnValuesToBeOfType(column=col.name, type_="Timestamp",
-                                                meta={"expected": "tz-aware datetime dtype"})
+        return gxe.ExpectColumnValuesToBeOfType(
+            column=col.name, type_="Timestamp", meta={"expected": "tz-aware datetime dtype"}
+        )
     raise TypeError(f"no type expectation for contract column {col.name!r} of type {t}")
 
 
@@ -73,10 +78,12 @@ def _domain_rules(slots: list[str]) -> dict[str, gxe.Expectation]:
     domains: dict[str, gxe.Expectation] = {
         "label": gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[0, 1], meta={"expected": "in [0, 1]"}),
         "slot": gxe.ExpectColumnValuesToBeInSet(column="slot", value_set=slots, meta={"expected": f"in {slots}"}),
-        "hour": gxe.ExpectColumnValuesToBeBetween(column="hour", min_value=0, max_value=23,
-                                                  meta={"expected": "between 0 and 23"}),
-        "weekday": gxe.ExpectColumnValuesToBeBetween(column="weekday", min_value=0, max_value=6,
-                                                     meta={"expected": "between 0 and 6"}),
+        "hour": gxe.ExpectColumnValuesToBeBetween(
+            column="hour", min_value=0, max_value=23, meta={"expected": "between 0 and 23"}
+        ),
+        "weekday": gxe.ExpectColumnValuesToBeBetween(
+            column="weekday", min_value=0, max_value=6, meta={"expected": "between 0 and 6"}
+        ),
     }
     unknown = set(domains) - set(schema.REQUIRED)
     if unknown:
@@ -91,15 +98,24 @@ def _column_expectations(cfg: ValidationConfig, domains: dict[str, gxe.Expectati
         exps.append(gxe.ExpectColumnToExist(column=col.name, meta={"expected": "column present"}))
         exps.append(_type_expectation(col))
         if col.nullable:
-            exps.append(gxe.ExpectColumnValuesToNotBeNull(
-                column=col.name, mostly=1.0 - cfg.max_null_fraction_side,
-                meta={"expected": f"null fraction <= {cfg.max_null_fraction_side}"}))
+            exps.append(
+                gxe.ExpectColumnValuesToNotBeNull(
+                    column=col.name,
+                    mostly=1.0 - cfg.max_null_fraction_side,
+                    meta={"expected": f"null fraction <= {cfg.max_null_fraction_side}"},
+                )
+            )
         else:
             exps.append(gxe.ExpectColumnValuesToNotBeNull(column=col.name, meta={"expected": "no nulls"}))
         if col.role == "id":
-            exps.append(gxe.ExpectColumnValueLengthsToBeBetween(
-                column=col.name, min_value=1, max_value=cfg.max_id_length,
-                meta={"expected": f"length 1..{cfg.max_id_length}"}))
+            exps.append(
+                gxe.ExpectColumnValueLengthsToBeBetween(
+                    column=col.name,
+                    min_value=1,
+                    max_value=cfg.max_id_length,
+                    meta={"expected": f"length 1..{cfg.max_id_length}"},
+                )
+            )
         if col.name in domains:
             exps.append(domains[col.name])
     return exps
@@ -109,34 +125,64 @@ def _partition_expectations(cfg: ValidationConfig) -> list[gxe.Expectation]:
     """The absolute label-rate band, event times inside the partition's day and not in the future, duplicates."""
     return [
         gxe.ExpectColumnMeanToBeBetween(
-            column="label", min_value=cfg.label_rate_min, max_value=cfg.label_rate_max,
-            meta={"expected": f"label rate in [{cfg.label_rate_min}, {cfg.label_rate_max}]", "label_rate_of": "all"}),
+            column="label",
+            min_value=cfg.label_rate_min,
+            max_value=cfg.label_rate_max,
+            meta={"expected": f"label rate in [{cfg.label_rate_min}, {cfg.label_rate_max}]", "label_rate_of": "all"},
+        ),
         gxe.ExpectColumnValuesToBeBetween(
-            column="event_ts", min_value={"$PARAMETER": "day_start"}, max_value={"$PARAMETER": "day_end"},
-            meta={"check": "event_ts_in_partition_day", "expected": "every event_ts inside the partition's UTC day"}),
-        gxe.ExpectColumnMaxToBeBetween(column="event_ts", max_value={"$PARAMETER": "now"},
-                                       meta={"check": "no_future_event_ts", "expected": "max(event_ts) <= now"}),
+            column="event_ts",
+            min_value={"$PARAMETER": "day_start"},
+            max_value={"$PARAMETER": "day_end"},
+            meta={"check": "event_ts_in_partition_day", "expected": "every event_ts inside the partition's UTC day"},
+        ),
+        gxe.ExpectColumnMaxToBeBetween(
+            column="event_ts",
+            max_value={"$PARAMETER": "now"},
+            meta={"check": "no_future_event_ts", "expected": "max(event_ts) <= now"},
+        ),
         gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=list(DUPLICATE_KEY), mostly=1.0 - cfg.max_duplicate_fraction,
-            meta={"check": "duplicate_impressions",
-                  "expected": f"rows sharing {'/'.join(DUPLICATE_KEY)} <= {cfg.max_duplicate_fraction:.2%}"}),
+            column_list=list(DUPLICATE_KEY),
+            mostly=1.0 - cfg.max_duplicate_fraction,
+            meta={
+                "check": "duplicate_impressions",
+                "expected": f"rows sharing {'/'.join(DUPLICATE_KEY)} <= {cfg.max_duplicate_fraction:.2%}",
+            },
+        ),
     ]
 
 
 def _reference_expectations(cfg: ValidationConfig, slots: list[str]) -> list[gxe.Expectation]:
     """Checks relative to the reference window: volume, and the label rate overall and per slot."""
-    exps: list[gxe.Expectation] = [gxe.ExpectTableRowCountToBeBetween(
-        min_value={"$PARAMETER": "volume_min"}, max_value={"$PARAMETER": "volume_max"},
-        meta={"check": "volume_vs_reference", "relative": True, "expected": f"rows within [{cfg.volume_ratio_min}, "
-              f"{cfg.volume_ratio_max}] x the reference's mean rows per partition"})]
+    exps: list[gxe.Expectation] = [
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value={"$PARAMETER": "volume_min"},
+            max_value={"$PARAMETER": "volume_max"},
+            meta={
+                "check": "volume_vs_reference",
+                "relative": True,
+                "expected": f"rows within [{cfg.volume_ratio_min}, "
+                f"{cfg.volume_ratio_max}] x the reference's mean rows per partition",
+            },
+        )
+    ]
     for group in ["all", *slots]:
         cond = {} if group == "all" else {"row_condition": f"slot=={group!r}", "condition_parser": "pandas"}
-        exps.append(gxe.ExpectColumnMeanToBeBetween(
-            column="label", min_value={"$PARAMETER": f"label_rate_min__{group}"},
-            max_value={"$PARAMETER": f"label_rate_max__{group}"}, **cond,
-            meta={"check": f"label_rate_vs_reference({group})", "label_rate_of": group, "relative": True,
-                  "expected": f"within +/-{cfg.label_rate_rel_tolerance:.0%} (+{cfg.label_rate_z:g} std. errors) "
-                              f"of the reference label rate"}))
+        exps.append(
+            gxe.ExpectColumnMeanToBeBetween(
+                column="label",
+                min_value={"$PARAMETER": f"label_rate_min__{group}"},
+                max_value={"$PARAMETER": f"label_rate_max__{group}"},
+                **cond,
+                meta={
+                    "check": f"label_rate_vs_reference({group})",
+                    "label_rate_of": group,
+                    "relative": True,
+                    "expected": f"within +/-{cfg.label_rate_rel_tolerance:.0%} (+{cfg.label_rate_z:g} std. errors) "
+                    f"of the reference label rate",
+                },
+            )
+        )
     return exps
 
 
@@ -152,10 +198,14 @@ def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: boo
         raise ValueError("build_suite needs at least one slot")
     domains = _domain_rules(slots)
     exps: list[gxe.Expectation] = [
-        gxe.ExpectTableRowCountToBeBetween(min_value=cfg.min_rows, max_value=None,
-                                           meta={"expected": f">= {cfg.min_rows} rows"}),
-        gxe.ExpectTableColumnsToMatchSet(column_set={"$PARAMETER": _COLUMNS_PARAM}, exact_match=True,
-                                         meta={"expected": "no columns outside the contract"}),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=cfg.min_rows, max_value=None, meta={"expected": f">= {cfg.min_rows} rows"}
+        ),
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set={"$PARAMETER": _COLUMNS_PARAM},
+            exact_match=True,
+            meta={"expected": "no columns outside the contract"},
+        ),
     ]
     exps += _column_expectations(cfg, domains)
     exps += _partition_expectations(cfg)
@@ -164,16 +214,20 @@ def build_suite(cfg: ValidationConfig, slots: Sequence[str], with_reference: boo
     return gx.ExpectationSuite(name=SUITE_NAME, expectations=exps)
 
 
-def _parameters(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], day: str | None,
-                reference: dict | None) -> dict:
+def _parameters(
+    frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], day: str | None, reference: dict | None
+) -> dict:
     """Run-time values of the suite's parameters."""
     if day is None:  # a bare directory: judge against the day most of its rows fall on
         ts = pd.to_datetime(frame["event_ts"], utc=True, errors="coerce") if "event_ts" in frame else pd.Series([])
         day = ts.dt.strftime("%Y-%m-%d").mode().iloc[0] if ts.notna().any() else "1970-01-01"
     start = pd.Timestamp(day, tz="UTC")
-    params = {_COLUMNS_PARAM: [c for c in frame.columns if c in schema.ALL_NAMES], "day_start": start,
-              "day_end": start + pd.Timedelta(days=1) - pd.Timedelta(microseconds=1),
-              "now": pd.Timestamp.now(tz="UTC")}
+    params = {
+        _COLUMNS_PARAM: [c for c in frame.columns if c in schema.ALL_NAMES],
+        "day_start": start,
+        "day_end": start + pd.Timedelta(days=1) - pd.Timedelta(microseconds=1),
+        "now": pd.Timestamp.now(tz="UTC"),
+    }
     if reference is not None:
         per_partition = reference["rows"] / max(reference["partitions"], 1)
         params["volume_min"] = math.floor(per_partition * cfg.volume_ratio_min)
@@ -232,7 +286,7 @@ def _short(v: Any) -> Any:
     if isinstance(v, str):
         return v if len(v) <= _MAX_STR else f"{v[:_MAX_STR]}...({len(v)} chars)"
     if isinstance(v, dict):
-        return {str(k): _short(x) for k, x in list(v.items())[:_SAMPLE * 2]}
+        return {str(k): _short(x) for k, x in list(v.items())[: _SAMPLE * 2]}
     if isinstance(v, list | tuple | set):
         return [_short(x) for x in list(v)[:_SAMPLE]]
     return _short(str(v))
@@ -257,9 +311,11 @@ def _observed(er, columns: set) -> Any:
     if kind == "expect_table_columns_to_match_set":
         return _short((res.get("details") or {}).get("mismatched", res.get("observed_value")))
     if "unexpected_count" in res:
-        return {"unexpected_count": _short(res["unexpected_count"]),
-                "unexpected_percent": _short(res.get("unexpected_percent")),
-                "sample": _short(res.get("partial_unexpected_list") or [])}
+        return {
+            "unexpected_count": _short(res["unexpected_count"]),
+            "unexpected_percent": _short(res.get("unexpected_percent")),
+            "sample": _short(res.get("partial_unexpected_list") or []),
+        }
     return _short(res.get("observed_value"))
 
 
@@ -276,8 +332,14 @@ def _check_name(config) -> str:
     return (config.meta or {}).get("check") or f"{config.type}({config.kwargs.get('column') or 'table'})"
 
 
-def validate_frame(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], where: str = "frame",
-                   day: str | None = None, reference: dict | None = None) -> dict:
+def validate_frame(
+    frame: pd.DataFrame,
+    cfg: ValidationConfig,
+    slots: Sequence[str],
+    where: str = "frame",
+    day: str | None = None,
+    reference: dict | None = None,
+) -> dict:
     """Validate `frame` against the contract suite; return a JSON-safe report (never raises on bad data).
 
     `day` is the partition's date (default: the date most rows fall on); `reference` holds the
@@ -286,30 +348,46 @@ def validate_frame(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[s
     suite = _cached_suite(cfg, tuple(slots), reference is not None)
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
     params = _parameters(frame, cfg, slots, day, reference)
-    result = batch.validate(suite, result_format={"result_format": "BASIC", "partial_unexpected_count": _SAMPLE},
-                            expectation_parameters=params)
+    result = batch.validate(
+        suite,
+        result_format={"result_format": "BASIC", "partial_unexpected_count": _SAMPLE},
+        expectation_parameters=params,
+    )
     # GX returns results in its own metric-graph order; report them in suite order (table, then columns).
     order = {_check_name(e.configuration): i for i, e in enumerate(suite.expectations)}
-    failed = sorted((r for r in result.results if not r.success),
-                    key=lambda r: order.get(_check_name(r.expectation_config), len(order)))
+    failed = sorted(
+        (r for r in result.results if not r.success),
+        key=lambda r: order.get(_check_name(r.expectation_config), len(order)),
+    )
     columns = set(frame.columns)
     failures, warnings = [], []
     group_rows = frame["slot"].value_counts().to_dict() if "slot" in columns else {}
     for r in failed:
         meta = r.expectation_config.meta or {}
-        entry = {"check": _check_name(r.expectation_config), "observed": _observed(r, columns),
-                 "expected": meta.get("expected", "") + (_bounds(r.expectation_config.kwargs, params)
-                                                          if meta.get("relative") else "")}
+        entry = {
+            "check": _check_name(r.expectation_config),
+            "observed": _observed(r, columns),
+            "expected": meta.get("expected", "")
+            + (_bounds(r.expectation_config.kwargs, params) if meta.get("relative") else ""),
+        }
         # A label rate measured on a handful of rows says nothing (one MovieLens day has a single
         # impression): below label_rate_min_rows it is a warning, recorded but not failing.
         group = meta.get("label_rate_of")
         rows = len(frame) if group == "all" else group_rows.get(group, 0)
         soft = (group is not None and rows < cfg.label_rate_min_rows) or (
-            entry["check"].startswith("expect_table_columns_to_match_set") and cfg.unexpected_columns == "warn")
+            entry["check"].startswith("expect_table_columns_to_match_set") and cfg.unexpected_columns == "warn"
+        )
         (warnings if soft else failures).append(entry)
-    return {"where": where, "success": not failures, "rows": int(len(frame)),
-            "suite": SUITE_NAME, "gx_version": gx.__version__, "evaluated": len(result.results),
-            "failures": failures, "warnings": warnings}
+    return {
+        "where": where,
+        "success": not failures,
+        "rows": int(len(frame)),
+        "suite": SUITE_NAME,
+        "gx_version": gx.__version__,
+        "evaluated": len(result.results),
+        "failures": failures,
+        "warnings": warnings,
+    }
 
 
 def assert_valid(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], where: str = "frame") -> dict:

@@ -1,6 +1,7 @@
 """The verdict of one validation window as the task log shows it: one table (check, result, worst figure,
 threshold, partitions) and the most drifted features, short enough for one screen. Every figure of every
 partition stays in the report artifacts (reports/validation.json, the HTML report per partition)."""
+
 from __future__ import annotations
 
 import re
@@ -18,14 +19,20 @@ def window_table(reports: list[dict], summary: dict) -> str:
         for result, entries in (("FAIL", r.get("failures") or []), ("WARN", r.get("warnings") or [])):
             for e in entries:
                 _add(groups, e, result, r.get("dt"))
-    rows = [[name, g["result"], _figure(name, g["worst"]), _text(g["expected"]), f"{len(g['days'])} of {len(reports)}"]
-            for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["result"] != "FAIL", kv[0]))]
+    rows = [
+        [name, g["result"], _figure(name, g["worst"]), _text(g["expected"]), f"{len(g['days'])} of {len(reports)}"]
+        for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["result"] != "FAIL", kv[0]))
+    ]
     evaluated = sum(int(r.get("evaluated") or 0) for r in reports)
     flagged = sum(len(r.get("failures") or []) + len(r.get("warnings") or []) for r in reports)
-    rows.append([f"{max(evaluated - flagged, 0)} other check results", "PASS", "", "", f"{len(reports)} of {len(reports)}"])
+    rows.append(
+        [f"{max(evaluated - flagged, 0)} other check results", "PASS", "", "", f"{len(reports)} of {len(reports)}"]
+    )
     verdict = "PASSED" if summary["success"] else "FAILED"
-    head = (f"validation of {summary['lake']}, {summary['partitions']} partitions ending {summary['end_day']} "
-            f"({summary['rows']:,} rows): {verdict}, {summary['warnings']} warnings")
+    head = (
+        f"validation of {summary['lake']}, {summary['partitions']} partitions ending {summary['end_day']} "
+        f"({summary['rows']:,} rows): {verdict}, {summary['warnings']} warnings"
+    )
     lines = [head, *_aligned([["check", "result", "figure (worst)", "threshold", "partitions"], *rows])]
     drifted = _top_drifted(reports)
     if drifted:
@@ -62,7 +69,7 @@ def _top_drifted(reports: list[dict]) -> list[str]:
     """The TOP_DRIFTED features with the largest drift statistic over the window (passed or not)."""
     worst: dict[str, tuple[float, str]] = {}
     for r in reports:
-        for c in ((r.get("drift") or {}).get("checks") or []):
+        for c in (r.get("drift") or {}).get("checks") or []:
             obs = c.get("observed")
             if isinstance(obs, (int, float)) and (c["check"] not in worst or obs > worst[c["check"]][0]):
                 worst[c["check"]] = (float(obs), str(r.get("dt")))
@@ -72,7 +79,7 @@ def _top_drifted(reports: list[dict]) -> list[str]:
 
 def _text(v: Any) -> str:
     s = re.sub(r"[\x00-\x1f\x7f]", "?", "" if v is None else str(v))
-    return s if len(s) <= _CELL else s[:_CELL - 1] + "…"
+    return s if len(s) <= _CELL else s[: _CELL - 1] + "…"
 
 
 def _aligned(rows: list[list[str]]) -> list[str]:

@@ -8,6 +8,7 @@ The URI names the event, not a location: the same asset serves every lake (the e
 Its scheme starts with `x-`, Airflow's convention for a scheme no provider normalises: the URI is
 taken as is, without loading every provider's URI handlers at parse time (a quarter of a second).
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Asset

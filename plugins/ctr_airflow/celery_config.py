@@ -15,6 +15,7 @@ The worker also exports its Celery node name (`--celery-hostname`, e.g. ctr_stac
 CTR_CELERY_WORKER, which every task process inherits: task logs and MLflow runs (`airflow.worker`) name the
 worker that ran them, where the machine's host name is the same for every worker of a machine.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,8 +30,17 @@ log = logging.getLogger(__name__)
 
 CELERY_CONFIG = DEFAULT_CELERY_CONFIG
 PRELOAD_ENV = "CTR_WORKER_PRELOAD"
-DEFAULT_PRELOAD = ("torch", "pandas", "pyarrow.parquet", "sklearn.metrics", "matplotlib.pyplot", "mlflow",
-                   "mlflow.pyfunc", "peft", "great_expectations")
+DEFAULT_PRELOAD = (
+    "torch",
+    "pandas",
+    "pyarrow.parquet",
+    "sklearn.metrics",
+    "matplotlib.pyplot",
+    "mlflow",
+    "mlflow.pyfunc",
+    "peft",
+    "great_expectations",
+)
 
 
 def preload_modules(names: list[str] | tuple[str, ...]) -> dict[str, float]:
@@ -56,7 +66,7 @@ WORKER_ENV = "CTR_CELERY_WORKER"
 
 @celeryd_after_setup.connect
 def _export_worker_name(sender=None, **_) -> None:
-    if sender:   # the node name, before the pool forks
+    if sender:  # the node name, before the pool forks
         os.environ[WORKER_ENV] = str(sender)
 
 

@@ -10,7 +10,8 @@ MLflow, where a timeout, a 503 or a restarting server is transient; a `pipelines
 PipelineError: bad data, a gate rejection, a refused move, a bad config) gives the same answer on
 every try, so `ctr_task` (the `@task` of every CTR DAG) turns it into `TaskRefused`, Airflow's
 fail-without-retry exception, and the operators do the same (`ctr_airflow.operators`). Retrying is
-safe: stages are idempotent (registration keys, op ids of alias moves, committed lake partitions). The form fields that several DAGs ask for (a day, the
+safe: stages are idempotent (registration keys, op ids of alias moves, committed lake partitions). The form fields
+that several DAGs ask for (a day, the
 lake) are built by `day_param` / `lake_uri_param`. `REGISTRY_POOL` is the one-slot pool of every
 registry write (registration, alias moves), named here and nowhere else in the code: `pipelines`
 does not need it (its registry lock serialises alias moves across processes, Airflow or not);
@@ -18,6 +19,7 @@ does not need it (its registry lock serialises alias moves across processes, Air
 
 Import-light (DAG files import it at parse time): Airflow's SDK and pendulum only.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,6 +29,7 @@ import socket
 from datetime import timedelta
 
 import pendulum
+
 # The class behind `@task` (Airflow's own, private name): subclassed only to carry the MLflow links.
 from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
 from airflow.sdk import Param, dag
@@ -62,8 +65,14 @@ MAP_LABEL = "{{ map_label(task) }}"
 
 def default_args(retries: int = RETRIES, retry_delay: timedelta = RETRY_DELAY) -> dict:
     """The tasks' defaults: retries with exponential backoff (see the module doc), mapped instances named."""
-    return {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": 2.0,
-            "max_retry_delay": MAX_RETRY_DELAY, "owner": OWNER, "map_index_template": MAP_LABEL}
+    return {
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": MAX_RETRY_DELAY,
+        "owner": OWNER,
+        "map_index_template": MAP_LABEL,
+    }
 
 
 def map_label(task) -> str:
@@ -73,7 +82,7 @@ def map_label(task) -> str:
     try:
         args = getattr(task, "op_kwargs", None) or {n: getattr(task, n, None) for n in task.template_fields}
         return str(find(args, "slot") or find(args, "model") or "")
-    except Exception:   # noqa: BLE001 (a name, never a failure)
+    except Exception:  # noqa: BLE001 (a name, never a failure)
         return ""
 
 
@@ -90,11 +99,11 @@ def _announce() -> None:
 
     try:
         map_index = int(getattr(get_current_context()["ti"], "map_index", -1))
-    except Exception:   # noqa: BLE001 (outside a task instance: nothing to tell)
+    except Exception:  # noqa: BLE001 (outside a task instance: nothing to tell)
         map_index = -1
     if map_index >= 0:
         os.environ["AIRFLOW_CTX_MAP_INDEX"] = str(map_index)
-    else:   # dag.test() runs every task in one process: not the previous task's index
+    else:  # dag.test() runs every task in one process: not the previous task's index
         os.environ.pop("AIRFLOW_CTX_MAP_INDEX", None)
     log.info("running on worker %s (pid %d)", worker_name(), os.getpid())
 
@@ -103,6 +112,7 @@ def fail_fast(fn):
     """`fn`, with a PipelineError (deterministic) raised as TaskRefused: no retry; anything else (a
     network error, a 5xx after the library's own retries) propagates and Airflow retries the task.
     Marked with `ctr_fail_fast` so tests/dags/test_dag_integrity.py can check every task has it."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         from pipelines.errors import PipelineError
@@ -131,9 +141,10 @@ class CtrTaskOperator(_PythonDecoratedOperator):
 def ctr_task(fn=None, **kwargs):
     """Airflow's `@task` (or `@task(**kwargs)`) over `fail_fast(fn)`, with the MLflow links: the task of every
     CTR DAG."""
+
     def decorate(f):
-        return task_decorator_factory(python_callable=fail_fast(f), decorated_operator_class=CtrTaskOperator,
-                                      **kwargs)
+        return task_decorator_factory(python_callable=fail_fast(f), decorated_operator_class=CtrTaskOperator, **kwargs)
+
     return decorate(fn) if fn is not None else decorate
 
 
@@ -150,8 +161,12 @@ def lake_uri_param() -> Param:
     from pipelines.config import load_pipeline_config
 
     lakes = list(load_pipeline_config().data.lakes())
-    return Param(None, type=["null", "string"], enum=[None, *lakes],
-                 description=f"Read another click-log lake, one of {lakes} (default: data.lake_uri of the pipeline config)")
+    return Param(
+        None,
+        type=["null", "string"],
+        enum=[None, *lakes],
+        description=f"Read another click-log lake, one of {lakes} (default: data.lake_uri of the pipeline config)",
+    )
 
 
 def reason_param(description: str) -> Param:
@@ -160,8 +175,17 @@ def reason_param(description: str) -> Param:
     return Param(type="string", minLength=REASON_MIN_CHARS, maxLength=REASON_MAX_CHARS, description=description)
 
 
-def ctr_dag(dag_id: str, doc_md: str, *, schedule, tags: list[str], params: dict, retries: int = RETRIES,
-            retry_delay: timedelta = RETRY_DELAY, **kwargs):
+def ctr_dag(
+    dag_id: str,
+    doc_md: str,
+    *,
+    schedule,
+    tags: list[str],
+    params: dict,
+    retries: int = RETRIES,
+    retry_delay: timedelta = RETRY_DELAY,
+    **kwargs,
+):
     """Airflow's `@dag(...)` decorator with the shared header; `kwargs` go to `@dag` as they are
     (e.g. `max_active_runs`, `render_template_as_native_obj`).
 
@@ -169,6 +193,15 @@ def ctr_dag(dag_id: str, doc_md: str, *, schedule, tags: list[str], params: dict
     from START_DATE would run (and validate, train, release) decades of days in one go.
     """
     macros = {"map_label": map_label, **kwargs.pop("user_defined_macros", {})}
-    return dag(dag_id=dag_id, schedule=schedule, start_date=START_DATE, catchup=False, doc_md=doc_md,
-               tags=[TAG, *tags], default_args=default_args(retries, retry_delay), params=params,
-               user_defined_macros=macros, **kwargs)
+    return dag(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=START_DATE,
+        catchup=False,
+        doc_md=doc_md,
+        tags=[TAG, *tags],
+        default_args=default_args(retries, retry_delay),
+        params=params,
+        user_defined_macros=macros,
+        **kwargs,
+    )

@@ -6,6 +6,7 @@ states what it wrote by returning it (a `run_id`, a `model` and `version`, possi
 `remember` reads that off the result. The MLflow UI is the tracking server when it is one (`http(s)://`), else
 `CTR_MLFLOW_UI_URL`; with neither there is no UI to link to and the links stay empty.
 """
+
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ task returns the recorded move instead of moving the alias again, and it emits a
 event `mlflow://<model>/<alias>` (through the asset alias `ctr-model-aliases`) that deployment DAGs
 can schedule on. Registry writes run in the pool `ctr_registry` (one slot; see `registry_write`).
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
@@ -81,8 +82,12 @@ def emit_move(context, move: dict) -> None:
     """An Asset event for an alias that moved, or on `mlflow://<model>/held` for a release that was held (with
     why and what releases it); nothing for a no-op or a replayed move."""
     if move.get("held"):
-        extra = {"kind": "held", "from_version": str(move.get("from_version") or ""),   # the canary watched
-                 "to_version": str(move.get("held_version") or ""), "reason": str(move.get("reason"))}
+        extra = {
+            "kind": "held",
+            "from_version": str(move.get("from_version") or ""),  # the canary watched
+            "to_version": str(move.get("held_version") or ""),
+            "reason": str(move.get("reason")),
+        }
         context["outlet_events"][MOVES].add(Asset(asset_uri(move["model"], "held")), extra=extra)
         return
     if not move.get("moved"):
@@ -117,7 +122,7 @@ class _MoveOperator(BaseOperator):
         from pipelines.errors import PipelineError
 
         try:
-            for field in ("model", "reason"):   # rendered Params, before any use
+            for field in ("model", "reason"):  # rendered Params, before any use
                 if hasattr(self, field):
                     setattr(self, field, _text(getattr(self, field), field))
             result = self.move(context)
@@ -130,8 +135,14 @@ class _MoveOperator(BaseOperator):
             emit_move(context, m)
             if m.get("held"):
                 raise_held(self.log, m)
-            self.log.info("%s@%s: %s -> %s (%s)", m.get("model"), m.get("alias"), m.get("from_version"),
-                          m.get("to_version"), "moved" if m.get("moved") else "nothing to do")
+            self.log.info(
+                "%s@%s: %s -> %s (%s)",
+                m.get("model"),
+                m.get("alias"),
+                m.get("from_version"),
+                m.get("to_version"),
+                "moved" if m.get("moved") else "nothing to do",
+            )
         return result
 
 
@@ -155,8 +166,13 @@ class RevertModelVersionOperator(_MoveOperator):
     def move(self, context):
         from pipelines.promotion import aliases
 
-        return aliases.revert(self.model, reason=self.reason, to_version=_version(self.to_version),
-                              actor=actor(context), op_id=op_id(context))
+        return aliases.revert(
+            self.model,
+            reason=self.reason,
+            to_version=_version(self.to_version),
+            actor=actor(context),
+            op_id=op_id(context),
+        )
 
 
 class _CanaryMoveOperator(_MoveOperator):
@@ -228,8 +244,14 @@ class PromoteModelVersionOperator(_VersionMoveOperator):
         from pipelines.config import load_gate_policy
         from pipelines.promotion import aliases
 
-        return aliases.promote(self.model, version, reason=self.reason, actor=actor, op_id=op_id,
-                               require_approval=load_gate_policy(self.policy_path or None).approval)
+        return aliases.promote(
+            self.model,
+            version,
+            reason=self.reason,
+            actor=actor,
+            op_id=op_id,
+            require_approval=load_gate_policy(self.policy_path or None).approval,
+        )
 
 
 class OverrideGateOperator(_VersionMoveOperator):
@@ -254,8 +276,9 @@ class ReleaseOperator(_MoveOperator):
     template_fields = ("decision", "policy_path")
     what = "release"
 
-    def __init__(self, *, decision: dict, policy_path: str | None = None, approval_task_id: str | None = None,
-                 **kwargs):
+    def __init__(
+        self, *, decision: dict, policy_path: str | None = None, approval_task_id: str | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         self.decision, self.policy_path, self.approval_task_id = decision, policy_path, approval_task_id
 
@@ -268,14 +291,17 @@ class ReleaseOperator(_MoveOperator):
         answer = ti.xcom_pull(task_ids=self.approval_task_id, map_indexes=ti.map_index)
         chosen = list(answer.get("chosen_options") or []) if isinstance(answer, dict) else []
         if chosen not in (["Approve"], ["Reject"]):
-            raise ModelMoveRefused(f"release of {self.model} v{version} refused: no recorded answer from "
-                                   f"{self.approval_task_id} (got {answer!r})")
+            raise ModelMoveRefused(
+                f"release of {self.model} v{version} refused: no recorded answer from "
+                f"{self.approval_task_id} (got {answer!r})"
+            )
         from pipelines.promotion import release
 
         user = answer.get("responded_by_user") or {}
         who = user.get("name") or user.get("id") or "unknown user"
-        release.record_approval(self.model, version, answer=chosen[0], by=who,
-                                at=str(answer.get("responded_at") or ""), task=op_id(context))
+        release.record_approval(
+            self.model, version, answer=chosen[0], by=who, at=str(answer.get("responded_at") or ""), task=op_id(context)
+        )
         if chosen == ["Reject"]:
             raise AirflowSkipException(f"{self.model} v{version}: release rejected by {who}; nothing moves")
         return who
@@ -285,11 +311,12 @@ class ReleaseOperator(_MoveOperator):
         from pipelines.promotion import release
 
         self.model = _text(self.decision["model"], "model")
-        remember(self, {"model": self.model, "version": self.decision["version"]})   # linked even when refused
+        remember(self, {"model": self.model, "version": self.decision["version"]})  # linked even when refused
         policy = load_gate_policy(self.policy_path or None)
-        self._approver(context)   # records the answer on the version, which release() then reads
-        return release.release(policy, self.model, _version(self.decision["version"]), actor=actor(context),
-                               op_id=op_id(context))
+        self._approver(context)  # records the answer on the version, which release() then reads
+        return release.release(
+            policy, self.model, _version(self.decision["version"]), actor=actor(context), op_id=op_id(context)
+        )
 
 
 class GatedPromotionOperator(BaseOperator):
@@ -297,7 +324,8 @@ class GatedPromotionOperator(BaseOperator):
 
     `registered` is the dict returned by `pipelines.registry.register.register` (model, version,
     evaluation), or `pipelines.promotion.prequential.hand_over`'s; one without an evaluation
-    (a prequential day where nothing is ready) ends the task as skipped, with its reason. A rejected candidate ends the task as skipped (nothing downstream runs, the
+    (a prequential day where nothing is ready) ends the task as skipped, with its reason. A rejected candidate ends
+    the task as skipped (nothing downstream runs, the
     champion is untouched) or, with `fail_on_reject=True`, as failed. With `release=False` a
     ReleaseOperator (after a human approval) does the move.
     """
@@ -305,12 +333,24 @@ class GatedPromotionOperator(BaseOperator):
     template_fields = ("registered", "policy_path")
     operator_extra_links = LINKS
 
-    def __init__(self, *, registered: dict, policy_path: str | None = None, fail_on_reject: bool = False,
-                 release: bool = True, **kwargs):
+    def __init__(
+        self,
+        *,
+        registered: dict,
+        policy_path: str | None = None,
+        fail_on_reject: bool = False,
+        release: bool = True,
+        **kwargs,
+    ):
         kwargs.setdefault("outlets", [MOVES])
         kwargs.setdefault("pool", REGISTRY_POOL)
         super().__init__(**kwargs)
-        self.registered, self.policy_path, self.fail_on_reject, self.release = registered, policy_path, fail_on_reject, release
+        self.registered, self.policy_path, self.fail_on_reject, self.release = (
+            registered,
+            policy_path,
+            fail_on_reject,
+            release,
+        )
 
     def execute(self, context):
         from pipelines.config import load_gate_policy
@@ -318,21 +358,27 @@ class GatedPromotionOperator(BaseOperator):
         from pipelines.promotion import release
 
         r = self.registered
-        remember(self, {"model": r.get("model"), "version": r.get("version")})   # linked whatever the verdict
-        if r.get("evaluation") is None:   # a prequential candidate: nothing is ready to gate today
+        remember(self, {"model": r.get("model"), "version": r.get("version")})  # linked whatever the verdict
+        if r.get("evaluation") is None:  # a prequential candidate: nothing is ready to gate today
             raise AirflowSkipException(r.get("reason") or f"{r.get('model')}: nothing to gate")
         try:
-            decision = release.gate_and_release(load_gate_policy(self.policy_path or None), r["model"],
-                                                _version(r["version"]), r["evaluation"], actor=actor(context),
-                                                op_id=op_id(context), release_on_pass=self.release,
-                                                on_move=lambda m: emit_move(context, m))
-        except PipelineError as exc:   # e.g. a pass the policy does not let go out without an approval
+            decision = release.gate_and_release(
+                load_gate_policy(self.policy_path or None),
+                r["model"],
+                _version(r["version"]),
+                r["evaluation"],
+                actor=actor(context),
+                op_id=op_id(context),
+                release_on_pass=self.release,
+                on_move=lambda m: emit_move(context, m),
+            )
+        except PipelineError as exc:  # e.g. a pass the policy does not let go out without an approval
             context["ti"].xcom_push(key="error", value={"model": r.get("model"), "error": str(exc)})
             raise ModelMoveRefused(f"gate and release of {r.get('model')} v{r.get('version')} refused: {exc}") from exc
         if decision["passed"] and (decision.get("release") or {}).get("held"):
             context["ti"].xcom_push(key="decision", value=decision)
             raise_held(self.log, {"model": r["model"], "held_version": r["version"], **decision["release"]})
-        if decision["passed"]:   # with the version's MLflow page, for the approval's body
+        if decision["passed"]:  # with the version's MLflow page, for the approval's body
             return {**decision, "links": remembered(self)}
         context["ti"].xcom_push(key="decision", value=decision)
         msg = f"{r['model']} v{r['version']} rejected by the gate; @champion stays at v{decision['champion_version']}"

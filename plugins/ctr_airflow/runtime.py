@@ -2,6 +2,7 @@
 
 Kept free of heavy imports: DAG files import this at parse time.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,8 +65,9 @@ def run_days(context) -> list[str]:
         return [run_day(context)]
     events = (context.get("triggering_asset_events") or {}).get(VALIDATED, ())
     lake = newest.get("lake_uri")
-    return sorted({str(e.extra["day"]) for e in events
-                   if (e.extra or {}).get("day") and (e.extra or {}).get("lake_uri") == lake})
+    return sorted(
+        {str(e.extra["day"]) for e in events if (e.extra or {}).get("day") and (e.extra or {}).get("lake_uri") == lake}
+    )
 
 
 def lake_override(context) -> str | None:

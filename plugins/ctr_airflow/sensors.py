@@ -18,6 +18,7 @@ emitted. A lake that cannot be listed at all (no such bucket, endpoint down, acc
 missing day: it raises LakeUnreachable, which fails the task (and is retried), so a misconfigured
 lake shows up red instead of as an endless series of skipped days.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -54,8 +55,14 @@ class LakePartitionSensor(BaseSensorOperator):
 
     template_fields = ("day", "lake_uri", "wait_timeout_s")
 
-    def __init__(self, *, day: str | None = None, lake_uri: str | None = None,
-                 wait_timeout_s: float | str | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        day: str | None = None,
+        lake_uri: str | None = None,
+        wait_timeout_s: float | str | None = None,
+        **kwargs,
+    ):
         kwargs.setdefault("mode", "reschedule")
         kwargs.setdefault("poke_interval", POKE_INTERVAL)
         kwargs.setdefault("timeout", WAIT_TIMEOUT)
@@ -70,11 +77,16 @@ class LakePartitionSensor(BaseSensorOperator):
         # Without exponential backoff the next poke is poke_interval away, even past the timeout: a
         # 30 s timeout would give up only after 10 minutes. Never wait longer than the timeout.
         self.poke_interval = min(self.poke_interval, self.timeout)
-        apply_aws_connection()   # also for an explicit lake_uri, which skips pipeline_config
+        apply_aws_connection()  # also for an explicit lake_uri, which skips pipeline_config
         self.day = self.day or run_day(context)
         self.lake_uri = self.lake_uri or pipeline_config(context).data.lake_uri
-        self.log.info("waiting for %s/dt=%s (poke every %ss, give up after %ss)", self.lake_uri, self.day,
-                      self.poke_interval, self.timeout)
+        self.log.info(
+            "waiting for %s/dt=%s (poke every %ss, give up after %ss)",
+            self.lake_uri,
+            self.day,
+            self.poke_interval,
+            self.timeout,
+        )
         return super().execute(context)
 
     def poke(self, context) -> PokeReturnValue:
@@ -88,5 +100,6 @@ class LakePartitionSensor(BaseSensorOperator):
             raise LakeUnreachable(f"cannot look for dt={self.day} in {self.lake_uri}: {exc}") from exc
         if not files:
             self.log.info("dt=%s is not committed in %s yet (no manifest)", self.day, self.lake_uri)
-        return PokeReturnValue(is_done=bool(files),
-                               xcom_value={"day": self.day, "lake_uri": self.lake_uri, "files": len(files)})
+        return PokeReturnValue(
+            is_done=bool(files), xcom_value={"day": self.day, "lake_uri": self.lake_uri, "files": len(files)}
+        )

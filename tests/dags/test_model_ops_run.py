@@ -3,6 +3,7 @@ SQLite) against a registry set up in-process (issue 13): the form's reason `1234
 text instead of crashing the task, a 2,000-character reason is refused before any task runs, and a
 promote is refused for a version a person rejected, or without the approval the policy asks for;
 the override of the rejection goes out and records it."""
+
 from __future__ import annotations
 
 import json
@@ -34,10 +35,16 @@ def stack(tmp_path_factory):
         with this_process_on(mlflow_uri):
             base = add_version("ctr_base", gate_passed=None, fingerprint=FP)
             mlflow_io.client().set_registered_model_alias("ctr_base", "champion", base)
-            for _ in range(3):   # v1, v2, v3: passed their gate (as first runs) on the serving base
+            for _ in range(3):  # v1, v2, v3: passed their gate (as first runs) on the serving base
                 add_version(MODEL, base__fingerprint=FP, gate__champion_version="")
-            release.record_approval(MODEL, "2", answer="Reject", by="bob", at="2024-01-05T10:00:00+00:00",
-                                    task="airflow:ctr_lora_retrain/r/approval.release[0]")
+            release.record_approval(
+                MODEL,
+                "2",
+                answer="Reject",
+                by="bob",
+                at="2024-01-05T10:00:00+00:00",
+                task="airflow:ctr_lora_retrain/r/approval.release[0]",
+            )
             yield st, policy
 
 
@@ -87,7 +94,7 @@ def test_a_promote_is_refused_without_the_approval_the_policy_asks_for(stack):
 
     st, policy = stack
     before = aliases.current(MODEL)
-    policy.write_text(yaml.safe_dump({"approval": True}))   # read by the task when it runs
+    policy.write_text(yaml.safe_dump({"approval": True}))  # read by the task when it runs
     try:
         rc, out = model_ops(st, action="promote", version=3, reason="release v3 by hand")
     finally:

@@ -1,6 +1,7 @@
 """README.md and docs/ point only at what exists: every relative Markdown link resolves to a file (and its
 #anchor to a heading there), and every backticked repository path (`pipelines/…`, `tests/…`, …) is a file
 or folder of this checkout."""
+
 from __future__ import annotations
 
 import re
@@ -35,7 +36,7 @@ def repo_paths(doc: Path) -> list[str]:
     for token in CODE.findall(doc.read_text()):
         path = re.split(r"::|:(?=[A-Za-z_])|#", token)[0].rstrip(".,;")
         if path.startswith("../"):
-            found.append(path)   # outside the checkout: never there for a reader of the repository
+            found.append(path)  # outside the checkout: never there for a reader of the repository
         elif PATH.match(path) and "*" not in path and "<" not in path:
             found.append(path)
         elif IN_PIPELINES.match(path):
@@ -65,9 +66,15 @@ def test_every_backticked_repository_path_exists(doc):
 def test_the_checks_see_links_and_paths(tmp_path):
     """The two readers above find what they must (a reader that finds nothing passes everything)."""
     doc = tmp_path / "x.md"
-    doc.write_text("See [the runbook](docs/runbook.md#serving) and `pipelines/registry/runs.py:tag_run`, "
-                   "`tests/e2e/test_stack.py::test_x`, `promotion/gate.py`, `../elsewhere.md`, not `make test`, "
-                   "`lineage/data.json` (an artifact), `s3://b/k` or [web](https://x.org).\n")
+    doc.write_text(
+        "See [the runbook](docs/runbook.md#serving) and `pipelines/registry/runs.py:tag_run`, "
+        "`tests/e2e/test_stack.py::test_x`, `promotion/gate.py`, `../elsewhere.md`, not `make test`, "
+        "`lineage/data.json` (an artifact), `s3://b/k` or [web](https://x.org).\n"
+    )
     assert relative_links(doc) == ["docs/runbook.md#serving"]
-    assert repo_paths(doc) == ["pipelines/registry/runs.py", "tests/e2e/test_stack.py", "pipelines/promotion/gate.py",
-                               "../elsewhere.md"]
+    assert repo_paths(doc) == [
+        "pipelines/registry/runs.py",
+        "tests/e2e/test_stack.py",
+        "pipelines/promotion/gate.py",
+        "../elsewhere.md",
+    ]

@@ -3,6 +3,7 @@
 Only what the stack e2e needs: unpause, trigger (with a form's conf), poll a run to the end, read task
 instances, answer human-in-the-loop requests, read asset events.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,13 +27,15 @@ class AirflowREST:
 
     def _client(self) -> httpx.Client:
         if not self.token:
-            r = httpx.post(f"{self.base_url}/auth/token", json={"username": self.username, "password": self.password},
-                           timeout=30)
+            r = httpx.post(
+                f"{self.base_url}/auth/token", json={"username": self.username, "password": self.password}, timeout=30
+            )
             if r.status_code not in (200, 201):
                 raise RestError(f"login failed: {r.status_code} {r.text}")
             self.token = r.json()["access_token"]
-        return httpx.Client(base_url=f"{self.base_url}/api/v2", timeout=60,
-                            headers={"Authorization": f"Bearer {self.token}"})
+        return httpx.Client(
+            base_url=f"{self.base_url}/api/v2", timeout=60, headers={"Authorization": f"Bearer {self.token}"}
+        )
 
     def request(self, method: str, path: str, ok=(200,), **kw) -> httpx.Response:
         with self._client() as c:
@@ -51,17 +54,23 @@ class AirflowREST:
                 return
             if time.monotonic() > deadline:
                 errors = self.request("GET", "/importErrors").json().get("import_errors", [])
-                raise RestError(f"DAGs {sorted(set(dag_ids) - found)} not parsed within {timeout_s:.0f} s; "
-                                f"import errors: {[(e.get('filename'), e.get('stack_trace', '')[-300:]) for e in errors]}")
+                raise RestError(
+                    f"DAGs {sorted(set(dag_ids) - found)} not parsed within {timeout_s:.0f} s; "
+                    f"import errors: {[(e.get('filename'), e.get('stack_trace', '')[-300:]) for e in errors]}"
+                )
             time.sleep(3)
 
     def unpause(self, dag_id: str) -> None:
         self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 
-    def trigger(self, dag_id: str, run_id: str, logical_date: str | None = None, conf: dict | None = None,
-                ok=(200,)) -> httpx.Response:
-        body = {"dag_run_id": run_id, "logical_date": f"{logical_date}T00:00:00Z" if logical_date else None,
-                "conf": conf or {}}
+    def trigger(
+        self, dag_id: str, run_id: str, logical_date: str | None = None, conf: dict | None = None, ok=(200,)
+    ) -> httpx.Response:
+        body = {
+            "dag_run_id": run_id,
+            "logical_date": f"{logical_date}T00:00:00Z" if logical_date else None,
+            "conf": conf or {},
+        }
         return self.request("POST", f"/dags/{dag_id}/dagRuns", json=body, ok=ok)
 
     def runs(self, dag_id: str, run_type: str | None = None) -> list[dict]:
@@ -72,8 +81,9 @@ class AirflowREST:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
-                            params={"limit": 1000}).json()["task_instances"]
+        return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000}).json()[
+            "task_instances"
+        ]
 
     def wait(self, dag_id: str, run_id: str, timeout_s: float = 1200, on_poll=None) -> dict:
         """Poll until the run finishes; `on_poll()` runs between polls (e.g. to answer approvals)."""
@@ -90,16 +100,22 @@ class AirflowREST:
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, try_number: int = 1) -> str:
         """The task's log as the UI shows it: one line per structured record (its `event` text)."""
-        r = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-                         params={"map_index": map_index, "full_content": True}, headers={"Accept": "application/json"})
+        r = self.request(
+            "GET",
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+            params={"map_index": map_index, "full_content": True},
+            headers={"Accept": "application/json"},
+        )
         content = r.json()["content"]
-        return "\n".join(f"[{c.get('level', '')}] {c.get('event', '')}" if isinstance(c, dict) else str(c)
-                         for c in content)
+        return "\n".join(
+            f"[{c.get('level', '')}] {c.get('event', '')}" if isinstance(c, dict) else str(c) for c in content
+        )
 
     def extra_links(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, str | None]:
         """The task instance's extra links as the UI shows them: {name: URL, or None while it has none}."""
-        r = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links",
-                         params={"map_index": map_index})
+        r = self.request(
+            "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links", params={"map_index": map_index}
+        )
         return r.json()["extra_links"]
 
     def pending_approvals(self, dag_id: str, run_id: str) -> list[dict]:
@@ -108,8 +124,10 @@ class AirflowREST:
 
     def answer(self, detail: dict, option: str) -> dict:
         ti = detail["task_instance"]
-        path = (f"/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/"
-                f"{ti['map_index']}/hitlDetails")
+        path = (
+            f"/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/"
+            f"{ti['map_index']}/hitlDetails"
+        )
         return self.request("PATCH", path, json={"chosen_options": [option]}).json()
 
     def asset_events(self, uri: str) -> list[dict]:

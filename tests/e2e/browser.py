@@ -4,6 +4,7 @@ Playwright's own browser download does not work here (no internet), so the brows
 (`apt-get install chromium`; .ci/run installs it). Where it or Playwright is missing, the test skips
 saying which. Every page the test leaves open is screenshotted into `shots` when a step fails.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,15 +18,24 @@ from pathlib import Path
 import pytest
 
 # No phoning home from the browser either: updates, metrics, field trials and sync stay off.
-_FLAGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
-          "--disable-component-update", "--disable-sync", "--metrics-recording-only", "--no-first-run"]
+_FLAGS = [
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--metrics-recording-only",
+    "--no-first-run",
+]
 
 
 def chromium_path() -> str:
     path = os.environ.get("CTR_CHROMIUM") or shutil.which("chromium") or ""
     if not path:
-        pytest.skip("Debian's Chromium is not installed (apt-get install chromium; .ci/run installs it): "
-                    "the browser test needs a real browser")
+        pytest.skip(
+            "Debian's Chromium is not installed (apt-get install chromium; .ci/run installs it): "
+            "the browser test needs a real browser"
+        )
     return path
 
 
@@ -58,6 +68,7 @@ def browser(shots: Path):
 @dataclass
 class AirflowUI:
     """The Airflow 3 UI as a person clicks it (selectors are its visible labels, not its markup)."""
+
     page: object
     base_url: str
 

@@ -7,6 +7,7 @@ by the model name in the request body), then answers through the Core API's own 
 Only the HTTP layer and the login are skipped. `airflow dags test` resumes the parked task from
 there, exactly as it would after an answer in the UI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,11 @@ def pending(dag_id: str) -> list[tuple[str, str, int, str]]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.execute(select(TI.run_id, TI.task_id, TI.map_index, HITLDetail.body)
-                               .join(HITLDetail, HITLDetail.ti_id == TI.id)
-                               .where(TI.dag_id == dag_id, HITLDetail.responded_at.is_(None))).all()
+        rows = session.execute(
+            select(TI.run_id, TI.task_id, TI.map_index, HITLDetail.body)
+            .join(HITLDetail, HITLDetail.ti_id == TI.id)
+            .where(TI.dag_id == dag_id, HITLDetail.responded_at.is_(None))
+        ).all()
     return [(r, t, m, b or "") for r, t, m, b in rows]
 
 
@@ -37,9 +40,15 @@ def answer(dag_id: str, run_id: str, task_id: str, map_index: int, option: str, 
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        update_hitl_detail(dag_id=dag_id, dag_run_id=run_id, task_id=task_id, map_index=map_index,
-                           update_hitl_detail_payload=UpdateHITLDetailPayload(chosen_options=[option]),
-                           user=SimpleAuthManagerUser(username=user, role="admin"), session=session)
+        update_hitl_detail(
+            dag_id=dag_id,
+            dag_run_id=run_id,
+            task_id=task_id,
+            map_index=map_index,
+            update_hitl_detail_payload=UpdateHITLDetailPayload(chosen_options=[option]),
+            user=SimpleAuthManagerUser(username=user, role="admin"),
+            session=session,
+        )
 
 
 def main(argv=None) -> int:

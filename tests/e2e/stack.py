@@ -4,6 +4,7 @@ Metadata stores: PostgreSQL at 127.0.0.1:5432 (fresh databases, dropped afterwar
 SQLite otherwise. With CTR_REQUIRE_POSTGRES=1 (set by .ci/run) an unreachable PostgreSQL is a
 failure, so CI always covers the production-like store. S3 is moto's HTTP server.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,11 @@ def metadata_stores(tmp: Path):
             for n in names:
                 cur.execute(f'CREATE DATABASE "{n}"')
         try:
-            yield (f"postgresql+psycopg2://postgres@127.0.0.1:5432/{names[0]}",
-                   f"postgresql://postgres@127.0.0.1:5432/{names[1]}", "postgresql")
+            yield (
+                f"postgresql+psycopg2://postgres@127.0.0.1:5432/{names[0]}",
+                f"postgresql://postgres@127.0.0.1:5432/{names[1]}",
+                "postgresql",
+            )
         finally:
             with conn.cursor() as cur:
                 for n in names:
@@ -69,8 +73,9 @@ class Stack:
         proc = subprocess.run(cmd, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         self.runs.append((args, proc.returncode))
         if check and proc.returncode != 0:
-            raise AssertionError(f"airflow {' '.join(args)} exited {proc.returncode}:\n"
-                                 f"{(proc.stdout + proc.stderr)[-6000:]}")
+            raise AssertionError(
+                f"airflow {' '.join(args)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}"
+            )
         if check and args[:2] == ("dags", "test"):
             assert not (again := self.retried(args[2])), f"a retry hid a first-try failure: {again}"
         return proc
@@ -82,10 +87,13 @@ class Stack:
         engine = sa.create_engine(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
         try:
             with engine.connect() as conn:
-                rows = conn.execute(sa.text(
-                    "SELECT task_id, map_index, try_number FROM task_instance WHERE dag_id = :d AND try_number > 1 "
-                    "AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = :d ORDER BY id DESC LIMIT 1)"),
-                    {"d": dag_id}).all()
+                rows = conn.execute(
+                    sa.text(
+                        "SELECT task_id, map_index, try_number FROM task_instance WHERE dag_id = :d AND try_number > 1 "
+                        "AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = :d ORDER BY id DESC LIMIT 1)"
+                    ),
+                    {"d": dag_id},
+                ).all()
         finally:
             engine.dispose()
         return [tuple(r) for r in rows]
@@ -96,8 +104,14 @@ class Stack:
         self.airflow("pools", "set", "ctr_registry", "1", "registry writes: registration and alias moves")
 
     def pipelines(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipelines", *args], env=self.env, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "pipelines", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
 
 @contextlib.contextmanager
@@ -121,18 +135,20 @@ def this_process_on(mlflow_uri: str, **env: str):
 
 def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, artifact_root: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "MLFLOW_TRACKING"))}
-    env.update({
-        "AIRFLOW_HOME": str(tmp / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_conn,
-        "MLFLOW_TRACKING_URI": mlflow_uri,
-        "CTR_MLFLOW_ARTIFACT_ROOT": artifact_root,
-        "CTR_PIPELINE_CONFIG": str(config_path),
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
-    })
+    env.update(
+        {
+            "AIRFLOW_HOME": str(tmp / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_conn,
+            "MLFLOW_TRACKING_URI": mlflow_uri,
+            "CTR_MLFLOW_ARTIFACT_ROOT": artifact_root,
+            "CTR_PIPELINE_CONFIG": str(config_path),
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
+        }
+    )
     return env
 
 
@@ -149,8 +165,15 @@ CANARY = {"promotion": "canary"}
 # The prequential modules (test_prequential_dag, test_stack) test the DAG's order and the registry it leaves, not
 # the thresholds (tested in tests/pipelines/promotion): the first-run checks pass any sane model, any evidence
 # clears a margin of 10 nats, a slot-day of two rows is judged.
-JUDGE_PASSABLE = {"min_auc_first_run": 0.3, "min_auc": 0.0, "max_logloss_first_run": 5.0, "calibration_min": 0.01,
-                  "calibration_max": 100.0, "judge_margin": 10.0, "judge_min_rows": 2}
+JUDGE_PASSABLE = {
+    "min_auc_first_run": 0.3,
+    "min_auc": 0.0,
+    "max_logloss_first_run": 5.0,
+    "calibration_min": 0.01,
+    "calibration_max": 100.0,
+    "judge_margin": 10.0,
+    "judge_min_rows": 2,
+}
 
 
 def paths_policy(path: Path, **overrides) -> Path:
@@ -206,8 +229,9 @@ def movielens_stack(tmp: Path, bucket: str, last_day: str, paths: bool | dict = 
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         env = make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow")
         if paths:
-            env["CTR_GATE_POLICY"] = str(paths_policy(tmp / "gate_policy.yaml", **(paths if isinstance(paths, dict)
-                                                                                    else {})))
+            env["CTR_GATE_POLICY"] = str(
+                paths_policy(tmp / "gate_policy.yaml", **(paths if isinstance(paths, dict) else {}))
+            )
         st = Stack(env, kind, tmp)
         st.init_airflow()
         previous = mlflow.get_tracking_uri()

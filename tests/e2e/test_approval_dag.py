@@ -6,6 +6,7 @@ own candidate. The answers go through the Core API's HITL handler from another p
 Set-up in-process: a synthetic lake in moto's S3 with three slots and the serving base; no adapter
 has a champion yet, so a released candidate becomes @champion (`promotion: direct` here).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,19 @@ BUCKET = "e2e-approval-lake"
 DAY = "2024-01-05"
 # A permissive gate: what is tested is the human step after it, so every candidate must pass (fairness
 # per group is optional, as in the shipped policy: the small synthetic holdouts may not measure it).
-POLICY = replace(GatePolicy(), approval=True, promotion="direct", min_auc_first_run=0.5, max_logloss_first_run=5.0,
-                 max_demographic_parity_gap=1.0, max_equalized_odds_gap=1.0, calibration_min=0.01,
-                 calibration_max=100.0, latency_budget_ms=60_000.0, optional_checks=("fairness_dp", "fairness_eo"))
+POLICY = replace(
+    GatePolicy(),
+    approval=True,
+    promotion="direct",
+    min_auc_first_run=0.5,
+    max_logloss_first_run=5.0,
+    max_demographic_parity_gap=1.0,
+    max_equalized_odds_gap=1.0,
+    calibration_min=0.01,
+    calibration_max=100.0,
+    latency_budget_ms=60_000.0,
+    optional_checks=("fairness_dp", "fairness_eo"),
+)
 ANSWERS = {"ctr_lora_feed": "Approve", "ctr_lora_search": "Approve", "ctr_lora_splash": "Reject"}
 
 
@@ -59,12 +70,33 @@ def test_each_release_waits_for_its_own_approval(stack):
 
     log_path = stack.tmp / "dags_test.log"
     with open(log_path, "w") as log:
-        run = subprocess.Popen([str(Path(sys.executable).with_name("airflow")), "dags", "test", "ctr_lora_retrain", DAY],
-                               env=stack.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        run = subprocess.Popen(
+            [str(Path(sys.executable).with_name("airflow")), "dags", "test", "ctr_lora_retrain", DAY],
+            env=stack.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
-            responder = subprocess.run([sys.executable, "-m", "tests.e2e.hitl_respond", "--dag", "ctr_lora_retrain",
-                                        "--answers", json.dumps(ANSWERS), "--timeout", "900"],
-                                       env=stack.env, cwd=REPO, capture_output=True, text=True, timeout=960)
+            responder = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.e2e.hitl_respond",
+                    "--dag",
+                    "ctr_lora_retrain",
+                    "--answers",
+                    json.dumps(ANSWERS),
+                    "--timeout",
+                    "900",
+                ],
+                env=stack.env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=960,
+            )
             rc = run.wait(timeout=600)
         finally:
             if run.poll() is None:
@@ -72,7 +104,7 @@ def test_each_release_waits_for_its_own_approval(stack):
     out = log_path.read_text()
     assert responder.returncode == 0, responder.stderr[-3000:] + out[-4000:]
     assert rc == 0, out[-6000:]
-    assert "Waiting for Human-in-the-loop input" in out     # the run really parked until the answers came
+    assert "Waiting for Human-in-the-loop input" in out  # the run really parked until the answers came
 
     for name in ("ctr_lora_feed", "ctr_lora_search"):
         assert current(name) == "1", name
@@ -102,11 +134,15 @@ def test_each_release_waits_for_its_own_approval(stack):
     assert set(approvals.values()) == {"success"}, states
 
     # names, not numbers: each mapped instance is named by its slot or model, each approval asks about one version
-    labels = airflow_rows(stack, "SELECT task_id, rendered_map_index FROM task_instance WHERE dag_id = :d "
-                                 "AND map_index >= 0", d="ctr_lora_retrain")
+    labels = airflow_rows(
+        stack,
+        "SELECT task_id, rendered_map_index FROM task_instance WHERE dag_id = :d AND map_index >= 0",
+        d="ctr_lora_retrain",
+    )
     named = {t: sorted(label for task, label in labels if task == t) for t, _ in labels}
     assert named["train_adapter"] == named["evaluate"] == named["register"] == ["feed", "search", "splash"], named
     assert named["approval.approve_release"] == ["ctr_lora_feed", "ctr_lora_search", "ctr_lora_splash"], named
     subjects = sorted(r[0] for r in airflow_rows(stack, "SELECT subject FROM hitl_detail"))
-    assert subjects == [f"CTR adapter: release ctr_lora_{slot} v1 (its first version)?"
-                        for slot in ("feed", "search", "splash")], subjects
+    assert subjects == [
+        f"CTR adapter: release ctr_lora_{slot} v1 (its first version)?" for slot in ("feed", "search", "splash")
+    ], subjects

@@ -4,6 +4,7 @@ moto's S3, with PostgreSQL metadata stores when reachable (else SQLite).
 Set-up in-process (faster than running the other DAGs): the serving base `ctr_base@champion` trained
 up to 1997-12-31, and one slot champion (`ctr_lora_morning`) as a teacher; the other slots' teacher
 is the base. Then the DAG run: validate -> detect -> distill -> evaluate -> register -> gate."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,14 @@ def stack(tmp_path_factory, s3_endpoint):
             register_base(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e", policy=any_base_policy())
             cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
             reg = register(cfg, cand, evaluate(cfg, lake_uri, cand))
-            aliases.move_alias(reg["model"], "champion", reg["version"], kind="promote", actor="e2e",
-                               reason="e2e: the teacher of the morning slot")
+            aliases.move_alias(
+                reg["model"],
+                "champion",
+                reg["version"],
+                kind="promote",
+                actor="e2e",
+                reason="e2e: the teacher of the morning slot",
+            )
             yield st
 
 
@@ -77,13 +84,26 @@ def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):
     c = MlflowClient()
     (mv,) = c.search_model_versions("name = 'ctr_lora_cold_start'")
     base = c.get_model_version_by_alias("ctr_base", "champion")
-    for tag in ("data.first", "data.last", "data.partitions", "data.sha256", "config.hash", "code.version",
-                "base.name", "base.version", "base.fingerprint", "training.run_id"):
+    for tag in (
+        "data.first",
+        "data.last",
+        "data.partitions",
+        "data.sha256",
+        "config.hash",
+        "code.version",
+        "base.name",
+        "base.version",
+        "base.fingerprint",
+        "training.run_id",
+    ):
         assert mv.tags.get(tag), f"ctr_lora_cold_start v1 lacks lineage tag {tag}"
     assert mv.tags["base.fingerprint"] == base.tags["fingerprint"] and mv.tags["data.last"] == DAY
     assert mv.tags["cold_start.cutoff"] == CUTOFF and mv.tags["slot"] == "all"
-    assert json.loads(mv.tags["cold_start.teachers"]) == {"morning": "ctr_lora_morning v1",
-                                                          "afternoon": "ctr_base v1", "night": "ctr_base v1"}
+    assert json.loads(mv.tags["cold_start.teachers"]) == {
+        "morning": "ctr_lora_morning v1",
+        "afternoon": "ctr_base v1",
+        "night": "ctr_base v1",
+    }
     # the gate ran and recorded its decision; first run: absolute thresholds; the alias follows it
     assert mv.tags["gate.passed"] in ("true", "false") and mv.tags["gate.first_run"] == "true"
     passed = mv.tags["gate.passed"] == "true"
@@ -104,8 +124,9 @@ def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):
     evaluation = json.loads(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/cold_start/evaluation.json"))
     assert evaluation["holdout_rows"] == m["rows_holdout"] and evaluation["teacher_saw_holdout"] == ["morning"]
     # the window was validated first, like the retrain DAG's
-    runs = mlflow.search_runs(experiment_names=["ctr-data-validation"], filter_string=f"tags.end_day = '{DAY}'",
-                              output_format="list")
+    runs = mlflow.search_runs(
+        experiment_names=["ctr-data-validation"], filter_string=f"tags.end_day = '{DAY}'", output_format="list"
+    )
     assert len(runs) == 1 and runs[0].data.tags["success"] == "True"
 
 

@@ -1,6 +1,7 @@
 """End to end through real Airflow DAG runs (`airflow dags test`): base model, two daily retrains
 (the second gated against the first's champion), revert, and a bad partition that must stop the
 run at validation without touching the registry."""
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,18 @@ pytestmark = pytest.mark.slow
 
 DAY1, DAY2, BAD_DAY = "1998-03-01", "1998-03-02", "1998-03-03"
 SLOTS = ("morning", "afternoon", "night")
-LINEAGE_TAGS = ("data.first", "data.last", "data.partitions", "data.sha256", "config.hash", "code.version",
-                "base.name", "base.version", "base.fingerprint", "training.run_id")
+LINEAGE_TAGS = (
+    "data.first",
+    "data.last",
+    "data.partitions",
+    "data.sha256",
+    "config.hash",
+    "code.version",
+    "base.name",
+    "base.version",
+    "base.fingerprint",
+    "training.run_id",
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +65,10 @@ def asset_events(stack, uri: str) -> int:
 
     engine = sa.create_engine(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     with engine.connect() as conn:
-        n = conn.execute(sa.text("SELECT count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-                                 "WHERE a.uri = :uri"), {"uri": uri}).scalar()
+        n = conn.execute(
+            sa.text("SELECT count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = :uri"),
+            {"uri": uri},
+        ).scalar()
     engine.dispose()
     return int(n)
 
@@ -68,8 +81,9 @@ def test_base_model_dag_registers_the_serving_base(stack):
     assert v1.tags["data.first"] == "1997-11-01" and v1.tags["data.last"] == "1997-12-31"
     # a release: gated (the first base: the policy's floor and ceiling, calibration) and recorded
     assert v1.tags["gate.passed"] == "true" and v1.tags["gate.first_run"] == "true", v1.tags.get("gate.checks")
-    assert history("ctr_base")[-1]["reason"] == ("base passed gate (first base); adapters this base makes "
-                                                "incompatible (retrain them): none")
+    assert history("ctr_base")[-1]["reason"] == (
+        "base passed gate (first base); adapters this base makes incompatible (retrain them): none"
+    )
 
 
 def test_retrain_two_days_gates_against_the_previous_champion(stack):
@@ -95,7 +109,7 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
         assert v2.tags["eval.champion_version"] == "1"
         assert json.loads(v2.tags["eval.champion"])["rows"] == json.loads(v2.tags["eval.candidate"])["rows"]
         assert v2.tags["gate.first_run"] == "false"
-        assert v2.description.startswith(f"# {name} v2") and "## Gate" in v2.description   # the model card
+        assert v2.description.startswith(f"# {name} v2") and "## Gate" in v2.description  # the model card
         passed = v2.tags["gate.passed"] == "true"
         # promotion: canary (the shipped policy's; tests/e2e/stack.py: paths_policy): a passing day-2 candidate
         # takes a share of the users next to the day-1 champion; the champion itself does not move.
@@ -121,7 +135,10 @@ def test_canary_promotion_and_revert_from_the_ui(stack):
         assert champion(name) == "1"
         entries = history(name)
         assert [(h["kind"], h["from_version"], h["to_version"]) for h in entries] == [
-            ("promote", "", "1"), ("promote", "1", "2"), ("revert", "2", "1")]
+            ("promote", "", "1"),
+            ("promote", "1", "2"),
+            ("revert", "2", "1"),
+        ]
         assert entries[-1]["reason"] == "e2e: revert to day 1" and "ctr_model_ops" in entries[-1]["actor"]
         # The same history through the CLI, as JSON lines.
         out = stack.pipelines("history", "--model", name)
@@ -175,8 +192,9 @@ def test_bad_partition_stops_the_run_at_validation(stack):
     assert any(f["check"] == "expect_column_to_exist(slot)" for f in marker["report"]["failures"])
     html = s3.get_object(Bucket="e2e-lake", Key=f"clicks/dt={BAD_DAY}/_validation_report.html")["Body"].read().decode()
     assert "FAILED" in html and "expect_column_to_exist(slot)" in html
-    runs = mlflow.search_runs(experiment_names=["ctr-data-validation"], filter_string=f"tags.end_day = '{BAD_DAY}'",
-                              output_format="list")
+    runs = mlflow.search_runs(
+        experiment_names=["ctr-data-validation"], filter_string=f"tags.end_day = '{BAD_DAY}'", output_format="list"
+    )
     assert len(runs) == 1 and runs[0].data.tags["success"] == "False"
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id, f"reports/dt={BAD_DAY}")}
     assert f"reports/dt={BAD_DAY}/validation_report.html" in arts

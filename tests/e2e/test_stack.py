@@ -14,6 +14,7 @@ Checked:
 versions, aliases, alias history, gate records, Asset events, clean task logs, and that the mapped
 tasks ran on both Celery workers.
 """
+
 from __future__ import annotations
 
 import json
@@ -112,15 +113,21 @@ def check_retrain(rest: AirflowREST, run_id: str, day: str, released: str | None
     assert sorted(t["rendered_map_index"] for t in tis if t["task_id"] == "train_adapter") == sorted(SLOTS)
     # no retry hid a failure: every task instance ran once at most
     assert [(t["task_id"], t["map_index"]) for t in tis if t["try_number"] > 1] == []
-    for slot in SLOTS:   # the version and its training run name the task instances that wrote them
+    for slot in SLOTS:  # the version and its training run name the task instances that wrote them
         latest = versions(f"ctr_lora_{slot}")[-1]
-        assert (latest.tags["airflow.dag_id"], latest.tags["airflow.run_id"], latest.tags["airflow.task_id"]) == \
-            ("ctr_lora_retrain", run_id, "register")
+        assert (latest.tags["airflow.dag_id"], latest.tags["airflow.run_id"], latest.tags["airflow.task_id"]) == (
+            "ctr_lora_retrain",
+            run_id,
+            "register",
+        )
         trained = MlflowClient().get_run(latest.run_id).data.tags
-        assert (trained["airflow.run_id"], trained["airflow.task_id"], trained["airflow.try_number"]) == \
-            (run_id, "train_adapter", "1")
+        assert (trained["airflow.run_id"], trained["airflow.task_id"], trained["airflow.try_number"]) == (
+            run_id,
+            "train_adapter",
+            "1",
+        )
         assert trained["airflow.url"].startswith(f"{rest.base_url}/dags/ctr_lora_retrain/runs/")
-        assert trained["airflow.worker"].startswith(worker_prefix())   # the Celery node, by name
+        assert trained["airflow.worker"].startswith(worker_prefix())  # the Celery node, by name
     check_links_both_ways(rest, run_id, tis)
 
 
@@ -162,9 +169,15 @@ def arrive(live, day: str) -> dict:
     assert [e["extra"]["day"] for e in rest.asset_events(VALIDATED_URI)][-1] == day
     deadline, started = time.monotonic() + 180, {}
     while len(started) < len(DAILY) and time.monotonic() < deadline:
-        started = {d: new[0] for d in DAILY
-                   if (new := [r["dag_run_id"] for r in rest.runs(d, run_type="asset_triggered")
-                               if r["dag_run_id"] not in known[d]])}
+        started = {
+            d: new[0]
+            for d in DAILY
+            if (
+                new := [
+                    r["dag_run_id"] for r in rest.runs(d, run_type="asset_triggered") if r["dag_run_id"] not in known[d]
+                ]
+            )
+        }
         time.sleep(3)
     assert set(started) == set(DAILY), f"asset-triggered runs: {started}"
     answered: list = []
@@ -182,7 +195,7 @@ def arrive(live, day: str) -> dict:
 def test_a_validated_day_judges_yesterdays_candidates_and_releases_todays(live):
     started = arrive(live, DAY2)
     check_retrain(live.rest(), started["ctr_lora_retrain"], DAY2, released="champion")
-    for slot in SLOTS:   # day 1's candidate, judged on day 2's rows (no champion: the first-run checks)
+    for slot in SLOTS:  # day 1's candidate, judged on day 2's rows (no champion: the first-run checks)
         v1 = versions(f"ctr_lora_{slot}")[0]
         assert v1.tags["judge.state"] == "release" and v1.tags["judge.handed_over"] == "2"
 
@@ -191,19 +204,20 @@ def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(liv
     started = arrive(live, DAY3)
     assert [e["extra"]["day"] for e in live.rest().asset_events(VALIDATED_URI)] == [DAY2, DAY3]
     check_retrain(live.rest(), started["ctr_lora_retrain"], DAY3, released="canary")
-    for slot in SLOTS:   # the serving v2 judged on day 3's rows; v3 went to @canary next to it
+    for slot in SLOTS:  # the serving v2 judged on day 3's rows; v3 went to @canary next to it
         name = f"ctr_lora_{slot}"
         assert json.loads(versions(name)[1].tags["judge.evidence"])["last_day"] == DAY3
         assert alias_of(name) == "2" and versions(name)[2].tags["judge.replaced"] == "2"
-        page = MlflowClient().get_registered_model(name).description   # what serves and why, on its page
+        page = MlflowClient().get_registered_model(name).description  # what serves and why, on its page
         assert "| @champion | v2 |" in page and "| @canary | v3 (" in page and "passed gate" in page
         # how the slot is doing over days: one run, a line per role (day 2: v1 judged as a candidate; day 3: v2
         # judged as the champion it had become)
         from pipelines.evaluation.timeline import day_step, run_of
 
         line = run_of(name, slot)
-        steps = {k: [m.step for m in MlflowClient().get_metric_history(line, k)]
-                 for k in ("candidate_auc", "champion_auc")}
+        steps = {
+            k: [m.step for m in MlflowClient().get_metric_history(line, k)] for k in ("candidate_auc", "champion_auc")
+        }
         assert steps == {"candidate_auc": [day_step(DAY2)], "champion_auc": [day_step(DAY3)]}, steps
 
 
@@ -211,15 +225,18 @@ def serving(live, path: str, body: dict | None = None) -> tuple[int, dict]:
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(f"http://127.0.0.1:{live.env['STACK_SERVE_PORT']}{path}", method="POST" if body else "GET",
-                                 data=json.dumps(body).encode() if body else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{live.env['STACK_SERVE_PORT']}{path}",
+        method="POST" if body else "GET",
+        data=json.dumps(body).encode() if body else None,
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.load(r)
     except urllib.error.HTTPError as exc:
         return exc.code, json.load(exc)
-    except OSError as exc:   # not listening yet: it waits for the first ctr_base@champion before it binds
+    except OSError as exc:  # not listening yet: it waits for the first ctr_base@champion before it binds
         return 0, {"error": str(exc)}
 
 
@@ -235,8 +252,18 @@ def test_the_stacks_scoring_server_follows_the_registry(live):
             break
         time.sleep(3)
     assert want.items() <= routes.items(), (routes, health)
-    row = {"user_id": "1", "item_id": "50", "slot": "morning", "age_bucket": "25-34", "gender": "F",
-           "occupation": "writer", "category": "Drama", "hour": 9, "weekday": 2, "is_new_user": False}
+    row = {
+        "user_id": "1",
+        "item_id": "50",
+        "slot": "morning",
+        "age_bucket": "25-34",
+        "gender": "F",
+        "occupation": "writer",
+        "category": "Drama",
+        "hour": 9,
+        "weekday": 2,
+        "is_new_user": False,
+    }
     code, out = serving(live, "/invocations", {"dataframe_records": [row]})
     assert code == 200 and 0 < out["predictions"][0] < 1, out
     assert out["served_by"][0]["model"] == "ctr_lora_morning", out
@@ -248,9 +275,13 @@ def test_mapped_tasks_ran_on_both_celery_workers(live):
     worker has a free slot, so one run alone, sharing the workers with cold start and monitor, may
     land on one of them."""
     rest = live.rest()
-    tis = [t for r in rest.runs("ctr_lora_retrain") for t in rest.task_instances("ctr_lora_retrain", r["dag_run_id"])
-           if t["map_index"] >= 0 and t["task_id"] in ("train_adapter", "evaluate")]
-    assert len(tis) == 6 * len(SLOTS)   # three runs, two mapped tasks each
+    tis = [
+        t
+        for r in rest.runs("ctr_lora_retrain")
+        for t in rest.task_instances("ctr_lora_retrain", r["dag_run_id"])
+        if t["map_index"] >= 0 and t["task_id"] in ("train_adapter", "evaluate")
+    ]
+    assert len(tis) == 6 * len(SLOTS)  # three runs, two mapped tasks each
     ran_on = {w: sum(t["id"] in live.worker_log(w) for t in tis) for w in WORKERS}
     assert sum(ran_on.values()) == len(tis) and all(ran_on.values()), f"mapped task instances per worker: {ran_on}"
 
@@ -263,17 +294,20 @@ def test_model_ops_forms(live):
     assert canaries, "no day-3 candidate passed its gate: the canary paths would be untested"
     name = canaries[0]
     v1, v2 = alias_of(name), alias_of(name, "canary")
-    for run_id, conf in (("promote_canary", {"action": "promote_canary", "reason": "e2e: canary healthy"}),
-                         ("revert", {"action": "revert", "reason": "e2e: back to day 1"}),
-                         ("override", {"action": "override", "version": int(v2), "reason": "e2e: override by hand"})):
+    for run_id, conf in (
+        ("promote_canary", {"action": "promote_canary", "reason": "e2e: canary healthy"}),
+        ("revert", {"action": "revert", "reason": "e2e: back to day 1"}),
+        ("override", {"action": "override", "version": int(v2), "reason": "e2e: override by hand"}),
+    ):
         rest.trigger("ctr_model_ops", run_id, conf={**conf, "model": name})
         assert rest.wait("ctr_model_ops", run_id)["state"] == "success", rest.task_instances("ctr_model_ops", run_id)
     moves = [(h["kind"], h["from_version"], h["to_version"]) for h in history(name)]
     assert moves[-3:] == [("promote", v1, v2), ("revert", v2, v1), ("override", v1, v2)]
     assert history(name)[-1]["reason"].startswith("e2e: override by hand")
     # an invalid form is refused by the API before any run exists
-    bad = rest.trigger("ctr_model_ops", "invalid", conf={"action": "revert", "model": "not a model", "reason": "x"},
-                       ok=(400, 422))
+    bad = rest.trigger(
+        "ctr_model_ops", "invalid", conf={"action": "revert", "model": "not a model", "reason": "x"}, ok=(400, 422)
+    )
     assert "model" in bad.text or "reason" in bad.text
     events = rest.asset_events(f"mlflow://{name}/champion")
     assert len(events) >= 3
@@ -302,8 +336,9 @@ def test_a_user_retrains_approves_and_follows_the_links_in_a_browser(live, tmp_p
         assert approved, "day 4 asked for no release: the approval path went unclicked"
         model, version = re.search(r"release (ctr_lora_\w+) v(\d+) ", approved[0]).groups()
         register = next(t for t in tis if t["task_id"] == "register" and f"ctr_lora_{t['rendered_map_index']}" == model)
-        page = ui.follow_extra_link("ctr_lora_retrain", run_id, "register", register["map_index"],
-                                    "MLflow model version")
+        page = ui.follow_extra_link(
+            "ctr_lora_retrain", run_id, "register", register["map_index"], "MLflow model version"
+        )
         assert page.url.endswith(f"/#/models/{model}/versions/{version}"), page.url
         page.get_by_text(f"Version {version}", exact=True).wait_for()
         serves = model_page_description(page, model)
@@ -318,11 +353,18 @@ def test_no_task_of_any_run_needed_a_second_try(live):
     """Every task instance of every run in this module (REST and browser, scheduled and asset-triggered) passed
     or was refused on its first try: a retry that hides a bug counts as a failure."""
     rest = live.rest()
-    runs = [(d, r["dag_run_id"]) for d in ("ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY)
-            for r in rest.runs(d)]
+    runs = [
+        (d, r["dag_run_id"])
+        for d in ("ctr_base_model", "ctr_model_ops", "ctr_lake_arrival", *DAILY)
+        for r in rest.runs(d)
+    ]
     assert len(runs) >= 15
-    retried = [(d, r, t["task_id"], t["map_index"], t["try_number"]) for d, r in runs
-               for t in rest.task_instances(d, r) if t["try_number"] > 1]
+    retried = [
+        (d, r, t["task_id"], t["map_index"], t["try_number"])
+        for d, r in runs
+        for t in rest.task_instances(d, r)
+        if t["try_number"] > 1
+    ]
     assert retried == []
 
 
@@ -336,7 +378,6 @@ def test_stack_down_stops_every_process_it_started(live):
     for comp, pid in pids.items():
         assert f"{comp}: stopped" in down.stdout or f"{comp}: killed" in down.stdout
         with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)   # no process of its group is left
+            os.killpg(pid, 0)  # no process of its group is left
     assert not list((live.dir / "pids").glob("*.pid"))
     assert live.cli("status").returncode == 1
-

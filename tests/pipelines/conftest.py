@@ -1,4 +1,5 @@
 """Fixtures shared by the stage tests: a small synthetic lake and a fresh store with a serving base."""
+
 from __future__ import annotations
 
 import mlflow

@@ -1,4 +1,5 @@
 """`python -m pipelines ...` run as a real subprocess with the venv's interpreter."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,20 @@ from pipelines.config import REPO_ROOT
 from pipelines.data.lake import Lake
 from tests.conftest import free_port
 
-STAGES = ("generate", "validate", "train-base", "train-adapter", "cold-start", "promote", "revert", "override", "approve",
-          "history", "status", "bench")
+STAGES = (
+    "generate",
+    "validate",
+    "train-base",
+    "train-adapter",
+    "cold-start",
+    "promote",
+    "revert",
+    "override",
+    "approve",
+    "history",
+    "status",
+    "bench",
+)
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
@@ -29,14 +42,23 @@ PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 def cli_env(extra: dict | None = None) -> dict:
     """This process's environment without the variables that would point a stage at the caller's own
     config or tracking server, plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CTR_PIPELINE_CONFIG", "CTR_GATE_POLICY", "MLFLOW_TRACKING_URI")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CTR_PIPELINE_CONFIG", "CTR_GATE_POLICY", "MLFLOW_TRACKING_URI")
+    }
     return {**env, **(extra or {})}
 
 
 def cli(*args: str, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "pipelines", *args], cwd=REPO_ROOT, env=cli_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "-m", "pipelines", *args],
+        cwd=REPO_ROOT,
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def no_traceback(p: subprocess.CompletedProcess) -> None:
@@ -47,19 +69,21 @@ def click_frame(n: int = 300, seed: int = 0) -> pd.DataFrame:
     """A valid partition for the default config (MovieLens slots)."""
     rng = np.random.default_rng(seed)
     ts = pd.date_range("2024-01-02", periods=n, freq="min", tz="UTC")
-    return pd.DataFrame({
-        "event_ts": ts,
-        "user_id": [f"u{i % 40}" for i in range(n)],
-        "item_id": [f"i{i % 60}" for i in range(n)],
-        "slot": rng.choice(["morning", "afternoon", "night"], n),
-        "label": (rng.random(n) < 0.3).astype("int8"),
-        "age_bucket": rng.choice(["18-24", "25-34"], n),
-        "gender": rng.choice(["M", "F"], n),
-        "occupation": rng.choice(["student", "engineer"], n),
-        "category": rng.choice(["Drama", "Comedy"], n),
-        "hour": ts.hour.to_numpy().astype("int8"),
-        "weekday": ts.dayofweek.to_numpy().astype("int8"),
-    })
+    return pd.DataFrame(
+        {
+            "event_ts": ts,
+            "user_id": [f"u{i % 40}" for i in range(n)],
+            "item_id": [f"i{i % 60}" for i in range(n)],
+            "slot": rng.choice(["morning", "afternoon", "night"], n),
+            "label": (rng.random(n) < 0.3).astype("int8"),
+            "age_bucket": rng.choice(["18-24", "25-34"], n),
+            "gender": rng.choice(["M", "F"], n),
+            "occupation": rng.choice(["student", "engineer"], n),
+            "category": rng.choice(["Drama", "Comedy"], n),
+            "hour": ts.hour.to_numpy().astype("int8"),
+            "weekday": ts.dayofweek.to_numpy().astype("int8"),
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- help / usage
@@ -83,8 +107,9 @@ def test_missing_stage_is_a_usage_error():
     assert p.returncode == 2 and "usage:" in p.stderr
 
 
-@pytest.mark.parametrize("argv, dest", [(["promote", "--version", "3"], "version"),
-                                        (["revert", "--to-version", "12"], "to_version")])
+@pytest.mark.parametrize(
+    "argv, dest", [(["promote", "--version", "3"], "version"), (["revert", "--to-version", "12"], "to_version")]
+)
 def test_a_version_argument_is_the_registrys_string(argv, dest):
     from pipelines.__main__ import build_parser
 
@@ -161,8 +186,13 @@ def test_generate_synthetic_writes_dt_partitions(tmp_path):
     p = cli("generate", "--source", "synthetic", "--out", str(out), "--days", "2", "--rows-per-day", "1000")
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
-    assert summary == {"out": str(out), "source": "synthetic", "partitions": 2,
-                       "first": "2026-01-01", "last": "2026-01-02"}
+    assert summary == {
+        "out": str(out),
+        "source": "synthetic",
+        "partitions": 2,
+        "first": "2026-01-01",
+        "last": "2026-01-02",
+    }
     assert sorted(d.name for d in out.iterdir()) == ["dt=2026-01-01", "dt=2026-01-02"]
     lake = Lake(str(out))
     assert lake.list_partitions() == ["2026-01-01", "2026-01-02"]
@@ -175,7 +205,10 @@ def test_generate_synthetic_writes_dt_partitions(tmp_path):
 
 def test_generated_synthetic_data_passes_validation_with_the_synthetic_config(tmp_path):
     out = tmp_path / "lake"
-    assert cli("generate", "--source", "synthetic", "--out", str(out), "--days", "1", "--rows-per-day", "2000").returncode == 0
+    assert (
+        cli("generate", "--source", "synthetic", "--out", str(out), "--days", "1", "--rows-per-day", "2000").returncode
+        == 0
+    )
     p = cli("validate", "--data", str(out / "dt=2026-01-01"), "--config", str(REPO_ROOT / "configs" / "synthetic.yaml"))
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("VALID ")
@@ -200,8 +233,7 @@ def test_an_unexpected_error_is_one_line_naming_the_stage_and_the_exception():
     no_traceback(p)
 
 
-@pytest.mark.parametrize("argv", [("--verbose", "status"), ("status", "-v")],
-                         ids=["before-stage", "after-stage"])
+@pytest.mark.parametrize("argv", [("--verbose", "status"), ("status", "-v")], ids=["before-stage", "after-stage"])
 def test_verbose_adds_the_full_traceback_before_the_one_line(argv):
     p = cli(*argv, env=unreachable_tracking())
     assert p.returncode == 3, p.stderr
@@ -222,15 +254,27 @@ def test_an_interrupted_stage_exits_130_with_one_line():
         server.bind(("127.0.0.1", 0))
         server.listen()
         server.settimeout(60)
-        env = cli_env({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.getsockname()[1]}",
-                       "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
-        proc = subprocess.Popen([PYTHON, "-m", "pipelines", "status"], cwd=REPO_ROOT, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_terminal_sigint)
+        env = cli_env(
+            {
+                "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.getsockname()[1]}",
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
+            }
+        )
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "pipelines", "status"],
+            cwd=REPO_ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_terminal_sigint,
+        )
         conn, _ = server.accept()
         with conn:
             conn.settimeout(60)
-            assert conn.recv(65536).startswith(b"GET ")   # the request is sent: the stage now waits on a server
-            proc.send_signal(signal.SIGINT)                 # that never answers; Ctrl-C it there
+            assert conn.recv(65536).startswith(b"GET ")  # the request is sent: the stage now waits on a server
+            proc.send_signal(signal.SIGINT)  # that never answers; Ctrl-C it there
             out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.splitlines() == ["interrupted in status"] and out == ""
@@ -265,8 +309,18 @@ def test_cli_promote_refuses_a_rejected_version_and_override_records_the_rejecti
     p = cli("promote", "--model", "ctr_lora_feed", "--version", "2", "--reason", "bob was wrong", env=env)
     assert p.returncode == 1 and "v2 was rejected by bob" in p.stderr, p.stderr
     assert aliases.current("ctr_lora_feed") is None
-    p = cli("override", "--model", "ctr_lora_feed", "--version", "2", "--reason", "fixed upstream", "--actor", "carol",
-            env=env)
+    p = cli(
+        "override",
+        "--model",
+        "ctr_lora_feed",
+        "--version",
+        "2",
+        "--reason",
+        "fixed upstream",
+        "--actor",
+        "carol",
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["kind"] == "override" and out["overrides_rejection"]["by"] == "bob" and out["actor"] == "carol"
@@ -280,12 +334,25 @@ def test_cli_promote_follows_the_policys_approval_and_approve_releases(registry,
     policy = tmp_path / "gate.yaml"
     policy.write_text("approval: true\npromotion: direct\n")
     env = {"MLFLOW_TRACKING_URI": registry}
-    p = cli("promote", "--model", "ctr_lora_feed", "--version", "1", "--reason", "by hand", "--policy", str(policy),
-            env=env)
+    p = cli(
+        "promote", "--model", "ctr_lora_feed", "--version", "1", "--reason", "by hand", "--policy", str(policy), env=env
+    )
     assert p.returncode == 1 and "v1 needs a recorded approval" in p.stderr, p.stderr
     assert aliases.current("ctr_lora_feed") is None
-    p = cli("approve", "--model", "ctr_lora_feed", "--version", "1", "--answer", "Approve", "--actor", "alice",
-            "--policy", str(policy), env=env)
+    p = cli(
+        "approve",
+        "--model",
+        "ctr_lora_feed",
+        "--version",
+        "1",
+        "--answer",
+        "Approve",
+        "--actor",
+        "alice",
+        "--policy",
+        str(policy),
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["approval"]["by"] == "alice" and out["release"]["moved"] and aliases.current("ctr_lora_feed") == "1"
@@ -293,6 +360,14 @@ def test_cli_promote_follows_the_policys_approval_and_approve_releases(registry,
 
 
 def test_cli_reason_over_the_limit_is_refused(registry):
-    p = cli("promote", "--model", "ctr_lora_feed", "--version", "1", "--reason", "x" * 2000,
-            env={"MLFLOW_TRACKING_URI": registry})
+    p = cli(
+        "promote",
+        "--model",
+        "ctr_lora_feed",
+        "--version",
+        "1",
+        "--reason",
+        "x" * 2000,
+        env={"MLFLOW_TRACKING_URI": registry},
+    )
     assert p.returncode == 1 and "a reason is at most 1000 characters (got 2000)" in p.stderr, p.stderr

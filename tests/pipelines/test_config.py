@@ -1,4 +1,5 @@
 """Typed config: YAML defaults, unknown keys, types, Literal choices, range checks, overrides, hashing."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,8 +8,16 @@ import pytest
 import yaml
 
 from pipelines import config as C
-from pipelines.config import (GatePolicy, LoraTrainConfig, ModelConfig, PipelineConfig, config_hash,
-                              load_gate_policy, load_pipeline_config, to_dict)
+from pipelines.config import (
+    GatePolicy,
+    LoraTrainConfig,
+    ModelConfig,
+    PipelineConfig,
+    config_hash,
+    load_gate_policy,
+    load_pipeline_config,
+    to_dict,
+)
 from pipelines.errors import ConfigError
 
 
@@ -46,23 +55,41 @@ def test_repo_yaml_agrees_with_dataclass_defaults():
     from pipelines.config import ValidationConfig
 
     cfg = load_pipeline_config()
-    recipe = {"model": {"wide": True, "wide_id_buckets": 1048576, "small_buckets": 1024},
-              "base_training": {"wide_l2": 3.33, "wide_l2_grid": (33.3, 10.0, 3.33, 1.0, 0.333),
-                                "wide_fields": ("user_id", "item_id", "gender", "age_bucket", "occupation",
-                                                "category", "slot"), "refit_all_rows": True},
-              "lora": {"kind": "delta", "train_rows": "all", "lr": 0.3, "window_days": 7, "val_fraction": 0.0,
-                       "trainable_tokens": ("user_id", "item_id"), "judged_on": "next_day"}}
+    recipe = {
+        "model": {"wide": True, "wide_id_buckets": 1048576, "small_buckets": 1024},
+        "base_training": {
+            "wide_l2": 3.33,
+            "wide_l2_grid": (33.3, 10.0, 3.33, 1.0, 0.333),
+            "wide_fields": ("user_id", "item_id", "gender", "age_bucket", "occupation", "category", "slot"),
+            "refit_all_rows": True,
+        },
+        "lora": {
+            "kind": "delta",
+            "train_rows": "all",
+            "lr": 0.3,
+            "window_days": 7,
+            "val_fraction": 0.0,
+            "trainable_tokens": ("user_id", "item_id"),
+            "judged_on": "next_day",
+        },
+    }
     defaults = PipelineConfig()
     assert {s: {k: getattr(getattr(cfg, s), k) for k in keys} for s, keys in recipe.items()} == recipe
     assert {s: {k: getattr(getattr(defaults, s), k) for k in keys} for s, keys in recipe.items()} != recipe
-    restated = dataclasses.replace(cfg, validation=ValidationConfig(), **{
-        s: dataclasses.replace(getattr(cfg, s), **{k: getattr(getattr(defaults, s), k) for k in keys})
-        for s, keys in recipe.items()})
+    restated = dataclasses.replace(
+        cfg,
+        validation=ValidationConfig(),
+        **{
+            s: dataclasses.replace(getattr(cfg, s), **{k: getattr(getattr(defaults, s), k) for k in keys})
+            for s, keys in recipe.items()
+        },
+    )
     assert restated == defaults
     assert cfg.validation.drift_action == "warn" and ValidationConfig().drift_action == "fail"
     # the prequential gate's release (chosen on the validation days, docs/benchmarks.md)
-    assert load_gate_policy() == GatePolicy(optional_checks=("fairness_dp", "fairness_eo"), promotion="direct",
-                                            judge_margin=0.01, judge_release="successor")
+    assert load_gate_policy() == GatePolicy(
+        optional_checks=("fairness_dp", "fairness_eo"), promotion="direct", judge_margin=0.01, judge_release="successor"
+    )
 
 
 def test_gate_policy_defaults_load_from_the_repo_yaml():
@@ -105,16 +132,19 @@ def test_unknown_key_in_overrides_is_rejected():
 
 
 # ----------------------------------------------------------------------------- types
-@pytest.mark.parametrize("section,key,value", [
-    ("model", "embed_dim", "32"),          # string for int
-    ("model", "n_blocks", True),           # bool for int
-    ("lora", "r", 8.0),                    # float for int
-    ("lora", "lr", "0.01"),                # string for float
-    ("base_training", "lr", False),        # bool for float
-    ("data", "slots", "morning"),          # string for a list
-    ("lora", "target_modules", ["q_proj", 3]),  # wrong element type
-    ("registry", "experiment", 5),         # int for str
-])
+@pytest.mark.parametrize(
+    "section,key,value",
+    [
+        ("model", "embed_dim", "32"),  # string for int
+        ("model", "n_blocks", True),  # bool for int
+        ("lora", "r", 8.0),  # float for int
+        ("lora", "lr", "0.01"),  # string for float
+        ("base_training", "lr", False),  # bool for float
+        ("data", "slots", "morning"),  # string for a list
+        ("lora", "target_modules", ["q_proj", 3]),  # wrong element type
+        ("registry", "experiment", 5),  # int for str
+    ],
+)
 def test_wrong_type_is_rejected_naming_the_key(section, key, value):
     with pytest.raises(ConfigError, match=rf"{section}\.{key}"):
         load_pipeline_config(overrides={section: {key: value}})
@@ -137,26 +167,29 @@ def test_literal_choice_is_rejected(tmp_path):
 
 
 # ----------------------------------------------------------------------------- ranges
-@pytest.mark.parametrize("cls,kwargs,fragment", [
-    (LoraTrainConfig, {"r": 0}, "lora.r"),
-    (LoraTrainConfig, {"alpha": 0}, "lora.r and lora.alpha"),
-    (LoraTrainConfig, {"target_modules": ("q_proj", "")}, "target_modules"),
-    (LoraTrainConfig, {"target_modules": ()}, "target_modules"),
-    (LoraTrainConfig, {"dropout": 1.0}, "lora.dropout"),
-    (LoraTrainConfig, {"holdout_fraction": 0.5}, "holdout_fraction"),
-    (ModelConfig, {"embed_dim": 30, "n_heads": 4}, "multiple of model.n_heads"),
-    (ModelConfig, {"embed_dim": 0}, "embed_dim"),
-    (ModelConfig, {"n_heads": 0}, "n_heads"),
-    (ModelConfig, {"n_heads": -4}, "n_heads"),
-    (ModelConfig, {"n_blocks": 0}, "n_blocks"),
-    (ModelConfig, {"id_buckets": 1}, "buckets"),
-    (C.ValidationConfig, {"label_rate_min": 0.5, "label_rate_max": 0.4}, "label_rate_min"),
-    (C.BaseTrainConfig, {"lr": 0.0}, "base_training.lr"),
-    (C.DataConfig, {"slots": ("a", "a")}, "distinct"),
-    (C.DataConfig, {"lake_uri": "gs://bucket/x"}, "lake_uri"),
-    (GatePolicy, {"auc_tolerance": 0.5}, "auc_tolerance"),
-    (GatePolicy, {"min_auc_first_run": 1.5}, "min_auc_first_run"),
-])
+@pytest.mark.parametrize(
+    "cls,kwargs,fragment",
+    [
+        (LoraTrainConfig, {"r": 0}, "lora.r"),
+        (LoraTrainConfig, {"alpha": 0}, "lora.r and lora.alpha"),
+        (LoraTrainConfig, {"target_modules": ("q_proj", "")}, "target_modules"),
+        (LoraTrainConfig, {"target_modules": ()}, "target_modules"),
+        (LoraTrainConfig, {"dropout": 1.0}, "lora.dropout"),
+        (LoraTrainConfig, {"holdout_fraction": 0.5}, "holdout_fraction"),
+        (ModelConfig, {"embed_dim": 30, "n_heads": 4}, "multiple of model.n_heads"),
+        (ModelConfig, {"embed_dim": 0}, "embed_dim"),
+        (ModelConfig, {"n_heads": 0}, "n_heads"),
+        (ModelConfig, {"n_heads": -4}, "n_heads"),
+        (ModelConfig, {"n_blocks": 0}, "n_blocks"),
+        (ModelConfig, {"id_buckets": 1}, "buckets"),
+        (C.ValidationConfig, {"label_rate_min": 0.5, "label_rate_max": 0.4}, "label_rate_min"),
+        (C.BaseTrainConfig, {"lr": 0.0}, "base_training.lr"),
+        (C.DataConfig, {"slots": ("a", "a")}, "distinct"),
+        (C.DataConfig, {"lake_uri": "gs://bucket/x"}, "lake_uri"),
+        (GatePolicy, {"auc_tolerance": 0.5}, "auc_tolerance"),
+        (GatePolicy, {"min_auc_first_run": 1.5}, "min_auc_first_run"),
+    ],
+)
 def test_post_init_range_checks(cls, kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         cls(**kwargs)
@@ -166,14 +199,16 @@ def test_range_checks_also_apply_when_loading(tmp_path):
     p = write_yaml(tmp_path / "p.yaml", {"lora": {"target_modules": ["q_proj", "out_proj"]}})
     with pytest.raises(ConfigError, match=r"lora.target_modules \['out_proj'\] are not modules of model.family"):
         load_pipeline_config(p)
-    with pytest.raises(ConfigError, match=r"lora.target_modules \['embedding'\] are not modules"):   # a typo
+    with pytest.raises(ConfigError, match=r"lora.target_modules \['embedding'\] are not modules"):  # a typo
         load_pipeline_config(overrides={"lora": {"target_modules": ["embedding"]}})
     p = write_yaml(tmp_path / "c.yaml", {"cold_start": {"target_modules": ["q_proj", "embeddings"]}})
     with pytest.raises(ConfigError, match="cold_start.target_modules cannot name embeddings"):
         load_pipeline_config(p)
     # a user's family names its own modules: PEFT, not the config, finds out whether they exist
-    own = {"model": {"family": "tests.pipelines.model.test_family:TinyFamily"},
-           "lora": {"target_modules": ["query", "value"]}}
+    own = {
+        "model": {"family": "tests.pipelines.model.test_family:TinyFamily"},
+        "lora": {"target_modules": ["query", "value"]},
+    }
     assert load_pipeline_config(overrides=own).lora.target_modules == ("query", "value")
 
 
@@ -185,12 +220,11 @@ def test_valid_edge_values_are_accepted():
 
 # ----------------------------------------------------------------------------- overrides
 def test_overrides_deep_merge_into_the_file(tmp_path):
-    p = write_yaml(tmp_path / "p.yaml", {"model": {"embed_dim": 16, "n_heads": 2},
-                                         "lora": {"r": 4, "alpha": 8}})
+    p = write_yaml(tmp_path / "p.yaml", {"model": {"embed_dim": 16, "n_heads": 2}, "lora": {"r": 4, "alpha": 8}})
     cfg = load_pipeline_config(p, overrides={"model": {"n_blocks": 1}, "lora": {"r": 2}})
     assert (cfg.model.embed_dim, cfg.model.n_heads, cfg.model.n_blocks) == (16, 2, 1)  # file + override
-    assert (cfg.lora.r, cfg.lora.alpha) == (2, 8)            # override wins, sibling key from file kept
-    assert cfg.model.ffn_mult == ModelConfig().ffn_mult      # neither: dataclass default
+    assert (cfg.lora.r, cfg.lora.alpha) == (2, 8)  # override wins, sibling key from file kept
+    assert cfg.model.ffn_mult == ModelConfig().ffn_mult  # neither: dataclass default
 
 
 def test_gate_policy_overrides():
@@ -261,9 +295,10 @@ def test_cold_start_loss_weights_come_from_its_flat_keys():
     from pipelines.training import distill
 
     cs = load_pipeline_config(overrides={"cold_start": {"w_kd": 2.0, "align": "cosine"}}).cold_start
-    assert cs.loss_weights == C.LossWeights(bce=cs.w_bce, kd=2.0, align=cs.w_align, temperature=cs.temperature,
-                                            align_kind="cosine")
-    assert distill.LossWeights is C.LossWeights   # one definition, used by the distillation loop
+    assert cs.loss_weights == C.LossWeights(
+        bce=cs.w_bce, kd=2.0, align=cs.w_align, temperature=cs.temperature, align_kind="cosine"
+    )
+    assert distill.LossWeights is C.LossWeights  # one definition, used by the distillation loop
 
 
 def test_the_text_familys_gate_policy_is_the_default_with_a_transformers_latency_budget():

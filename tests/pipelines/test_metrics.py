@@ -1,4 +1,5 @@
 """AUC / logloss / NE / calibration / GAUC against hand-computed cases or sklearn, and the JSON-safe summary."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,18 @@ from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
 
 from pipelines.errors import PipelineError
-from pipelines.metrics import (EvaluationInputError, auc, calibration_ratio, check_inputs,
-                                          expected_calibration_error, gauc, logloss, normalized_entropy,
-                                          reliability_curve, summary)
+from pipelines.metrics import (
+    EvaluationInputError,
+    auc,
+    calibration_ratio,
+    check_inputs,
+    expected_calibration_error,
+    gauc,
+    logloss,
+    normalized_entropy,
+    reliability_curve,
+    summary,
+)
 
 
 def test_auc_hand_computed():
@@ -26,7 +36,7 @@ def test_auc_hand_computed():
     assert auc([0, 0, 1], [0.1, 0.5, 0.5]) == pytest.approx(0.75)
     # only the ranking matters
     y, p = np.array([1, 0, 1, 0, 0]), np.array([0.9, 0.3, 0.4, 0.5, 0.1])
-    assert auc(y, p) == pytest.approx(auc(y, p ** 3)) == pytest.approx(5 / 6)
+    assert auc(y, p) == pytest.approx(auc(y, p**3)) == pytest.approx(5 / 6)
 
 
 def test_logloss_hand_computed():
@@ -77,8 +87,16 @@ def test_summary_single_class_gives_none_auc():
 
 def test_summary_of_nothing_is_all_none_but_rows():
     s = summary(np.array([]), np.array([]))
-    assert s == {"auc": None, "logloss": None, "rows": 0, "ctr": None, "mean_pctr": None,
-                 "ne": None, "calibration_ratio": None, "ece": None}
+    assert s == {
+        "auc": None,
+        "logloss": None,
+        "rows": 0,
+        "ctr": None,
+        "mean_pctr": None,
+        "ne": None,
+        "calibration_ratio": None,
+        "ece": None,
+    }
 
 
 def test_summary_new_keys_hand_computed():
@@ -97,7 +115,8 @@ def test_normalized_entropy():
     y = np.array([1, 0, 0, 0])
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     assert normalized_entropy(y, [0.5, 0.25, 0.25, 0.25]) == pytest.approx(
-        -(math.log(0.5) + 3 * math.log(0.75)) / 4 / h)
+        -(math.log(0.5) + 3 * math.log(0.75)) / 4 / h
+    )
     # predicting the background CTR everywhere is NE 1 by definition
     assert normalized_entropy(y, [0.25] * 4) == pytest.approx(1.0)
     assert normalized_entropy(y, [0.9, 0.1, 0.1, 0.1]) < 1.0
@@ -161,8 +180,12 @@ def test_gauc_hand_computed():
     p = [0.9, 0.5, 0.95, 0.6, 0.2, 0.3, 0.4]
     users = ["a", "a", "a", "b", "b", "c", "c"]
     # a: the click beats 0.5, loses to 0.95 -> 0.5 (3 rows); b: 1.0 (2 rows); c: no click, skipped
-    assert gauc(y, p, users) == {"gauc": pytest.approx((3 * 0.5 + 2 * 1.0) / 5), "users_used": 2,
-                                 "users_skipped": 1, "rows_used": 5}
+    assert gauc(y, p, users) == {
+        "gauc": pytest.approx((3 * 0.5 + 2 * 1.0) / 5),
+        "users_used": 2,
+        "users_skipped": 1,
+        "rows_used": 5,
+    }
 
 
 def test_gauc_ties_nulls_and_degenerate():
@@ -195,12 +218,15 @@ def test_gauc_matches_a_per_user_sklearn_loop():
 
 
 # ----------------------------------------------------------------------------- input checks
-@pytest.mark.parametrize("y, p, match", [
-    ([0, 1, 1], [0.1, 0.2], "3 labels but 2 scores"),
-    ([0, 1], [0.1, float("nan")], "NaN"),
-    ([0, 2], [0.1, 0.2], "0/1"),
-    ([0, 1], [0.1, 1.5], r"\[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "y, p, match",
+    [
+        ([0, 1, 1], [0.1, 0.2], "3 labels but 2 scores"),
+        ([0, 1], [0.1, float("nan")], "NaN"),
+        ([0, 2], [0.1, 0.2], "0/1"),
+        ([0, 1], [0.1, 1.5], r"\[0, 1\]"),
+    ],
+)
 def test_bad_inputs_raise_a_typed_error(y, p, match):
     for f in (check_inputs, summary, normalized_entropy, calibration_ratio, reliability_curve):
         with pytest.raises(EvaluationInputError, match=match):

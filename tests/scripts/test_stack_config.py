@@ -6,6 +6,7 @@ And docker-compose.yml ships no secret: each one is `${NAME:?…}` from the .env
 scripts/compose_env.py generates, compose (interpolated here as it does) refuses to start without
 it, ports bind to 127.0.0.1 unless asked, and MLflow runs its basic-auth app, started here for real
 from the compose file's own entrypoint with the generated credentials."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -53,13 +54,17 @@ def test_stack_env_is_the_production_topology(stack_mod, tmp_path):
     env = stack_mod.stack_env(s, {"PATH": "/bin"})
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
-    assert env["CTR_REGISTRY_LOCK_URL"].startswith("postgresql://") and env["CTR_REGISTRY_LOCK_URL"].endswith("/x_mlflow")
+    assert env["CTR_REGISTRY_LOCK_URL"].startswith("postgresql://") and env["CTR_REGISTRY_LOCK_URL"].endswith(
+        "/x_mlflow"
+    )
     assert env["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:")
     assert "CTR_MLFLOW_ARTIFACT_ROOT" not in env  # artifacts are proxied by the tracking server
     # one secret for every component, kept across restarts
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == stack_mod.stack_env(s, {})["AIRFLOW__API_AUTH__JWT_SECRET"]
     # every log server on a port of its own (scheduler, triggerer, two workers)
-    ports = {stack_mod.component_env(s, env, c)["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] for c in ("worker-1", "worker-2")}
+    ports = {
+        stack_mod.component_env(s, env, c)["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] for c in ("worker-1", "worker-2")
+    }
     ports |= {env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"], env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"]}
     assert len(ports) == 4
     mlflow_cmd = stack_mod.commands(s)["mlflow"]
@@ -84,7 +89,7 @@ def test_stack_env_keeps_the_callers_pythonpath_after_the_projects(stack_mod, tm
     assert paths.split(os.pathsep) == [str(REPO / "plugins"), str(REPO), "/opt/mine", "/opt/theirs"]
     ours = [str(REPO / "plugins"), str(REPO)]
     assert stack_mod.stack_env(s, {})["PYTHONPATH"].split(os.pathsep) == ours
-    again = stack_mod.stack_env(s, {"PYTHONPATH": paths})["PYTHONPATH"]   # a shell that sourced `stack.py env`
+    again = stack_mod.stack_env(s, {"PYTHONPATH": paths})["PYTHONPATH"]  # a shell that sourced `stack.py env`
     assert again == paths
 
 
@@ -111,13 +116,15 @@ def test_compose_config_is_valid_where_the_plugin_exists(tmp_path):
     base = [docker, "compose", "-f", str(REPO / "docker-compose.yml")]
     env_file = tmp_path / ".env"
     load_script("compose_env").ensure(env_file)
-    proc = subprocess.run([*base, "--env-file", str(env_file), "config", "-q"], capture_output=True, text=True,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [*base, "--env-file", str(env_file), "config", "-q"], capture_output=True, text=True, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr
     # without the generated secrets compose refuses, naming the script that makes them
     bare = {k: v for k, v in os.environ.items() if k not in load_script("compose_env").SECRETS}
-    proc = subprocess.run([*base, "--env-file", os.devnull, "config", "-q"], capture_output=True, text=True,
-                          cwd=tmp_path, env=bare)
+    proc = subprocess.run(
+        [*base, "--env-file", os.devnull, "config", "-q"], capture_output=True, text=True, cwd=tmp_path, env=bare
+    )
     assert proc.returncode != 0 and "scripts/compose_env.py" in proc.stderr
 
 
@@ -134,6 +141,7 @@ class Refused(Exception):
 def interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's variable substitution: ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?err},
     ${NAME?err}, and $$ for a literal $."""
+
     def one(m: re.Match) -> str:
         name, op, arg = m.group(1), m.group(2), m.group(3) or ""
         value = env.get(name)
@@ -194,7 +202,7 @@ def test_no_secret_has_a_default_in_compose(compose_env, compose):
     # every secret-looking value of every service is made of required variables, nothing literal
     for service, env in services_env(compose).items():
         for key, value in env.items():
-            if SECRET_KEY.search(key) and not key.endswith("_FILE"):   # a file's path is no secret
+            if SECRET_KEY.search(key) and not key.endswith("_FILE"):  # a file's path is no secret
                 names = {m.group(1) for m in _REF.finditer(str(value))}
                 assert names and names <= set(compose_env.SECRETS), f"{service}.{key}"
                 assert _REF.sub("", str(value)) == "", f"{service}.{key} has literal parts"
@@ -207,14 +215,14 @@ def test_every_secret_comes_from_the_env_file(compose_env, env_file):
     env = services_env(doc)
     common, mlflow_env = env["x-airflow-common"], env["mlflow"]
     used = "\n".join(strings(doc))
-    for name in compose_env.SECRETS:   # each generated secret is used, and reaches a service
+    for name in compose_env.SECRETS:  # each generated secret is used, and reaches a service
         assert values[name] in used, name
-    for what in ("USERNAME", "PASSWORD"):   # Airflow's tasks log in as the admin the server creates
+    for what in ("USERNAME", "PASSWORD"):  # Airflow's tasks log in as the admin the server creates
         client, server = common[f"MLFLOW_TRACKING_{what}"], mlflow_env[f"MLFLOW_AUTH_ADMIN_{what}"]
         assert client == server == values[f"MLFLOW_ADMIN_{what}"]
     assert common["AWS_SECRET_ACCESS_KEY"] == env["minio"]["MINIO_ROOT_PASSWORD"] == values["MINIO_ROOT_PASSWORD"]
-    assert f':{values["POSTGRES_PASSWORD"]}@postgres/mlflow_auth' in mlflow_env["MLFLOW_AUTH_DATABASE_URI"]
-    assert f':{values["REDIS_PASSWORD"]}@redis:6379/0' in common["AIRFLOW__CELERY__BROKER_URL"]
+    assert f":{values['POSTGRES_PASSWORD']}@postgres/mlflow_auth" in mlflow_env["MLFLOW_AUTH_DATABASE_URI"]
+    assert f":{values['REDIS_PASSWORD']}@redis:6379/0" in common["AIRFLOW__CELERY__BROKER_URL"]
     # without the file, compose refuses to start (here: the substitution raises for a missing secret)
     for name in compose_env.SECRETS:
         with pytest.raises(Refused, match=name):
@@ -238,7 +246,7 @@ def test_compose_env_generates_once_and_keeps_what_is_there(compose_env, tmp_pat
     assert set(compose_env.ensure(path)) == set(compose_env.SECRETS) | set(compose_env.SETTINGS)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     values = compose_env.parse(path.read_text())
-    Fernet(values["FERNET_KEY"].encode())              # a key Airflow can use
+    Fernet(values["FERNET_KEY"].encode())  # a key Airflow can use
     _validate_password(values["MLFLOW_ADMIN_PASSWORD"])  # MLflow's own policy for its admin
     assert compose_env.ensure(path) == [] and compose_env.parse(path.read_text()) == values
     # a secret that is missing is added; the others stay as they were
@@ -253,15 +261,23 @@ def test_compose_env_generates_once_and_keeps_what_is_there(compose_env, tmp_pat
     assert all(other[k] != values[k] for k in compose_env.SECRETS)
 
 
-@pytest.mark.parametrize("line", ["POSTGRES_PASSWORD=airflow", "MINIO_ROOT_USER=minioadmin", "FERNET_KEY=abc",
-                                  "AIRFLOW__API_AUTH__JWT_SECRET=ctr-local-dev-jwt-secret-change-me-please",
-                                  "MLFLOW_ADMIN_PASSWORD=short", "REDIS_PASSWORD=has$dollar-and-more-than-16"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "POSTGRES_PASSWORD=airflow",
+        "MINIO_ROOT_USER=minioadmin",
+        "FERNET_KEY=abc",
+        "AIRFLOW__API_AUTH__JWT_SECRET=ctr-local-dev-jwt-secret-change-me-please",
+        "MLFLOW_ADMIN_PASSWORD=short",
+        "REDIS_PASSWORD=has$dollar-and-more-than-16",
+    ],
+)
 def test_compose_env_refuses_published_or_unfit_values(compose_env, tmp_path, line):
     path = tmp_path / ".env"
     path.write_text(line + "\n")
     with pytest.raises(SystemExit, match=line.split("=")[0]):
         compose_env.ensure(path)
-    assert path.read_text() == line + "\n"   # nothing written
+    assert path.read_text() == line + "\n"  # nothing written
     assert compose_env.main(["--check", "--env-file", str(path)]) == 1
 
 
@@ -296,19 +312,36 @@ def test_mlflow_runs_basic_auth_from_the_compose_entrypoint(compose_env, env_fil
     values = compose_env.parse(env_file.read_text())
     svc = interpolate_doc(COMPOSE_DOC, values)["services"]["mlflow"]
     port = free_port()
-    local = {"--host=0.0.0.0": "--host=127.0.0.1", "--port=5000": f"--port={port}",
-             "--artifacts-destination=s3://ctr-lake/mlflow": f"--artifacts-destination={tmp_path / 'artifacts'}"}
-    command = [str(Path(sys.executable).with_name("mlflow")), *(local.get(a, a) for a in svc["command"][1:]),
-               "--workers", "1"]
+    local = {
+        "--host=0.0.0.0": "--host=127.0.0.1",
+        "--port=5000": f"--port={port}",
+        "--artifacts-destination=s3://ctr-lake/mlflow": f"--artifacts-destination={tmp_path / 'artifacts'}",
+    }
+    command = [
+        str(Path(sys.executable).with_name("mlflow")),
+        *(local.get(a, a) for a in svc["command"][1:]),
+        "--workers",
+        "1",
+    ]
     assert "--app-name=basic-auth" in command and "--serve-artifacts" in command
     with fresh_database("ctr_test_mlflow_", tmp_path) as backend, fresh_database("ctr_test_auth_", tmp_path) as auth_db:
-        env = {**os.environ, **{k: str(v) for k, v in svc["environment"].items()},
-               "MLFLOW_BACKEND_STORE_URI": backend, "MLFLOW_AUTH_DATABASE_URI": auth_db,
-               "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
-               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env = {
+            **os.environ,
+            **{k: str(v) for k, v in svc["environment"].items()},
+            "MLFLOW_BACKEND_STORE_URI": backend,
+            "MLFLOW_AUTH_DATABASE_URI": auth_db,
+            "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        }
         log = open(tmp_path / "mlflow.log", "wb")
-        proc = subprocess.Popen([*svc["entrypoint"], *command], env=env, cwd=tmp_path, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*svc["entrypoint"], *command],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             _check_basic_auth(f"http://127.0.0.1:{port}", values, proc, tmp_path, monkeypatch)
         finally:

@@ -1,4 +1,5 @@
 """The backtest's few-shot mode: new users scored after their first K labelled rows (real LR, real PEFT)."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -31,7 +32,7 @@ def test_split_reveals_each_new_users_first_rows_and_scores_the_rest():
 def test_movielens_few_shot_rows_match_the_issue_and_the_shipped_delta_moves_only_the_revealed_ids():
     frame = movielens.load()
     before, revealed, scored = fs.split(frame, shots=10)
-    assert len(scored) == 15_128                     # the issue's reference rows for K = 10
+    assert len(scored) == 15_128  # the issue's reference rows for K = 10
     assert revealed.groupby("user_id").size().max() == 10
     assert not set(revealed["user_id"]) & set(before["user_id"])
 
@@ -49,15 +50,19 @@ def test_movielens_few_shot_rows_match_the_issue_and_the_shipped_delta_moves_onl
     assert untouched.sum() > 100 and (~untouched).sum() > 100
     np.testing.assert_allclose(score(adapted, cfg, old[untouched]), score(base, cfg, old[untouched]), rtol=1e-6)
     moved = score(adapted, cfg, scored.head(500)) - score(base, cfg, scored.head(500))
-    assert np.abs(moved).max() > 1e-4                # the new users' rows did train
+    assert np.abs(moved).max() > 1e-4  # the new users' rows did train
 
 
 @pytest.mark.slow
 def test_the_validation_cut_asks_the_same_question_of_the_rows_before_the_test_period():
     frame = movielens.load()
     test_cut = qp.temporal_split(frame, qp.TRAIN_FRACTION)[1]["event_ts"].min()
-    r = fs.run(load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}}), frame,
-               shots=10, cut="validation")
+    r = fs.run(
+        load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}}),
+        frame,
+        shots=10,
+        cut="validation",
+    )
     before, revealed, scored = fs.split(qp.temporal_split(frame, qp.TRAIN_FRACTION)[0], shots=10)
     assert scored["event_ts"].max() <= test_cut and r["rows"] == len(scored) > 1000 and r["cut"] == "validation"
     assert r["adapter_kind"] == "delta" and all(0.5 < r[f"{n}_auc"] < 0.85 for n in fs.COMPARATORS)
@@ -70,5 +75,5 @@ def test_the_refitted_lr_reproduces_the_issues_few_shot_reference():
     r = fs.run(load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}}), shots=10)
     assert r["rows"] == 15_128 and r["shots"] == 10
     assert r["lr_C"] in qp.LR_C_GRID
-    assert r["lr_few_shot_auc"] > r["lr_static_auc"] + 0.01    # ten rows a user are worth a lot to the LR
+    assert r["lr_few_shot_auc"] > r["lr_static_auc"] + 0.01  # ten rows a user are worth a lot to the LR
     assert all(0.5 < r[f"{n}_auc"] < 0.8 for n in fs.COMPARATORS)

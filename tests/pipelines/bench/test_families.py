@@ -1,5 +1,6 @@
 """bench families: one slot-day adapter of each family trained as the backtest trains it, served through the
 trusted registry pyfunc; the figures are measured, named and plausible (their values: docs/benchmarks.md)."""
+
 from __future__ import annotations
 
 import pytest

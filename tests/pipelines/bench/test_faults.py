@@ -1,6 +1,7 @@
 """The fault suite's faults (`bench.faults`): each does what its name says and keeps the contract, so
 what stops it in `backtest --faults` is judgement (validation's consistency checks, the gate), not the
 schema. Which check stops which fault: tests/pipelines/validation/test_bad_input_corpus.py."""
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,7 @@ def test_restamped_yesterday_resends_the_day_before_on_this_day(day, previous):
     bad = faults.inject("restamped_yesterday", day.copy(), previous)
     ts, old = pd.to_datetime(bad["event_ts"], utc=True), pd.to_datetime(previous["event_ts"], utc=True)
     assert len(bad) == len(previous) and (ts.dt.strftime("%Y-%m-%d") == DAY).all()
-    assert ((ts - old) == pd.Timedelta(days=1)).all()   # the time of day kept to the microsecond
+    assert ((ts - old) == pd.Timedelta(days=1)).all()  # the time of day kept to the microsecond
     assert (bad["weekday"] == ts.dt.weekday).all() and bad["user_id"].equals(previous["user_id"])
 
 
@@ -95,14 +96,23 @@ def test_the_plan_keeps_the_first_day_clean_and_injects_one_fault_a_day():
 @pytest.mark.slow
 def test_the_fault_suite_names_what_stopped_each_fault_before_serving(tmp_path):
     """`backtest --faults` on MovieLens' --quick days: the pipeline itself (validation, retrain, gate, release)."""
-    out = subprocess.run([sys.executable, "-m", "pipelines", "backtest", "--faults", "--served-dir",
-                          str(tmp_path / "replay"), "--json"], capture_output=True, text=True, timeout=900, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipelines", "backtest", "--faults", "--served-dir", str(tmp_path / "replay"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     r = json.loads(out.stdout)
     entries = {e["fault"]: e for e in r["faults"]}
     assert list(r["faults_caught"]) == list(faults.FAULTS) and all(e["kept_the_contract"] for e in entries.values())
     assert {e["day"]: f for f, e in entries.items()} == plan([f"1998-03-{d:02d}" for d in range(7, 15)])
-    stopped = {"shuffle_items": "item_category_consistency", "constant_feature": "stuck_column[category]",
-               "restamped_yesterday": "replayed_rows", "label_leak": "label_leak"}
+    stopped = {
+        "shuffle_items": "item_category_consistency",
+        "constant_feature": "stuck_column[category]",
+        "restamped_yesterday": "replayed_rows",
+        "label_leak": "label_leak",
+    }
     for fault, check in stopped.items():
         assert r["faults_caught"][fault] == "validation" and check in entries[fault]["failed_checks"], entries[fault]
     # MovieLens runs without a label-rate band tight enough to see a flip: judged on the flipped rows, what

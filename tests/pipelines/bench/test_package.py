@@ -1,5 +1,6 @@
 """The bench package's wiring: its modules import each other without a cycle, the entry points the CLI
 and `make bench` use exist, and the validation benchmark runs on a small lake."""
+
 from __future__ import annotations
 
 import ast
@@ -15,9 +16,16 @@ import pipelines.bench
 
 BENCH_DIR = Path(pipelines.bench.__file__).parent
 # (module, what `python -m pipelines bench <name>` and `make bench` call in it)
-ENTRY_POINTS = (("training", "run"), ("quality", "run"), ("quality_distill", "make_distilled"),
-                ("quality_headroom", "run"), ("serving", "run"), ("validation", "bench_validation"), ("families", "run"),
-                ("__main__", "main"))
+ENTRY_POINTS = (
+    ("training", "run"),
+    ("quality", "run"),
+    ("quality_distill", "make_distilled"),
+    ("quality_headroom", "run"),
+    ("serving", "run"),
+    ("validation", "bench_validation"),
+    ("families", "run"),
+    ("__main__", "main"),
+)
 
 
 def _bench_imports() -> dict[str, set[str]]:
@@ -39,7 +47,7 @@ def _bench_imports() -> dict[str, set[str]]:
 def test_bench_modules_import_each_other_without_a_cycle():
     graph = _bench_imports()
     assert graph["quality_distill"] and "quality" not in graph["quality_distill"]
-    list(graphlib.TopologicalSorter(graph).static_order())   # raises CycleError on a loop
+    list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a loop
 
 
 @pytest.mark.parametrize("module, attr", ENTRY_POINTS)
@@ -48,8 +56,13 @@ def test_entry_points_import(module, attr):
 
 
 def test_make_bench_driver_help():
-    proc = subprocess.run([sys.executable, "-m", "pipelines.bench", "--help"], capture_output=True, text=True,
-                          cwd=BENCH_DIR.parents[1], timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.bench", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=BENCH_DIR.parents[1],
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--write" in proc.stdout and "--rows" in proc.stdout
 

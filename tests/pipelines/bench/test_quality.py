@@ -1,5 +1,6 @@
 """`bench quality` on a small synthetic frame (the protocol's plumbing, the wide candidates, the distilled row,
 the verdict) and a tiny run on MovieLens rows."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,22 @@ from pipelines.bench import quality_protocol as qp
 from pipelines.config import ColdStartConfig, LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 
-SPEC = SyntheticSpec(n_users=400, n_items=120, n_advertisers=10, new_users_per_day=150, new_items_per_day=10,
-                     slot_ctr=(0.3, 0.3, 0.3), seed=3)
+SPEC = SyntheticSpec(
+    n_users=400,
+    n_items=120,
+    n_advertisers=10,
+    new_users_per_day=150,
+    new_items_per_day=10,
+    slot_ctr=(0.3, 0.3, 0.3),
+    seed=3,
+)
 TINY = ModelConfig(embed_dim=8, n_heads=2, n_blocks=1, id_buckets=1024, small_buckets=64)
 # Plain (not `wide`) candidates keep the run short; the distilled row with a wide base is
 # test_distilled_val_stage_reads_only_fit_and_keeps_warm_rows_on_the_base.
-GRID = (qm.BaseCandidate(model=TINY, max_epochs=1, batch_size=256),
-        qm.BaseCandidate(model=TINY, max_epochs=2, batch_size=256, drop_fields=("hour", "weekday")))
+GRID = (
+    qm.BaseCandidate(model=TINY, max_epochs=1, batch_size=256),
+    qm.BaseCandidate(model=TINY, max_epochs=2, batch_size=256, drop_fields=("hour", "weekday")),
+)
 LCFG = LoraTrainConfig(r=2, alpha=4, min_rows=50, batch_size=128)
 CS = ColdStartConfig(r=2, alpha=4, epochs=1, batch_size=32, transfer_batch_size=64)
 
@@ -33,8 +43,15 @@ def frame() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def result(frame):
-    return bq.run(distilled=bqd.make_distilled(CS), frame=frame, base_grid=GRID, lr_grid=(1.0,), lora_cfg=LCFG,
-                  lora_max_epochs=1, spread_seeds=1)
+    return bq.run(
+        distilled=bqd.make_distilled(CS),
+        frame=frame,
+        base_grid=GRID,
+        lr_grid=(1.0,),
+        lora_cfg=LCFG,
+        lora_max_epochs=1,
+        spread_seeds=1,
+    )
 
 
 def test_run_reports_every_row_and_the_goal(result):
@@ -77,9 +94,17 @@ def _ctx(frame, tmp_path, cfg: ModelConfig, drop=(), test_part=True):
     cand = qm.BaseCandidate(model=cfg, max_epochs=1, batch_size=256, drop_fields=drop)
     model, _ = qm.train_base(cand, fit, stop_epoch=1)
     store.save_base(model, tmp_path / "fit_base")
-    ctx = qp.QualityContext(base_dir=tmp_path / "missing", fit_base_dir=tmp_path / "fit_base", model_cfg=cfg,
-                            drop_fields=drop, train=None if not test_part else train,
-                            test=None if not test_part else test, fit=fit, val=val, lora_cfg=LCFG)
+    ctx = qp.QualityContext(
+        base_dir=tmp_path / "missing",
+        fit_base_dir=tmp_path / "fit_base",
+        model_cfg=cfg,
+        drop_fields=drop,
+        train=None if not test_part else train,
+        test=None if not test_part else test,
+        fit=fit,
+        val=val,
+        lora_cfg=LCFG,
+    )
     return ctx, model, cand
 
 
@@ -115,7 +140,8 @@ def test_a_distilled_row_that_cannot_be_built_is_reported_and_the_others_stand(f
     assert "distilled" not in t.rows
     out = bq._verdict(t)
     assert {k: out[f"distilled_{k}"] for k in ("auc", "auc_cold", "auc_warm", "logloss", "val_auc")} == dict.fromkeys(
-        ("auc", "auc_cold", "auc_warm", "logloss", "val_auc"))
+        ("auc", "auc_cold", "auc_warm", "logloss", "val_auc")
+    )
     assert out["best_model"] == "base" and out["base_minus_lr_auc"] == round(out["base_auc"] - out["lr_auc"], 4)
     assert out["goal_met"] == (out["goal_best_beats_lr_overall"] and out["goal_best_beats_lr_cold"])
     assert list(out["table"]) == ["lr", "base"]
@@ -131,9 +157,9 @@ def test_our_best_model_is_chosen_on_validation_not_test(frame):
     t = bq._Table.split(frame)
     good = t.y_test * 0.8 + 0.1
     t.add("lr", np.full(len(t.test), 0.5), 0.7)
-    t.add("base", good, 0.55)                         # the better test AUC, the worse validation AUC
+    t.add("base", good, 0.55)  # the better test AUC, the worse validation AUC
     t.add("lora", np.full(len(t.test), 0.5), 0.6)
-    t.add("distilled", good, None)                    # no validation AUC: cannot be chosen
+    t.add("distilled", good, None)  # no validation AUC: cannot be chosen
     out = bq._verdict(t)
     assert out["best_model"] == "lora" and out["best_model_chosen_on"] == "validation AUC"
     assert out["goal_best_beats_lr_overall"] is False and out["base_minus_lr_auc"] > 0
@@ -143,9 +169,10 @@ def test_our_best_model_is_chosen_on_validation_not_test(frame):
 def test_bench_quality_tiny_run():
     from pipelines.data import movielens
 
-    frame = movielens.load().iloc[::25].reset_index(drop=True)     # 4,000 rows spread over the whole period
-    grid = (qm.BaseCandidate(model=ModelConfig(embed_dim=8, n_blocks=1, id_buckets=1 << 10), max_epochs=2,
-                             warmup_steps=2),)
+    frame = movielens.load().iloc[::25].reset_index(drop=True)  # 4,000 rows spread over the whole period
+    grid = (
+        qm.BaseCandidate(model=ModelConfig(embed_dim=8, n_blocks=1, id_buckets=1 << 10), max_epochs=2, warmup_steps=2),
+    )
     seen = []
 
     def distilled(ctx, stage):
@@ -154,8 +181,15 @@ def test_bench_quality_tiny_run():
         rows = ctx.val if stage == "val" else ctx.test
         return np.full(len(rows), 0.5) if stage == "test" else None
 
-    r = bq.run(distilled=distilled, frame=frame, base_grid=grid, lr_grid=(1.0,),
-               lora_cfg=LoraTrainConfig(min_rows=50, batch_size=128), lora_max_epochs=1, spread_seeds=1)
+    r = bq.run(
+        distilled=distilled,
+        frame=frame,
+        base_grid=grid,
+        lr_grid=(1.0,),
+        lora_cfg=LoraTrainConfig(min_rows=50, batch_size=128),
+        lora_max_epochs=1,
+        spread_seeds=1,
+    )
     json.dumps(r)
     assert seen == ["val", "test"]
     assert r["train_rows"] == 3200 and r["test_rows"] == 800 and 0.5 < r["test_cold_share"] < 1
@@ -175,4 +209,4 @@ def test_temporal_split_and_cold_mask():
     f = pd.DataFrame({"event_ts": ts, "user_id": ["a", "b", "a", "c", "b"]})
     tr, te = qp.temporal_split(f, 0.6)
     assert list(tr["event_ts"]) == sorted(ts)[:3] and list(te["event_ts"]) == sorted(ts)[3:]
-    assert qp.cold_mask(tr, te).tolist() == [False, True]     # b (t=4) seen in train, c (t=5) not
+    assert qp.cold_mask(tr, te).tolist() == [False, True]  # b (t=4) seen in train, c (t=5) not

@@ -1,5 +1,6 @@
 """The headroom probe: its features are causal and label-free where they claim to be, the few-shot
 reference reveals only what it says, and the run agrees with `bench quality`'s own LR."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,15 @@ from pipelines.bench import quality_headroom as hr
 from pipelines.bench import quality_protocol as qp
 from pipelines.data.synthetic import SyntheticSpec, generate_day
 
-SPEC = SyntheticSpec(n_users=300, n_items=80, n_advertisers=10, new_users_per_day=120, new_items_per_day=8,
-                     slot_ctr=(0.3, 0.3, 0.3), seed=5)
+SPEC = SyntheticSpec(
+    n_users=300,
+    n_items=80,
+    n_advertisers=10,
+    new_users_per_day=120,
+    new_items_per_day=8,
+    slot_ctr=(0.3, 0.3, 0.3),
+    seed=5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +36,9 @@ def frame() -> pd.DataFrame:
 
 
 def test_counters_count_only_earlier_rows_and_read_no_label_of_the_frame():
-    f = pd.DataFrame({"user_id": ["u", "v", "u", "u", "v"], "item_id": ["a", "a", "b", "a", "c"],
-                      "label": [1, 0, 1, 0, 1]})
+    f = pd.DataFrame(
+        {"user_id": ["u", "v", "u", "u", "v"], "item_id": ["a", "a", "b", "a", "c"], "label": [1, 0, 1, 0, 1]}
+    )
     train = pd.DataFrame({"item_id": ["a", "a", "b"], "label": [1, 1, 0]})
     out = hr.add_counters(f, train)
     # impressions before each row: u: 0, 1, 2 -> log2 buckets 0, 1, 1; item a: 0, 1, 2
@@ -57,9 +66,16 @@ def test_out_of_fold_encoding_never_reads_the_row_own_label(frame):
 
 
 def test_crosses_and_recency_weights():
-    f = pd.DataFrame({"gender": ["M", "F"], "item_id": ["1", "2"], "age_bucket": ["18-24", "56+"],
-                      "category": ["Drama", "Action"], "occupation": ["x", "y"],
-                      "event_ts": pd.to_datetime(["2024-01-01", "2024-05-01"], utc=True)})
+    f = pd.DataFrame(
+        {
+            "gender": ["M", "F"],
+            "item_id": ["1", "2"],
+            "age_bucket": ["18-24", "56+"],
+            "category": ["Drama", "Action"],
+            "occupation": ["x", "y"],
+            "event_ts": pd.to_datetime(["2024-01-01", "2024-05-01"], utc=True),
+        }
+    )
     out = hr.add_crosses(f)
     assert out["gender*item_id"].tolist() == ["M|1", "F|2"]
     w = hr.recency_weights(f)
@@ -79,8 +95,15 @@ def test_few_shot_reveals_the_first_k_rows_of_cold_users_only(frame):
 def test_run_reports_every_variant_against_bench_quality_own_lr(frame):
     out = hr.run(frame=frame, k_shot=3, grid=(0.3, 1.0))
     json.dumps(out)
-    assert set(out["rows"]) == {"lr_one_hot", "lr_side_info", "lr_crosses", "lr_behaviour_counters",
-                                "lr_recency_weighted", "lr_everything", "gbdt_target_encoded"}
+    assert set(out["rows"]) == {
+        "lr_one_hot",
+        "lr_side_info",
+        "lr_crosses",
+        "lr_behaviour_counters",
+        "lr_recency_weighted",
+        "lr_everything",
+        "gbdt_target_encoded",
+    }
     ref = out["rows"]["lr_one_hot"]
     assert ref["delta_auc"] == 0.0
     # The reference row is exactly bench quality's LR row on the same split and grid.

@@ -1,5 +1,6 @@
 """The serving benchmark runs end to end in quick mode (the HTTP part against a real `mlflow server` and
 `python -m pipelines serve`) and reports exactly its figures."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ import pytest
 from pipelines.bench import serving as bench_serving
 
 KEYS = {"switch_ms", "refresh_ms", "load_ms", "routed_vs_merged", "merged_vs_base"}
-HTTP_KEYS = {*(f"{k}_{b}" for k in ("rps", "p50_ms", "p99_ms") for b in ("b1", "b32")), "promote_visible_ms",
-             "promote_routes_ms", "promote_visible_ms_poll", "p99_during_swaps_ratio", "base_switch_ms"}
+HTTP_KEYS = {
+    *(f"{k}_{b}" for k in ("rps", "p50_ms", "p99_ms") for b in ("b1", "b32")),
+    "promote_visible_ms",
+    "promote_routes_ms",
+    "promote_visible_ms_poll",
+    "p99_during_swaps_ratio",
+    "base_switch_ms",
+}
 COUNTS = {"failed_requests", "misrouted_requests", "requests_checked", "moves"}
 
 

@@ -1,4 +1,5 @@
 """Smoke tests of the training benchmark on a tiny configuration (no timing assertions)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,10 @@ STEPS, WARMUP, BUCKETS, BATCH = 3, 1, 1 << 12, 64
 @pytest.fixture(scope="module")
 def results():
     data = bt.make_tokens((STEPS + WARMUP) * BATCH, BUCKETS)
-    return {v: bt._measure(v, steps=STEPS, warmup=WARMUP, id_buckets=BUCKETS, batch_size=BATCH, data=data)
-            for v in bt.VARIANTS}
+    return {
+        v: bt._measure(v, steps=STEPS, warmup=WARMUP, id_buckets=BUCKETS, batch_size=BATCH, data=data)
+        for v in bt.VARIANTS
+    }
 
 
 def test_make_tokens_is_deterministic_and_in_range():
@@ -55,9 +58,17 @@ def test_measure_per_variant(results):
 
 def test_summarize_keys_types_and_ratios(results):
     out = bt.summarize(results)
-    json.dumps(out)   # JSON-safe
-    for k in ("lora_samples_per_s", "full_samples_per_s", "sparse_full_samples_per_s", "speedup",
-              "speedup_vs_sparse", "optimizer_state_ratio", "artifact_ratio", "trainable_fraction"):
+    json.dumps(out)  # JSON-safe
+    for k in (
+        "lora_samples_per_s",
+        "full_samples_per_s",
+        "sparse_full_samples_per_s",
+        "speedup",
+        "speedup_vs_sparse",
+        "optimizer_state_ratio",
+        "artifact_ratio",
+        "trainable_fraction",
+    ):
         assert isinstance(out[k], float) and out[k] > 0, k
     goals = [k for k in out if k.startswith("goal_")]
     assert len(goals) == 5 and all(isinstance(out[k], bool) for k in goals)

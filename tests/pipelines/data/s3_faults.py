@@ -6,6 +6,7 @@ request it partly refuses (object lock, a bucket policy, a KMS key the caller ma
 with one `<Error>` per key, which a client that only catches exceptions never notices. moto only
 produces such errors for version-specific deletes under object lock. Nothing reaches our code but HTTP.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -24,18 +25,23 @@ FAULTS = ("503", "reset", "truncate", "deny_deletes")
 
 def _delete_result(body: bytes) -> bytes:
     keys = re.findall(rb"<Key>(.*?)</Key>", body, flags=re.S)
-    errors = b"".join(b"<Error><Key>" + k + b"</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
-                      for k in keys)
-    return (b'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-            + errors + b"</DeleteResult>")
+    errors = b"".join(
+        b"<Error><Key>" + k + b"</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>" for k in keys
+    )
+    return (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        + errors
+        + b"</DeleteResult>"
+    )
 
 
 class FaultProxy:
     """Context manager. `url`: the proxy's endpoint. The first `failures` requests for which
     `match(method, path)` holds get `fault`; `faulted` and `forwarded` list (method, path) as seen."""
 
-    def __init__(self, upstream: str, fault: str, failures: int,
-                 match: Callable[[str, str], bool] = lambda method, path: True):
+    def __init__(
+        self, upstream: str, fault: str, failures: int, match: Callable[[str, str], bool] = lambda method, path: True
+    ):
         assert fault in FAULTS, fault
         self.upstream, self.fault, self.failures, self.match = urlsplit(upstream), fault, failures, match
         self.faulted: list[tuple[str, str]] = []
@@ -56,8 +62,9 @@ class FaultProxy:
     def _forward(self, method: str, path: str, headers, body: bytes):
         conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
         try:
-            conn.request(method, path, body=body or None,
-                         headers={k: v for k, v in headers.items() if k.lower() not in _HOP})
+            conn.request(
+                method, path, body=body or None, headers={k: v for k, v in headers.items() if k.lower() not in _HOP}
+            )
             resp = conn.getresponse()
             return resp.status, resp.getheaders(), resp.read()
         finally:
@@ -69,7 +76,7 @@ class FaultProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args):   # keep the test output readable
+            def log_message(self, *args):  # keep the test output readable
                 pass
 
             def _relay(self):
@@ -85,7 +92,7 @@ class FaultProxy:
                 else:
                     status, headers, payload = proxy._forward(self.command, self.path, self.headers, body)
                 self.send_response(status)
-                head = self.command == "HEAD"   # a HEAD keeps the object's own Content-Length
+                head = self.command == "HEAD"  # a HEAD keeps the object's own Content-Length
                 for k, v in headers:
                     if k.lower() not in (_HOP if head else _HOP | {"content-length"}):
                         self.send_header(k, v)
@@ -94,7 +101,7 @@ class FaultProxy:
                 self.end_headers()
                 if head:
                     return
-                if fault == "truncate":   # the whole length announced, half of it sent
+                if fault == "truncate":  # the whole length announced, half of it sent
                     self.wfile.write(payload[: len(payload) // 2])
                     self._reset()
                     return

@@ -4,6 +4,7 @@ A writer killed mid-partition (a real subprocess, SIGKILL) leaves the previous c
 unchanged, on a local lake and on S3 over HTTP (moto's server); a re-run commits. Replacing needs
 `overwrite`; S3's per-key delete errors raise; a second writer cannot clobber a commit it did not see.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ from tests.pipelines.data.test_lake import contract_frame
 
 SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=5)
 DAY = "2024-01-03"
-BIG, CHUNK = 600_000, 2_000   # 300 parts: the kill lands long before the writer could finish
+BIG, CHUNK = 600_000, 2_000  # 300 parts: the kill lands long before the writer could finish
 
 # The writer under test, as `generate` runs it, in its own process so that it can be killed -9.
 WRITER = """
@@ -54,8 +55,11 @@ def contents(lake: Lake, day: str) -> dict[str, bytes]:
 
 def kill_writer_mid_partition(lake: Lake, day: str, old_parts: set[str], at_least: int = 3) -> set[str]:
     """Start WRITER on `day`, SIGKILL it once `at_least` parts of its generation exist; returns their names."""
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, lake.uri, day, str(BIG), str(CHUNK)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, lake.uri, day, str(BIG), str(CHUNK)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
@@ -82,18 +86,20 @@ def test_a_writer_killed_mid_partition_leaves_the_previous_commit_readable_and_u
 
     strays = kill_writer_mid_partition(lake, DAY, set(objects_before))
 
-    assert len(strays) >= 3                                            # it was killed mid-partition ...
-    assert {n: b for n, b in contents(lake, DAY).items() if n in objects_before} == objects_before   # ... nothing touched
-    after = lake.read_partition(DAY)                                   # the previous commit, exactly
+    assert len(strays) >= 3  # it was killed mid-partition ...
+    assert {
+        n: b for n, b in contents(lake, DAY).items() if n in objects_before
+    } == objects_before  # ... nothing touched
+    after = lake.read_partition(DAY)  # the previous commit, exactly
     assert (after.generation, after.sha256, after.files) == (before.generation, before.sha256, before.files)
     pd.testing.assert_frame_equal(after.frame, before.frame)
     assert lake.list_partitions() == [DAY] and lake.uncommitted_partitions() == []
-    with pytest.raises(PartitionExistsError, match=f"dt={DAY}"):      # a plain re-run does not replace it ...
+    with pytest.raises(PartitionExistsError, match=f"dt={DAY}"):  # a plain re-run does not replace it ...
         write_days(lake, SPEC, DAY, 1, 20_000, chunk_rows=10_000)
 
-    write_days(lake, SPEC, DAY, 1, 20_000, chunk_rows=10_000, overwrite=True)   # ... a re-run with overwrite commits
+    write_days(lake, SPEC, DAY, 1, 20_000, chunk_rows=10_000, overwrite=True)  # ... a re-run with overwrite commits
     rerun = lake.read_partition(DAY)
-    assert rerun.generation not in (before.generation, *(s[len("part-00000-"):-len(".parquet")] for s in strays))
+    assert rerun.generation not in (before.generation, *(s[len("part-00000-") : -len(".parquet")] for s in strays))
     pd.testing.assert_frame_equal(rerun.frame, pd.concat(list(generate_day(SPEC, DAY, 20_000)), ignore_index=True))
     # old parts and the killed writer's strays are gone; markers would have stayed
     assert names(lake, DAY) == {commit.MANIFEST} | {f.rsplit("/", 1)[-1] for f in rerun.files}
@@ -105,13 +111,13 @@ def test_a_first_write_killed_mid_partition_is_absent_until_a_re_run_commits_it(
     assert strays and commit.MANIFEST not in names(lake, DAY)
     assert lake.list_partitions() == [] and lake.uncommitted_partitions() == [DAY]
     with caplog.at_level("WARNING", logger="pipelines.data.lake"):
-        assert lake.read_window(DAY, 3) == []                          # a reader of the window skips it ...
-    assert f"dt={DAY} has objects but no _MANIFEST.json" in caplog.text   # ... and says so
+        assert lake.read_window(DAY, 3) == []  # a reader of the window skips it ...
+    assert f"dt={DAY} has objects but no _MANIFEST.json" in caplog.text  # ... and says so
     with pytest.raises(UncommittedPartitionError, match=f"dt={DAY} is not committed"):
-        lake.read_partition(DAY)                                       # asked for by name: a clear error
-    assert lake.parquet_files(DAY) == []                               # the arrival sensor keeps waiting
+        lake.read_partition(DAY)  # asked for by name: a clear error
+    assert lake.parquet_files(DAY) == []  # the arrival sensor keeps waiting
 
-    write_days(lake, SPEC, DAY, 1, 5_000, chunk_rows=2_500)            # nothing committed: no overwrite needed
+    write_days(lake, SPEC, DAY, 1, 5_000, chunk_rows=2_500)  # nothing committed: no overwrite needed
     part = lake.read_partition(DAY)
     assert len(part.frame) == 5_000 and lake.list_partitions() == [DAY]
     assert names(lake, DAY) == {commit.MANIFEST} | {f.rsplit("/", 1)[-1] for f in part.files}
@@ -123,7 +129,7 @@ def test_overwrite_is_refused_without_the_flag(lake):
         lake.write_partition(contract_frame(DAY, 5), DAY)
     with pytest.raises(PartitionExistsError):
         PartitionWriter(lake, DAY)
-    with pytest.raises(PartitionExistsError) as info:                  # named before anything is written
+    with pytest.raises(PartitionExistsError) as info:  # named before anything is written
         write_days(lake, SPEC, "2024-01-01", 4, 100)
     assert info.value.days == [DAY] and lake.list_partitions() == [DAY]
     assert len(lake.read_partition(DAY).frame) == 10
@@ -138,10 +144,10 @@ def test_s3_delete_errors_are_raised_and_the_commit_stands(s3_bucket, s3_endpoin
         with pytest.raises(LakeError, match=r"could not delete 1 of 1 objects .*AccessDenied: Access Denied"):
             refused.write_partition(contract_frame(DAY, 20, seed=2), DAY, overwrite=True)
         assert len(proxy.faulted) == 1
-    new = direct.read_partition(DAY)                                   # the new manifest is the commit ...
+    new = direct.read_partition(DAY)  # the new manifest is the commit ...
     assert len(new.frame) == 20 and not old & set(new.files)
-    assert old <= set(direct.objects(DAY))                             # ... the old part stays, unread
-    direct.write_partition(contract_frame(DAY, 30, seed=3), DAY, overwrite=True)   # the next commit removes it
+    assert old <= set(direct.objects(DAY))  # ... the old part stays, unread
+    direct.write_partition(contract_frame(DAY, 30, seed=3), DAY, overwrite=True)  # the next commit removes it
     assert not old & set(direct.objects(DAY)) and len(direct.objects(DAY)) == 2
 
 
@@ -149,7 +155,7 @@ def test_a_writer_cannot_commit_over_a_commit_it_did_not_see(lake):
     lake.write_partition(contract_frame(DAY, 10, seed=1), DAY)
     slow = PartitionWriter(lake, DAY, overwrite=True)
     slow.write_frame(contract_frame(DAY, 15, seed=2))
-    lake.write_partition(contract_frame(DAY, 20, seed=3), DAY, overwrite=True)   # another writer commits first
+    lake.write_partition(contract_frame(DAY, 20, seed=3), DAY, overwrite=True)  # another writer commits first
     with pytest.raises(LakeError, match="committed by another writer"):
         slow.commit()
     assert len(lake.read_partition(DAY).frame) == 20
@@ -165,7 +171,7 @@ def test_a_failing_writer_leaves_the_partition_as_it_was(lake):
 
     with pytest.raises(RuntimeError, match="went away"):
         commit.write_frames(lake, DAY, frames(), overwrite=True)
-    assert contents(lake, DAY) == before                               # its own part removed, the commit intact
+    assert contents(lake, DAY) == before  # its own part removed, the commit intact
     with pytest.raises(LakeError, match="nothing to commit"):
         PartitionWriter(lake, "2024-01-04").commit()
     with pytest.raises(LakeError, match="not a partition day"):

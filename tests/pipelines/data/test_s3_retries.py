@@ -2,9 +2,11 @@
 
 `FaultProxy` (tests/pipelines/data/s3_faults.py) stands between the library and the real moto S3
 server (over HTTP): it spoils the first N requests that match with a 503, a reset connection, or a
-body cut off mid-way, and forwards every other request untouched. Nothing reaches our code but HTTP; tests/pipelines/registry/
+body cut off mid-way, and forwards every other request untouched. Nothing reaches our code but HTTP;
+tests/pipelines/registry/
 test_mlflow_retries.py puts the same proxy in front of a real `mlflow server`.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,6 +16,7 @@ from pipelines.data.lake import Lake
 from pipelines.errors import LakeError
 from tests.pipelines.data.s3_faults import FaultProxy
 from tests.pipelines.data.test_lake import contract_frame
+
 
 def object_get(method: str, path: str) -> bool:
     """A GET of one object (not a listing: those carry a query string)."""
@@ -28,7 +31,7 @@ def object_put(method: str, path: str) -> bool:
 def legacy_mode_in_env(monkeypatch):
     """AWS_RETRY_MODE=legacy and no AWS_MAX_ATTEMPTS in the environment: the library's config must win."""
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
-    monkeypatch.setenv("AWS_RETRY_MODE", "legacy")   # must not win over the library's own config
+    monkeypatch.setenv("AWS_RETRY_MODE", "legacy")  # must not win over the library's own config
 
 
 @pytest.mark.parametrize("fault", ["503", "reset"])

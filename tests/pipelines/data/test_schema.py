@@ -1,4 +1,5 @@
 """The click-log contract: conform() and to_arrow()."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -11,21 +12,28 @@ from pipelines.errors import SchemaError
 
 def raw_frame(n: int = 4, with_advertiser: bool = False) -> pd.DataFrame:
     """Contract columns in the 'wrong' dtypes a source might deliver, shuffled, plus an extra column."""
-    df = pd.DataFrame({
-        "label": [1, 0, 0, 1][:n],                           # int64
-        "event_ts": ["2024-01-01T00:00:01Z", "2024-01-01T05:30:00Z",
-                     "2024-01-01T12:00:00Z", "2024-01-01T23:59:59Z"][:n],  # strings
-        "user_id": [1, 2, 3, 4][:n],                         # ints
-        "item_id": ["i1", "i2", "i3", "i4"][:n],
-        "slot": ["feed", "search", "splash", "feed"][:n],
-        "age_bucket": ["18-24", None, "25-34", "56+"][:n],   # object with a null
-        "gender": ["M", "F", "F", None][:n],
-        "occupation": ["student", "other", "writer", "none"][:n],
-        "category": ["retail", "auto", None, "food"][:n],
-        "hour": [0.0, 5.0, 12.0, 23.0][:n],                  # float
-        "weekday": [0, 0, 0, 0][:n],
-        "extra": ["x"] * n,
-    }, index=[10, 11, 12, 13][:n])
+    df = pd.DataFrame(
+        {
+            "label": [1, 0, 0, 1][:n],  # int64
+            "event_ts": [
+                "2024-01-01T00:00:01Z",
+                "2024-01-01T05:30:00Z",
+                "2024-01-01T12:00:00Z",
+                "2024-01-01T23:59:59Z",
+            ][:n],  # strings
+            "user_id": [1, 2, 3, 4][:n],  # ints
+            "item_id": ["i1", "i2", "i3", "i4"][:n],
+            "slot": ["feed", "search", "splash", "feed"][:n],
+            "age_bucket": ["18-24", None, "25-34", "56+"][:n],  # object with a null
+            "gender": ["M", "F", "F", None][:n],
+            "occupation": ["student", "other", "writer", "none"][:n],
+            "category": ["retail", "auto", None, "food"][:n],
+            "hour": [0.0, 5.0, 12.0, 23.0][:n],  # float
+            "weekday": [0, 0, 0, 0][:n],
+            "extra": ["x"] * n,
+        },
+        index=[10, 11, 12, 13][:n],
+    )
     if with_advertiser:
         df["advertiser_id"] = [7, 8, 9, 7][:n]
     return df
@@ -43,8 +51,8 @@ def test_conform_casts_to_contract_dtypes_and_order():
     assert out["hour"].tolist() == [0, 5, 12, 23]
     assert out["event_ts"].iloc[1] == pd.Timestamp("2024-01-01 05:30", tz="UTC")
     assert out["age_bucket"].isna().tolist() == [False, True, False, False]
-    assert list(out.index) == [0, 1, 2, 3]          # index reset
-    assert "extra" not in out.columns               # extra columns dropped
+    assert list(out.index) == [0, 1, 2, 3]  # index reset
+    assert "extra" not in out.columns  # extra columns dropped
 
 
 def test_conform_keeps_optional_advertiser_id():

@@ -1,4 +1,5 @@
 """Synthetic ad logs: contract, determinism, chunking, cold start, click model, spec validation."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,16 @@ from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, SyntheticSpec, generate_day, write_days
 from pipelines.errors import ConfigError
 
-SMALL = SyntheticSpec(n_users=5_000, n_items=500, n_advertisers=50, new_users_per_day=300, new_items_per_day=30,
-                      new_entity_rate=0.1, seed=7)
-D0 = SMALL.origin_day          # day 0: no cold-start ids yet
+SMALL = SyntheticSpec(
+    n_users=5_000,
+    n_items=500,
+    n_advertisers=50,
+    new_users_per_day=300,
+    new_items_per_day=30,
+    new_entity_rate=0.1,
+    seed=7,
+)
+D0 = SMALL.origin_day  # day 0: no cold-start ids yet
 
 
 def day(spec: SyntheticSpec, d: str, rows: int, chunk_rows: int = 500_000) -> pd.DataFrame:
@@ -36,8 +44,8 @@ def big_day() -> pd.DataFrame:
 # ---------------------------------------------------------------------------- contract
 def test_rows_follow_the_contract():
     df = day(SMALL, "2024-01-03", 5_000)
-    assert tuple(df.columns) == schema.ALL_NAMES              # every contract column, advertiser_id included
-    pd.testing.assert_frame_equal(schema.conform(df), df)      # already conformed
+    assert tuple(df.columns) == schema.ALL_NAMES  # every contract column, advertiser_id included
+    pd.testing.assert_frame_equal(schema.conform(df), df)  # already conformed
     assert schema.to_arrow(df).schema.equals(schema.arrow_schema(include_optional=True))
     assert not df.isna().any().any()
     assert set(df["slot"].unique()) == set(SLOTS)
@@ -59,15 +67,14 @@ def test_event_time_uniform_within_the_utc_day_and_sorted():
     assert (df["hour"] == df["event_ts"].dt.hour).all()
     assert (df["weekday"] == df["event_ts"].dt.day_of_week).all() and (df["weekday"] == 2).all()  # a Wednesday
     per_hour = df["hour"].value_counts()
-    assert len(per_hour) == 24 and per_hour.between(1_700, 2_300).all()     # 2,000 expected per hour
+    assert len(per_hour) == 24 and per_hour.between(1_700, 2_300).all()  # 2,000 expected per hour
 
 
 def test_entities_have_stable_attributes_across_days():
     a = day(SMALL, "2024-01-02", 20_000)
     b = day(SMALL, "2024-01-09", 20_000)
     both = pd.concat([a, b])
-    for key, attrs in (("user_id", ["age_bucket", "gender", "occupation"]),
-                       ("item_id", ["advertiser_id", "category"])):
+    for key, attrs in (("user_id", ["age_bucket", "gender", "occupation"]), ("item_id", ["advertiser_id", "category"])):
         assert (both.groupby(key)[attrs].nunique() == 1).all().all(), key
     # advertisers own items mostly within their vertical
     top = both.groupby("advertiser_id")["category"].agg(lambda s: s.value_counts(normalize=True).iloc[0])
@@ -91,8 +98,11 @@ def test_different_seed_or_day_differs():
 def test_day_is_independent_of_other_days_and_of_chunking(tmp_path):
     alone = day(SMALL, "2024-01-06", 70_000)
     lake = Lake(str(tmp_path))
-    assert write_days(lake, SMALL, "2024-01-04", 3, 70_000, chunk_rows=30_000) == \
-        ["2024-01-04", "2024-01-05", "2024-01-06"]
+    assert write_days(lake, SMALL, "2024-01-04", 3, 70_000, chunk_rows=30_000) == [
+        "2024-01-04",
+        "2024-01-05",
+        "2024-01-06",
+    ]
     pd.testing.assert_frame_equal(lake.read_partition("2024-01-06").frame, alone)
     for chunk_rows in (1_000, 65_536, 69_999, 10**6):
         pd.testing.assert_frame_equal(day(SMALL, "2024-01-06", 70_000, chunk_rows), alone)
@@ -117,7 +127,7 @@ def test_chunks_cover_rows_and_respect_chunk_rows(rows, chunk_rows):
 
 
 def test_generate_day_is_lazy():
-    gen = generate_day(SMALL, "2024-01-02", 10**9, chunk_rows=100)   # would never fit in memory
+    gen = generate_day(SMALL, "2024-01-02", 10**9, chunk_rows=100)  # would never fit in memory
     assert len(next(gen)) == 100
     gen.close()
 
@@ -133,47 +143,53 @@ def test_write_days_one_part_per_chunk(tmp_path):
 
 def test_write_days_rerun_replaces_the_partition_only_with_overwrite(tmp_path):
     lake = Lake(str(tmp_path))
-    write_days(lake, SMALL, "2024-01-02", 1, 25_000, chunk_rows=5_000)          # 5 parts
+    write_days(lake, SMALL, "2024-01-02", 1, 25_000, chunk_rows=5_000)  # 5 parts
     first = lake.read_partition("2024-01-02")
     before = {f: open(f, "rb").read() for f in lake.objects("2024-01-02")}
     with pytest.raises(PartitionExistsError, match=r"dt=2024-01-02: refusing") as info:
-        write_days(lake, SMALL, "2024-01-01", 3, 25_000)                        # refused before writing anything
+        write_days(lake, SMALL, "2024-01-01", 3, 25_000)  # refused before writing anything
     assert info.value.days == ["2024-01-02"] and lake.list_partitions() == ["2024-01-02"]
     assert {f: open(f, "rb").read() for f in lake.objects("2024-01-02")} == before
-    write_days(lake, SMALL, "2024-01-02", 1, 25_000, chunk_rows=20_000, overwrite=True)   # 2 parts: old ones removed
+    write_days(lake, SMALL, "2024-01-02", 1, 25_000, chunk_rows=20_000, overwrite=True)  # 2 parts: old ones removed
     second = lake.read_partition("2024-01-02")
     assert len(second.files) == 2 and len(second.frame) == 25_000 and second.generation != first.generation
-    assert sorted(lake.objects("2024-01-02")) == sorted(second.files + [f"{lake.partition_uri('2024-01-02')}/_MANIFEST.json"])
+    assert sorted(lake.objects("2024-01-02")) == sorted(
+        second.files + [f"{lake.partition_uri('2024-01-02')}/_MANIFEST.json"]
+    )
     pd.testing.assert_frame_equal(second.frame, first.frame)
 
 
 def test_write_days_to_s3_with_progress(s3_bucket, capsys):
     lake = Lake(f"s3://{s3_bucket}/synthetic")
-    assert write_days(lake, SMALL, "2024-02-01", 2, 3_000, chunk_rows=2_000, progress=True) == \
-        ["2024-02-01", "2024-02-02"]
+    assert write_days(lake, SMALL, "2024-02-01", 2, 3_000, chunk_rows=2_000, progress=True) == [
+        "2024-02-01",
+        "2024-02-02",
+    ]
     assert lake.list_partitions() == ["2024-02-01", "2024-02-02"]
     assert len(lake.read_partition("2024-02-02").files) == 2
     assert len(lake.read_window("2024-02-02", 2)) == 2
-    assert "rows" in capsys.readouterr().err                  # the tqdm bar went to stderr
+    assert "rows" in capsys.readouterr().err  # the tqdm bar went to stderr
 
 
 # ---------------------------------------------------------------------------- cold start
 def test_new_users_and_items_appear_on_later_days():
     d0 = day(SMALL, D0, 30_000)
     assert (num(d0["user_id"]) < SMALL.n_users).all() and (num(d0["item_id"]) < SMALL.n_items).all()
-    d5 = day(SMALL, "2024-01-06", 30_000)                                    # day 5
+    d5 = day(SMALL, "2024-01-06", 30_000)  # day 5
     unseen = ~d5["user_id"].isin(set(d0["user_id"]))
-    assert unseen.mean() > SMALL.new_entity_rate                             # fresh ids + cohorts + tail users
-    for col, n_base, per_day in (("user_id", SMALL.n_users, SMALL.new_users_per_day),
-                                 ("item_id", SMALL.n_items, SMALL.new_items_per_day)):
+    assert unseen.mean() > SMALL.new_entity_rate  # fresh ids + cohorts + tail users
+    for col, n_base, per_day in (
+        ("user_id", SMALL.n_users, SMALL.new_users_per_day),
+        ("item_id", SMALL.n_items, SMALL.new_items_per_day),
+    ):
         ids = num(d5[col])
         born_today = ids >= n_base + 4 * per_day
         assert born_today.mean() == pytest.approx(SMALL.new_entity_rate, abs=0.01), col
-        assert (ids < n_base + 5 * per_day).all(), col                     # nobody born in the future
-        assert ((ids >= n_base) & ~born_today).any(), col                  # earlier cohorts come back
+        assert (ids < n_base + 5 * per_day).all(), col  # nobody born in the future
+        assert ((ids >= n_base) & ~born_today).any(), col  # earlier cohorts come back
     d6 = day(SMALL, "2024-01-07", 30_000)
     born_day5 = d5["user_id"][num(d5["user_id"]) >= SMALL.n_users + 4 * SMALL.new_users_per_day]
-    assert d6["user_id"].isin(set(born_day5)).any()                          # yesterday's new users return
+    assert d6["user_id"].isin(set(born_day5)).any()  # yesterday's new users return
     # ids born on day 5 never occur on earlier days
     for d in ("2024-01-02", "2024-01-05"):
         assert not day(SMALL, d, 30_000)["user_id"].isin(set(born_day5)).any()
@@ -189,8 +205,8 @@ def test_popularity_is_skewed():
     df = day(SMALL, D0, 50_000)
     for col, n in (("user_id", SMALL.n_users), ("item_id", SMALL.n_items)):
         counts = df[col].value_counts()
-        top = counts.iloc[: max(1, n // 100)].sum() / len(df)                # top 1 % of ids
-        assert top > 0.05, (col, top)                                        # uniform would give ~1 %
+        top = counts.iloc[: max(1, n // 100)].sum() / len(df)  # top 1 % of ids
+        assert top > 0.05, (col, top)  # uniform would give ~1 %
 
 
 # ---------------------------------------------------------------------------- click model
@@ -228,13 +244,29 @@ def test_clicks_are_learnable(big_day):
 
 
 # ---------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("field,value", [
-    ("n_users", 0), ("n_items", -1), ("n_advertisers", 2.5), ("n_users", True),
-    ("new_entity_rate", 1.0), ("new_entity_rate", -0.1), ("new_entity_rate", "0.1"),
-    ("new_users_per_day", -1), ("slot_mix", (0.5, 0.5)), ("slot_mix", (0.6, 0.3, 0.3)),
-    ("slot_mix", (1.2, -0.1, -0.1)), ("slot_ctr", (0.03, 0.0, 0.01)), ("slot_ctr", (0.03, 0.6, 0.01)),
-    ("user_zipf", 0), ("item_zipf", -1.0), ("origin_day", "2024-13-01"), ("seed", -1), ("seed", 1.5),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("n_users", 0),
+        ("n_items", -1),
+        ("n_advertisers", 2.5),
+        ("n_users", True),
+        ("new_entity_rate", 1.0),
+        ("new_entity_rate", -0.1),
+        ("new_entity_rate", "0.1"),
+        ("new_users_per_day", -1),
+        ("slot_mix", (0.5, 0.5)),
+        ("slot_mix", (0.6, 0.3, 0.3)),
+        ("slot_mix", (1.2, -0.1, -0.1)),
+        ("slot_ctr", (0.03, 0.0, 0.01)),
+        ("slot_ctr", (0.03, 0.6, 0.01)),
+        ("user_zipf", 0),
+        ("item_zipf", -1.0),
+        ("origin_day", "2024-13-01"),
+        ("seed", -1),
+        ("seed", 1.5),
+    ],
+)
 def test_spec_validation(field, value):
     with pytest.raises(ConfigError, match=field):
         SyntheticSpec(**{field: value})
@@ -243,7 +275,7 @@ def test_spec_validation(field, value):
 def test_spec_validation_new_entities_need_room():
     with pytest.raises(ConfigError, match="new_users_per_day"):
         SyntheticSpec(new_entity_rate=0.1, new_users_per_day=0)
-    SyntheticSpec(new_entity_rate=0.0, new_users_per_day=0, new_items_per_day=0)    # fine
+    SyntheticSpec(new_entity_rate=0.0, new_users_per_day=0, new_items_per_day=0)  # fine
 
 
 def test_config_error_is_a_value_error():
@@ -251,15 +283,18 @@ def test_config_error_is_a_value_error():
         SyntheticSpec(n_users=0)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(day="2023-12-31", rows=10), "before synthetic.origin_day"),
-    (dict(day="2024-02-30", rows=10), "ISO date"),
-    (dict(day="2024-01-02", rows=0), "rows"),
-    (dict(day="2024-01-02", rows=10, chunk_rows=0), "chunk_rows"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(day="2023-12-31", rows=10), "before synthetic.origin_day"),
+        (dict(day="2024-02-30", rows=10), "ISO date"),
+        (dict(day="2024-01-02", rows=0), "rows"),
+        (dict(day="2024-01-02", rows=10, chunk_rows=0), "chunk_rows"),
+    ],
+)
 def test_generate_day_argument_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
-        generate_day(SMALL, **kwargs)           # checked on the call, not on the first next()
+        generate_day(SMALL, **kwargs)  # checked on the call, not on the first next()
 
 
 def test_write_days_argument_errors(tmp_path):
@@ -269,5 +304,5 @@ def test_write_days_argument_errors(tmp_path):
     with pytest.raises(ConfigError, match="rows_per_day"):
         write_days(lake, SMALL, "2024-01-01", 1, 0)
     with pytest.raises(ConfigError, match="origin_day"):
-        write_days(lake, SMALL, "2023-12-30", 3, 10)           # starts before day 0: nothing written
+        write_days(lake, SMALL, "2023-12-30", 3, 10)  # starts before day 0: nothing written
     assert lake.list_partitions() == []

@@ -6,6 +6,7 @@ re-written after it was validated, naming each, before any data is read. The mar
 real validation stage; the streaming reader of adapter training and evaluation is covered in
 tests/pipelines/model/test_stream.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,9 +35,12 @@ def lake(tmp_path) -> Lake:
 
 
 def config(lake: Lake) -> PipelineConfig:
-    return PipelineConfig(data=DataConfig(lake_uri=lake.uri, slots=SLOTS), model=CFG,
-                          base_training=BaseTrainConfig(train_start=DAYS[0], epochs=1),
-                          cold_start=ColdStartConfig(window_days=2, history_days=2))
+    return PipelineConfig(
+        data=DataConfig(lake_uri=lake.uri, slots=SLOTS),
+        model=CFG,
+        base_training=BaseTrainConfig(train_start=DAYS[0], epochs=1),
+        cold_start=ColdStartConfig(window_days=2, history_days=2),
+    )
 
 
 def quarantine(lake: Lake, day: str) -> None:
@@ -62,17 +66,17 @@ def test_a_validated_window_reads(lake):
 def test_base_model_training_refuses_an_unvalidated_a_quarantined_and_a_re_written_day(lake):
     from pipelines.training import base_model
 
-    write_days(lake, SPEC, DAYS[3], 1, 2000)                                   # arrived, not validated
+    write_days(lake, SPEC, DAYS[3], 1, 2000)  # arrived, not validated
     quarantine(lake, DAYS[1])
-    write_days(lake, SPEC, DAYS[0], 1, 2000, chunk_rows=600, overwrite=True)   # same rows, new bytes: new hash
+    write_days(lake, SPEC, DAYS[0], 1, 2000, chunk_rows=600, overwrite=True)  # same rows, new bytes: new hash
     with pytest.raises(UnvalidatedPartitionError) as info:
-        base_model.train(config(lake), lake.uri, DAYS[3])                      # refused before MLflow is touched
+        base_model.train(config(lake), lake.uri, DAYS[3])  # refused before MLflow is touched
     got = observed(info.value)
-    assert sorted(got) == [DAYS[0], DAYS[1], DAYS[3]]                          # every bad day, not the first one
+    assert sorted(got) == [DAYS[0], DAYS[1], DAYS[3]]  # every bad day, not the first one
     assert got[DAYS[0]].startswith("re-written since it was validated (marker sha256 ")
     assert got[DAYS[1]] == "validation status 'quarantined', not 'passed'"
     assert got[DAYS[3]] == "no validation marker (never validated)"
-    assert isinstance(info.value, DataValidationError)                         # the CLI prints every line, exit 1
+    assert isinstance(info.value, DataValidationError)  # the CLI prints every line, exit 1
     with pytest.raises(UnvalidatedPartitionError, match=f"dt={DAYS[3]}"):
         load_split(lake.uri, DAYS[3], 0.2, days=1)
 
@@ -80,7 +84,7 @@ def test_base_model_training_refuses_an_unvalidated_a_quarantined_and_a_re_writt
 def test_cold_start_refuses_a_quarantined_day_in_its_history(lake):
     write_days(lake, SPEC, DAYS[3], 1, 2000)
     validate_lake(lake.uri)
-    quarantine(lake, DAYS[0])                                                  # history, not window
+    quarantine(lake, DAYS[0])  # history, not window
     cfg = config(lake)
     assert cold.read_days(cfg) == 4
     with pytest.raises(UnvalidatedPartitionError) as info:

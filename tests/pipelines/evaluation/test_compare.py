@@ -1,6 +1,7 @@
 """The evaluation stage on a real store and lake: the full judgement of a candidate against the serving
 champion (slices, cold/warm, fairness, DeLong, latency, size, interference), logged to the training
 run with an HTML report and plots, and refused when the data changed since training."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def assert_clean_log(records: list[logging.LogRecord]) -> None:
 
 
 def test_first_candidate_is_judged_on_every_slice_and_logged_with_a_report(cfg, lake):
-    champion_of(cfg, lake, "search")                       # serves next to feed: the interference partner
+    champion_of(cfg, lake, "search")  # serves next to feed: the interference partner
     cand = adapter.train(cfg, lake, END_DAY, "feed")
     ev = evaluate(cfg, lake, cand)
     json.dumps(ev)
@@ -62,7 +63,7 @@ def test_first_candidate_is_judged_on_every_slice_and_logged_with_a_report(cfg, 
     assert 0 < ev["adapter_bytes"] < 1_000_000
     inter = ev["interference"]
     assert inter["pair"] == ["candidate", "ctr_lora_search:1"] and 0.0 <= inter["max_abs_cos"] <= 1.0
-    assert inter["compared"] == 1 and inter["bounded"] is True   # one sibling champion; a slot adapter
+    assert inter["compared"] == 1 and inter["bounded"] is True  # one sibling champion; a slot adapter
 
     run = MlflowClient().get_run(cand["run_id"])
     m = run.data.metrics
@@ -70,20 +71,27 @@ def test_first_candidate_is_judged_on_every_slice_and_logged_with_a_report(cfg, 
     assert m["eval_latency_batch_32_p99_ms"] >= m["eval_latency_batch_32_p50_ms"] > 0
     assert "eval_interference_max_abs_cos" in m and "eval_fairness_gender_equalized_odds_difference" in m
     files = {a.path for a in MlflowClient().list_artifacts(cand["run_id"], "evaluation")}
-    assert {"evaluation/report.html", "evaluation/roc.png", "evaluation/reliability.png",
-            "evaluation/comparison.json"} <= files
+    assert {
+        "evaluation/report.html",
+        "evaluation/roc.png",
+        "evaluation/reliability.png",
+        "evaluation/comparison.json",
+    } <= files
     html = Path(mlflow.artifacts.download_artifacts(run_id=cand["run_id"], artifact_path="evaluation/report.html"))
     assert "roc.png" in html.read_text()
 
 
 def test_candidate_vs_champion_on_the_same_rows_with_delong(cfg, lake, caplog):
     champion_of(cfg, lake, "feed")
-    cand = adapter.train(cfg.__class__(**{**cfg.__dict__, "lora": LoraTrainConfig(**{**cfg.lora.__dict__,
-                                                                                    "seed": 11})}),
-                         lake, END_DAY, "feed")
+    cand = adapter.train(
+        cfg.__class__(**{**cfg.__dict__, "lora": LoraTrainConfig(**{**cfg.lora.__dict__, "seed": 11})}),
+        lake,
+        END_DAY,
+        "feed",
+    )
     caplog.set_level(logging.WARNING)
     caplog.clear()
-    ev = evaluate(cfg, lake, cand)                         # candidate and champion scored, latency measured
+    ev = evaluate(cfg, lake, cand)  # candidate and champion scored, latency measured
     assert_clean_log(caplog.records)
     assert ev["champion_version"] == "1" and ev["champion"]["rows"] == ev["candidate"]["rows"]
     d = ev["delong"]
@@ -92,8 +100,7 @@ def test_candidate_vs_champion_on_the_same_rows_with_delong(cfg, lake, caplog):
 
     from pipelines.registry import pyfunc
 
-    models = {"cand": pyfunc.load(cand["model_uri"]),
-              "champ": pyfunc.load("models:/ctr_lora_feed/1")}
+    models = {"cand": pyfunc.load(cand["model_uri"]), "champ": pyfunc.load("models:/ctr_lora_feed/1")}
     rows, preds, cold, sample = score_holdout(cfg, lake, cand, models)
     again = delong_test(rows["label"].to_numpy(dtype=float), preds["cand"], preds["champ"])
     assert again["p_value"] == pytest.approx(d["p_value"]) and len(sample) == 64

@@ -1,4 +1,5 @@
 """DeLong's test (fast midrank form) against an O(n^2) pair table, a hand-derived case and sklearn."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ def sample_var(v: np.ndarray, w: np.ndarray) -> float:
 def test_components_match_the_pair_table_with_ties():
     rng = np.random.default_rng(5)
     y = (rng.random(400) < 0.3).astype(int)
-    p_a = rng.integers(0, 12, 400) / 12          # heavy ties, within and across classes
+    p_a = rng.integers(0, 12, 400) / 12  # heavy ties, within and across classes
     p_b = np.round(0.3 * y + rng.random(400), 1)
     aucs, v10, v01 = structural_components(y, [p_a, p_b])
     for k, p in enumerate((p_a, p_b)):
@@ -108,13 +109,16 @@ def test_clearly_better_model_is_significant_and_antisymmetric():
     assert same["p_value"] > 0.05
 
 
-@pytest.mark.parametrize("y, a, b, match", [
-    ([1, 1, 1, 1], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], "0 negative"),
-    ([1, 0, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], "1 positive"),
-    ([1, 1, 0, 0], [0.1, 0.2, 0.3], [0.1, 0.2, 0.3, 0.4], "score vector 0 has 3 values for 4 labels"),
-    ([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.1, float("nan"), 0.3, 0.4], "score vector 1 has 1 NaN"),
-    ([1, 2, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], "0/1"),
-])
+@pytest.mark.parametrize(
+    "y, a, b, match",
+    [
+        ([1, 1, 1, 1], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], "0 negative"),
+        ([1, 0, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], "1 positive"),
+        ([1, 1, 0, 0], [0.1, 0.2, 0.3], [0.1, 0.2, 0.3, 0.4], "score vector 0 has 3 values for 4 labels"),
+        ([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.1, float("nan"), 0.3, 0.4], "score vector 1 has 1 NaN"),
+        ([1, 2, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], "0/1"),
+    ],
+)
 def test_degenerate_inputs_raise(y, a, b, match):
     with pytest.raises(EvaluationInputError, match=match):
         delong_test(y, a, b)

@@ -1,4 +1,5 @@
 """Demographic parity and equalized odds on groups built so the answers are known by hand."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def test_demographic_parity_hand_computed():
     assert r["threshold"] == 0.25 and r["groups"]["A"]["rows"] == 3
     assert json.loads(json.dumps(r, allow_nan=False)) == r
     # threshold at a score: p >= threshold is a positive decision
-    assert demographic_parity_difference(p, g, threshold=0.3, min_rows=1)["groups"]["A"]["positive_rate"] == \
-        pytest.approx(1 / 3)
+    assert demographic_parity_difference(p, g, threshold=0.3, min_rows=1)["groups"]["A"][
+        "positive_rate"
+    ] == pytest.approx(1 / 3)
 
 
 def test_demographic_parity_without_threshold_and_with_nulls():
@@ -35,8 +37,13 @@ def test_demographic_parity_without_threshold_and_with_nulls():
     assert r["groups"]["<null>"]["mean_pctr"] == pytest.approx(0.4)
     assert r["groups"]["F"]["mean_pctr"] == pytest.approx(0.2)
     # M has 1 row < min_rows 2: listed, not counted
-    assert r["groups"]["M"] == {"rows": 1, "mean_pctr": 0.9, "positive_rate": None, "included": False,
-                                "reason": "fewer than 2 rows"}
+    assert r["groups"]["M"] == {
+        "rows": 1,
+        "mean_pctr": 0.9,
+        "positive_rate": None,
+        "included": False,
+        "reason": "fewer than 2 rows",
+    }
     assert r["mean_pctr_gap"] == pytest.approx(0.2) and r["positive_rate_gap"] is None
     assert r["extremes"]["positive_rate"] is None and r["threshold"] is None
     # one usable group: no gap
@@ -84,13 +91,16 @@ def test_fairness_is_independent_of_row_order():
     assert r1["groups"]["b"]["tpr"] == pytest.approx((p[m] >= 0.4).mean())
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: equalized_odds_difference([0, 1], [0.1, 0.9], ["a", "b"], None), "threshold is required"),
-    (lambda: equalized_odds_difference([0, 1], [0.1, 0.9], ["a", "b"], 1.5), "threshold must be in"),
-    (lambda: equalized_odds_difference([0, 1], [0.1, 0.9], ["a"], 0.5), "1 group values for 2 rows"),
-    (lambda: demographic_parity_difference([0.1, float("nan")], ["a", "b"]), "NaN"),
-    (lambda: demographic_parity_difference([0.1, 0.2], ["a", "b", "c"]), "3 group values for 2 rows"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: equalized_odds_difference([0, 1], [0.1, 0.9], ["a", "b"], None), "threshold is required"),
+        (lambda: equalized_odds_difference([0, 1], [0.1, 0.9], ["a", "b"], 1.5), "threshold must be in"),
+        (lambda: equalized_odds_difference([0, 1], [0.1, 0.9], ["a"], 0.5), "1 group values for 2 rows"),
+        (lambda: demographic_parity_difference([0.1, float("nan")], ["a", "b"]), "NaN"),
+        (lambda: demographic_parity_difference([0.1, 0.2], ["a", "b", "c"]), "3 group values for 2 rows"),
+    ],
+)
 def test_bad_inputs(call, match):
     with pytest.raises(EvaluationInputError, match=match):
         call()

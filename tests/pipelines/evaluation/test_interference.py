@@ -1,4 +1,5 @@
 """Adapter interference (|cos| of B @ A updates) on real PEFT adapters of the real CTR model."""
+
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ def brute_abs_cos(sd1: dict, sd2: dict, module: str) -> float:
         a = next(v for k, v in sd.items() if k.startswith(f"base_model.model.{module}.lora_") and "_A" in k)
         b = next(v for k, v in sd.items() if k.startswith(f"base_model.model.{module}.lora_") and "_B" in k)
         return (b.double() @ a.double()).flatten().numpy()
+
     u, v = dw(sd1), dw(sd2)
     return abs(float(u @ v)) / (np.linalg.norm(u) * np.linalg.norm(v))
 
@@ -76,8 +78,9 @@ def test_independent_adapters_match_brute_force_and_are_small(tmp_path):
     sds = {n: load_file(f"{d}/{ADAPTER_FILE}") for n, d in dirs.items()}
     assert len(r["modules"]) == 2 + 9  # q, v and the nine embedding tables
     for module, m in r["modules"].items():
-        pairs = {f"{a}|{b}": brute_abs_cos(sds[a], sds[b], module)
-                 for a, b in (("s1", "s2"), ("s1", "s3"), ("s2", "s3"))}
+        pairs = {
+            f"{a}|{b}": brute_abs_cos(sds[a], sds[b], module) for a, b in (("s1", "s2"), ("s1", "s3"), ("s2", "s3"))
+        }
         assert m["pairs"] == pytest.approx(pairs, abs=1e-12)
         assert m["max_abs_cos"] == pytest.approx(max(pairs.values()), abs=1e-12)
     big = r["modules"]["embeddings.user_id"]  # 64 x 8 update: random directions are near-orthogonal
@@ -90,9 +93,13 @@ def test_orthogonal_updates_have_cos_0():
     # live on disjoint coordinates, so their Frobenius inner product is exactly 0
     rng = np.random.default_rng(0)
     eye = torch.eye(8)
+
     def sd(rows):
-        return {f"base_model.model.{Q}.lora_A.weight": eye[rows],
-                f"base_model.model.{Q}.lora_B.weight": torch.from_numpy(rng.normal(size=(8, 2))).float()}
+        return {
+            f"base_model.model.{Q}.lora_A.weight": eye[rows],
+            f"base_model.model.{Q}.lora_B.weight": torch.from_numpy(rng.normal(size=(8, 2))).float(),
+        }
+
     r = adapter_interference({"x": sd([0, 1]), "y": sd([2, 3])})
     assert r["modules"][Q]["max_abs_cos"] == 0.0 and r["max_abs_cos"] == 0.0 and r["pair"] == ["x", "y"]
 
@@ -115,19 +122,30 @@ def test_in_memory_state_dict_equals_the_saved_files_and_scaling_only_moves_norm
 
 def test_one_adapter_untrained_adapters_and_partial_overlap(tmp_path):
     d = saved(peft_adapter(1), tmp_path / "a")
-    assert adapter_interference({"a": d}) == {"adapters": ["a"], "modules": {}, "max_abs_cos": None,
-                                              "pair": None, "module": None}
+    assert adapter_interference({"a": d}) == {
+        "adapters": ["a"],
+        "modules": {},
+        "max_abs_cos": None,
+        "pair": None,
+        "module": None,
+    }
     torch.manual_seed(0)
-    fresh = adapters.attach(CTRModel(CFG), LoraTrainConfig(r=2, alpha=4))   # B = 0: no update yet
+    fresh = adapters.attach(CTRModel(CFG), LoraTrainConfig(r=2, alpha=4))  # B = 0: no update yet
     r = adapter_interference({"a": d, "fresh": saved(fresh, tmp_path / "f")})
     assert r["modules"][Q]["max_abs_cos"] is None and r["max_abs_cos"] is None
     assert r["modules"][Q]["norms"]["fresh"] == 0.0
     # a module only one adapter has is listed, with nothing to compare it with
     q_only = saved(peft_adapter(2, targets=("q_proj",)), tmp_path / "q")
     r = adapter_interference({"a": d, "q": q_only})
-    assert r["modules"][V] == {"max_abs_cos": None, "pair": None, "adapters": ["a"], "pairs": {},
-                               "norms": {"a": pytest.approx(math.sqrt(float((delta_weights(
-                                   load_file(f"{d}/{ADAPTER_FILE}"))[V] ** 2).sum())))}}
+    assert r["modules"][V] == {
+        "max_abs_cos": None,
+        "pair": None,
+        "adapters": ["a"],
+        "pairs": {},
+        "norms": {
+            "a": pytest.approx(math.sqrt(float((delta_weights(load_file(f"{d}/{ADAPTER_FILE}"))[V] ** 2).sum())))
+        },
+    }
     assert r["module"] == Q and r["modules"][Q]["max_abs_cos"] is not None
 
 
@@ -139,11 +157,16 @@ def test_bad_adapters(tmp_path):
         adapter_interference({"a": d, "b": {"blocks.0.q_proj.weight": torch.zeros(8, 8)}})
     with pytest.raises(EvaluationInputError, match="lora_A only"):
         adapter_interference({"a": d, "b": {f"base_model.model.{Q}.lora_A.weight": torch.zeros(2, 8)}})
-    two = {f"base_model.model.{m}.lora_{ab}.{name}.weight": torch.ones(shape)
-           for m, name in ((Q, "x"), (V, "y")) for ab, shape in (("A", (2, 8)), ("B", (8, 2)))}
+    two = {
+        f"base_model.model.{m}.lora_{ab}.{name}.weight": torch.ones(shape)
+        for m, name in ((Q, "x"), (V, "y"))
+        for ab, shape in (("A", (2, 8)), ("B", (8, 2)))
+    }
     with pytest.raises(EvaluationInputError, match="several adapters"):
         adapter_interference({"a": d, "b": two})
-    wide = {f"base_model.model.{Q}.lora_A.weight": torch.ones(2, 16),
-            f"base_model.model.{Q}.lora_B.weight": torch.ones(8, 2)}
+    wide = {
+        f"base_model.model.{Q}.lora_A.weight": torch.ones(2, 16),
+        f"base_model.model.{Q}.lora_B.weight": torch.ones(8, 2),
+    }
     with pytest.raises(EvaluationInputError, match=r"is \(8, 8\) in a but \(8, 16\) in b"):
         adapter_interference({"a": d, "b": wide})

@@ -1,4 +1,5 @@
 """The report: real PNG files, an HTML page that embeds them with the numbers, and the log table."""
+
 from __future__ import annotations
 
 import html
@@ -12,7 +13,7 @@ from pipelines.evaluation.slices import compare_predictions
 from tests.pipelines.evaluation.test_slices import click_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ODD_SLOT = "a<b&c"   # must come out escaped in the page
+ODD_SLOT = "a<b&c"  # must come out escaped in the page
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +39,16 @@ def test_write_report_files_and_html(comparison, tmp_path):
     page = Path(paths["html"]).read_text(encoding="utf-8")
     srcs = re.findall(r'<img src="([^"]+)"', page)
     assert sorted(srcs) == ["fairness.png", "reliability.png", "roc.png", "slot_auc.png"]  # relative paths
-    for number in (c["candidate"]["overall"]["auc"], c["champion"]["overall"]["auc"], c["delong"]["p_value"],
-                   c["delong"]["diff"], c["candidate"]["gauc"]["gauc"],
-                   c["candidate"]["slots"]["morning"]["auc"], c["champion"]["cold_warm"]["cold"]["auc"],
-                   c["candidate"]["fairness"]["gender"]["equalized_odds"]["equalized_odds_difference"]):
+    for number in (
+        c["candidate"]["overall"]["auc"],
+        c["champion"]["overall"]["auc"],
+        c["delong"]["p_value"],
+        c["delong"]["diff"],
+        c["candidate"]["gauc"]["gauc"],
+        c["candidate"]["slots"]["morning"]["auc"],
+        c["champion"]["cold_warm"]["cold"]["auc"],
+        c["candidate"]["fairness"]["gender"]["equalized_odds"]["equalized_odds_difference"],
+    ):
         assert f"<td>{fmt(number)}</td>" in page, number
     assert html.escape(ODD_SLOT) in page and ODD_SLOT not in page
     assert "ctr_lora_feed v3 &lt;test&gt;" in page
@@ -71,21 +78,31 @@ def test_format_table(comparison):
     c, *_ = comparison
     text = format_table(c)
     titles = [line for line in text.splitlines() if line.startswith("== ")]
-    assert [t.split(" (")[0] for t in titles] == ["== Overall", "== DeLong test", "== Per slot", "== Cold / warm",
-                                                   "== Fairness gaps"]
+    assert [t.split(" (")[0] for t in titles] == [
+        "== Overall",
+        "== DeLong test",
+        "== Per slot",
+        "== Cold / warm",
+        "== Fairness gaps",
+    ]
     lines = {line.split()[0]: line.split() for line in text.splitlines() if line and not line.startswith("==")}
     cand, champ = c["candidate"]["overall"], c["champion"]["overall"]
     assert lines["auc"] == ["auc", fmt(cand["auc"]), fmt(champ["auc"]), fmt(cand["auc"] - champ["auc"])]
     assert lines["rows"] == ["rows", "1500", "1500", "0"]
-    assert lines["morning"][:4] == ["morning", str(c["candidate"]["slots"]["morning"]["rows"]),
-                                    fmt(c["candidate"]["slots"]["morning"]["ctr"]),
-                                    fmt(c["candidate"]["slots"]["morning"]["auc"])]
+    assert lines["morning"][:4] == [
+        "morning",
+        str(c["candidate"]["slots"]["morning"]["rows"]),
+        fmt(c["candidate"]["slots"]["morning"]["ctr"]),
+        fmt(c["candidate"]["slots"]["morning"]["auc"]),
+    ]
     d = c["delong"]
     delong_row = text.splitlines()[text.splitlines().index(titles[1]) + 2].split()
-    assert delong_row == [fmt(v) for v in (d["auc_a"], d["auc_b"], d["diff"], d["se"], *d["ci95"], d["z"],
-                                            d["p_value"], d["n_pos"], d["n_neg"])]
+    assert delong_row == [
+        fmt(v)
+        for v in (d["auc_a"], d["auc_b"], d["diff"], d["se"], *d["ci95"], d["z"], d["p_value"], d["n_pos"], d["n_neg"])
+    ]
     # fixed width: numbers are right-aligned, so every cell of a column ends where its header ends
     block = text.split("== ")[1].splitlines()[1:]
     for col in ("candidate", "champion"):
         end = block[0].index(col) + len(col)
-        assert all(line[end - 1] != " " and line[end:end + 1] in (" ", "") for line in block), col
+        assert all(line[end - 1] != " " and line[end : end + 1] in (" ", "") for line in block), col

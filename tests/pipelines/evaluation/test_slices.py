@@ -1,4 +1,5 @@
 """Per-slot and cold/warm slices, the one-model evaluation and the candidate-vs-champion comparison."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,19 @@ def click_rows(n: int = 1200, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray, 
     """Contract-shaped rows, labels and two models' scores (the first one better)."""
     rng = np.random.default_rng(seed)
     s = lambda values: pd.array(values, dtype="string")  # noqa: E731
-    frame = pd.DataFrame({
-        "user_id": s([f"u{i}" for i in rng.integers(0, 80, n)]),
-        "item_id": s([f"i{i}" for i in rng.integers(0, 50, n)]),
-        "slot": s(rng.choice(["morning", "afternoon", "night"], n, p=[0.5, 0.45, 0.05])),
-        "gender": s(rng.choice(np.array(["F", "M", None], dtype=object), n)),
-        "age_bucket": s(rng.choice(np.array(["18-24", "25-34", "35+", None], dtype=object), n)),
-        "occupation": s(rng.choice(["a", "b"], n)), "category": s(rng.choice(["x", "y"], n)),
-        "hour": rng.integers(0, 24, n).astype(np.int8), "weekday": rng.integers(0, 7, n).astype(np.int8)})
+    frame = pd.DataFrame(
+        {
+            "user_id": s([f"u{i}" for i in rng.integers(0, 80, n)]),
+            "item_id": s([f"i{i}" for i in rng.integers(0, 50, n)]),
+            "slot": s(rng.choice(["morning", "afternoon", "night"], n, p=[0.5, 0.45, 0.05])),
+            "gender": s(rng.choice(np.array(["F", "M", None], dtype=object), n)),
+            "age_bucket": s(rng.choice(np.array(["18-24", "25-34", "35+", None], dtype=object), n)),
+            "occupation": s(rng.choice(["a", "b"], n)),
+            "category": s(rng.choice(["x", "y"], n)),
+            "hour": rng.integers(0, 24, n).astype(np.int8),
+            "weekday": rng.integers(0, 7, n).astype(np.int8),
+        }
+    )
     y = (rng.random(n) < 0.1).astype(np.int8)
     frame["label"] = y
     good = np.clip(0.1 + 0.15 * y + rng.normal(0, 0.05, n), 0.001, 0.999)
@@ -72,7 +78,7 @@ def test_cold_warm():
 
 def test_evaluate_predictions_shape_and_values():
     frame, y, p, _ = click_rows()
-    cold = (frame["user_id"].str.len() == 2).to_numpy()   # u0-u9: "cold" users
+    cold = (frame["user_id"].str.len() == 2).to_numpy()  # u0-u9: "cold" users
     r = evaluate_predictions(frame, y, p, cold_mask=cold)
     assert set(r) == {"overall", "gauc", "reliability", "slots", "cold_warm", "fairness", "threshold", "threshold_rule"}
     assert r["overall"] == summary(y, p) and r["gauc"] == gauc(y, p, frame["user_id"])

@@ -14,6 +14,7 @@ and CTR_CODE_VERSION come from the environment). POINT:
 At that point the process touches MARKER and sleeps; the test then sends SIGKILL. Nothing is faked:
 every registry call before the stop is the real one, and the process really dies there.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -26,7 +27,7 @@ POINTS = ("after_train", "after_register", "before_gate")
 
 def _stop(marker: str) -> None:
     Path(marker).touch()
-    time.sleep(600)   # killed here
+    time.sleep(600)  # killed here
 
 
 def stop_at(point: str, marker: str) -> None:
@@ -34,7 +35,7 @@ def stop_at(point: str, marker: str) -> None:
 
     from pipelines.flows import retrain
 
-    if point == "after_train":   # the flow's next step after `adapter.train` returned
+    if point == "after_train":  # the flow's next step after `adapter.train` returned
         retrain.evaluate = lambda *args, **kwargs: _stop(marker)
     elif point == "after_register":
         real_create = MlflowClient.create_model_version

@@ -7,6 +7,7 @@ forwarded untouched again. Starting on a matching request (not on a timer) puts 
 in the step under test (the lake reads of a training, the registry reads of an evaluation) however
 fast or slow the machine is.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,7 +21,7 @@ class Outage(FaultProxy):
     def __init__(self, upstream: str, seconds: float):
         super().__init__(upstream, "reset", failures=sys.maxsize)
         self.seconds = seconds
-        self.started: float | None = None   # time.monotonic() of the first dropped request
+        self.started: float | None = None  # time.monotonic() of the first dropped request
         self._armed: Callable[[str, str], bool] | None = None
 
     def arm(self, match: Callable[[str, str], bool] = lambda method, path: True) -> None:

@@ -1,6 +1,7 @@
 """The base-model flow (the CLI's `train-base --register`, the ctr_base_model DAG's tasks): a new base
 is registered as `ctr_base@candidate`, gated against the serving base on the same holdout rows, and
 becomes `@champion` only through a recorded move that lists the adapters it makes incompatible."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,16 +25,22 @@ NAME = "ctr_base"
 
 
 def _config(lake: str) -> PipelineConfig:
-    return PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG,
-                          base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256))
+    return PipelineConfig(
+        data=DataConfig(lake_uri=lake, slots=SLOTS),
+        model=CFG,
+        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+    )
 
 
 def _adapter_champion(model: str, fingerprint: str, base_version: str) -> str:
     """A serving adapter trained on the base with `fingerprint` (a synthetic version: never loaded here)."""
     c = MlflowClient()
     c.create_registered_model(model)
-    v = c.create_model_version(model, source="s3://ctr-test/never-read", tags={
-        "gate.passed": "true", "base.name": NAME, "base.version": base_version, "base.fingerprint": fingerprint}).version
+    v = c.create_model_version(
+        model,
+        source="s3://ctr-test/never-read",
+        tags={"gate.passed": "true", "base.name": NAME, "base.version": base_version, "base.fingerprint": fingerprint},
+    ).version
     aliases.promote(model, str(v), reason="trained on the first base", actor="test")
     return str(v)
 
@@ -49,7 +56,7 @@ def test_a_base_no_better_than_chance_is_registered_as_a_candidate_and_rejected(
     assert tags["rejected"].startswith("gate: ") and "auc_floor" in tags["rejected"]
     assert tags["gate.passed"] == "false" and tags["fingerprint"] == out["fingerprint"]
     assert '"name": "auc_floor"' in tags["gate.checks"] and aliases.history(NAME) == []
-    with pytest.raises(PromotionError, match="never passed its gate"):   # nor by hand
+    with pytest.raises(PromotionError, match="never passed its gate"):  # nor by hand
         aliases.promote(NAME, out["version"], reason="try anyway", actor="mallory")
 
 
@@ -58,27 +65,37 @@ def test_a_new_base_is_gated_against_the_serving_one_and_its_move_lists_the_adap
     cfg = _config(lake)
     first = base.register_base(cfg, base_model.train(cfg, lake, "2024-01-03"), actor="test", policy=any_base_policy())
     assert first["moved"] and aliases.current(NAME) == first["version"] == "1"
-    assert aliases.history(NAME)[-1]["reason"] == ("base passed gate (first base); adapters this base makes "
-                                                  "incompatible (retrain them): none")
+    assert aliases.history(NAME)[-1]["reason"] == (
+        "base passed gate (first base); adapters this base makes incompatible (retrain them): none"
+    )
     adapter = _adapter_champion("ctr_lora_morning", first["fingerprint"], first["version"])
-    c = MlflowClient()   # another base model serving: not an adapter, not stranded
+    c = MlflowClient()  # another base model serving: not an adapter, not stranded
     c.create_registered_model("ctr_base_other")
     c.create_model_version("ctr_base_other", source="s3://ctr-test/never-read", tags={"fingerprint": "e" * 64})
     c.set_registered_model_alias("ctr_base_other", "champion", "1")
 
-    trained = base_model.train(cfg, lake, "2024-01-04")   # one more day: other weights
+    trained = base_model.train(cfg, lake, "2024-01-04")  # one more day: other weights
     ev = trained["evaluation"]
     assert trained["fingerprint"] != first["fingerprint"] and ev["champion_version"] == "1"
-    assert ev["champion"]["rows"] == ev["candidate"]["rows"] == ev["holdout_rows"] > 0   # the same rows
+    assert ev["champion"]["rows"] == ev["candidate"]["rows"] == ev["holdout_rows"] > 0  # the same rows
     second = base.register_base(cfg, trained, actor="alice", policy=any_base_policy(), op_id="op-base-2")
     assert second["moved"] and aliases.current(NAME) == second["version"] == "2"
-    stranded = [{"model": "ctr_lora_morning", "alias": "champion", "version": adapter, "base_version": "1",
-                 "base_fingerprint": first["fingerprint"]}]
+    stranded = [
+        {
+            "model": "ctr_lora_morning",
+            "alias": "champion",
+            "version": adapter,
+            "base_version": "1",
+            "base_fingerprint": first["fingerprint"],
+        }
+    ]
     assert second["incompatible"] == stranded
     last = aliases.history(NAME)[-1]
     assert (last["kind"], last["from_version"], last["to_version"], last["actor"]) == ("promote", "1", "2", "alice")
-    assert last["reason"] == ("base passed gate against v1; adapters this base makes incompatible (retrain them): "
-                              f"ctr_lora_morning@champion v{adapter}")
+    assert last["reason"] == (
+        "base passed gate against v1; adapters this base makes incompatible (retrain them): "
+        f"ctr_lora_morning@champion v{adapter}"
+    )
     tags = mlflow_io.get_version(NAME, "2").tags
     assert tags["gate.passed"] == "true" and tags["gate.champion_version"] == "1"
     # the stranded adapter is refused from now on, by any move
@@ -94,7 +111,7 @@ def test_a_rejected_base_leaves_the_serving_base_alone_and_a_rerun_registers_not
     trained = base_model.train(cfg, lake, "2024-01-04")
     out = base.register_base(cfg, trained, actor="test", policy=strict)
     assert out["passed"] is False and aliases.current(NAME) == "1" and len(aliases.history(NAME)) == 1
-    again = base.register_candidate(cfg, trained)   # a retried register task: the same version
+    again = base.register_candidate(cfg, trained)  # a retried register task: the same version
     assert (again["version"], again["existing"]) == (out["version"], True)
     assert len(MlflowClient().search_model_versions(f"name = '{NAME}'")) == 2
 
@@ -103,7 +120,7 @@ def test_without_a_shared_registry_lock_nothing_is_trained(lake, monkeypatch):
     # An HTTP tracking server and no CTR_REGISTRY_LOCK_URL: the champion move would be refused, so
     # the flow refuses before it trains (no run, no version that nothing serves).
     monkeypatch.delenv(lock.LOCK_URL_ENV, raising=False)
-    mlflow.set_tracking_uri("http://127.0.0.1:9")   # nothing listens: any request would fail differently
+    mlflow.set_tracking_uri("http://127.0.0.1:9")  # nothing listens: any request would fail differently
     try:
         with pytest.raises(PromotionError, match=lock.LOCK_URL_ENV):
             base.run(_config(lake), lake, "2024-01-03")
@@ -112,7 +129,9 @@ def test_without_a_shared_registry_lock_nothing_is_trained(lake, monkeypatch):
 
 
 @pytest.mark.slow
-def test_with_refit_all_rows_the_holdout_scores_the_recipe_and_the_base_that_ships_learns_every_row(serving_store, lake):
+def test_with_refit_all_rows_the_holdout_scores_the_recipe_and_the_base_that_ships_learns_every_row(
+    serving_store, lake
+):
     """The gate's evidence is the run without the holdout; the weights registered are the same recipe,
     from the same seed, fitted on the window's training rows and its holdout together."""
     import pandas as pd
@@ -126,7 +145,7 @@ def test_with_refit_all_rows_the_holdout_scores_the_recipe_and_the_base_that_shi
     held = _config(lake)
     refit = dataclasses.replace(held, base_training=dataclasses.replace(held.base_training, refit_all_rows=True))
     without, with_refit = base_model.train(held, lake, "2024-01-03"), base_model.train(refit, lake, "2024-01-03")
-    assert with_refit["evaluation"]["candidate"] == without["evaluation"]["candidate"]   # the same evidence
+    assert with_refit["evaluation"]["candidate"] == without["evaluation"]["candidate"]  # the same evidence
     assert with_refit["fingerprint"] != without["fingerprint"]
 
     bt = refit.base_training

@@ -1,5 +1,6 @@
 """The cold-start flow end to end (the CLI's `cold-start`): detect -> distill -> evaluate -> register ->
 gate, twice on the same data, against a real SQLite MLflow store with a serving base and a slot champion."""
+
 from __future__ import annotations
 
 import json
@@ -38,11 +39,24 @@ def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
 
     c = MlflowClient()
     mv = c.get_model_version("ctr_lora_cold_start", "1")
-    for tag in ("data.first", "data.last", "data.sha256", "config.hash", "base.name", "base.version",
-                "base.fingerprint", "training.run_id", "cold_start.cutoff", "cold_start.holdout_start"):
+    for tag in (
+        "data.first",
+        "data.last",
+        "data.sha256",
+        "config.hash",
+        "base.name",
+        "base.version",
+        "base.fingerprint",
+        "training.run_id",
+        "cold_start.cutoff",
+        "cold_start.holdout_start",
+    ):
         assert mv.tags.get(tag), tag
-    assert json.loads(mv.tags["cold_start.teachers"]) == {"feed": "ctr_lora_feed v1", "search": "ctr_base v1",
-                                                          "splash": "ctr_base v1"}
+    assert json.loads(mv.tags["cold_start.teachers"]) == {
+        "feed": "ctr_lora_feed v1",
+        "search": "ctr_base v1",
+        "splash": "ctr_base v1",
+    }
     assert mv.tags["gate.passed"] == ("true" if first["gate"]["passed"] else "false")
     run = c.get_run(mv.run_id)
     for who in ("champions", "baseline", "student", "base"):
@@ -63,8 +77,8 @@ def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
     ev2 = second["evaluation"]
     assert second["version"] == "1" and ev2["champion_version"] == "1" and second["gate"]["first_run"] is False
     assert len(c.search_model_versions("name = 'ctr_lora_cold_start'")) == 1
-    assert ev2["cold_slice"] == ev["cold_slice"]                 # deterministic
-    assert ev2["champion"]["auc"] == ev2["candidate"]["auc"]     # v1 scored on the same rows: identical
+    assert ev2["cold_slice"] == ev["cold_slice"]  # deterministic
+    assert ev2["champion"]["auc"] == ev2["candidate"]["auc"]  # v1 scored on the same rows: identical
     assert second["detected"] == det
 
 
@@ -83,9 +97,19 @@ def test_the_cli_flow_cannot_release_a_student_past_a_required_approval(cfg, lak
     # optional here; the latency is measured, under a budget wide enough for a busy test machine.
     first = cold_start_flow.run_all(cfg, lake, END_DAY, policy=load_gate_policy(), actor="cli")
     make_champion(first["model"], first["version"])
-    policy = replace(load_gate_policy(), approval=True, promotion="direct", auc_tolerance=0.49, min_auc=0.0,
-                     slot_auc_tolerance=0.49, logloss_tolerance=10.0, calibration_min=0.01, calibration_max=100.0,
-                     latency_budget_ms=60_000.0, optional_checks=("fairness_dp", "fairness_eo", "slot_auc"))
+    policy = replace(
+        load_gate_policy(),
+        approval=True,
+        promotion="direct",
+        auc_tolerance=0.49,
+        min_auc=0.0,
+        slot_auc_tolerance=0.49,
+        logloss_tolerance=10.0,
+        calibration_min=0.01,
+        calibration_max=100.0,
+        latency_budget_ms=60_000.0,
+        optional_checks=("fairness_dp", "fairness_eo", "slot_auc"),
+    )
     other = replace(cfg, cold_start=replace(cfg.cold_start, epochs=cfg.cold_start.epochs + 1))
     with pytest.raises(PromotionError, match="v2 needs a recorded approval"):
         cold_start_flow.run_all(other, lake, END_DAY, policy=policy, actor="cli")
@@ -101,8 +125,10 @@ def test_the_shipped_policy_gates_the_student_on_measured_fairness_calibration_a
     measurement, and nothing passes unmeasured but what the shipped policy lists as optional (the
     age-bucket gaps: no age bucket of this tiny data reaches the 200-row minimum)."""
     out = cold_start_flow.run_all(cfg, lake, END_DAY, policy=load_gate_policy(), actor="cli")
-    checks = {c["name"]: c for c in
-              json.loads(MlflowClient().get_model_version("ctr_lora_cold_start", "1").tags["gate.checks"])}
+    checks = {
+        c["name"]: c
+        for c in json.loads(MlflowClient().get_model_version("ctr_lora_cold_start", "1").tags["gate.checks"])
+    }
     ev = out["evaluation"]
     assert checks["latency_p99_batch32_ms"]["value"] == ev["latency"]["batch_32"]["p99_ms"]
     assert checks["calibration"]["value"] == ev["candidate"]["calibration_ratio"]
@@ -138,8 +164,12 @@ def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_p
     monkeypatch.setenv("CTR_CODE_VERSION", "test")
     targets = family.resolve(name).default_targets
     c = tiny_config(lake)
-    c = replace(c, model=family_config(name, CFG, text_source), lora=replace(c.lora, target_modules=targets),
-                cold_start=replace(c.cold_start, target_modules=targets, init="default"))
+    c = replace(
+        c,
+        model=family_config(name, CFG, text_source),
+        lora=replace(c.lora, target_modules=targets),
+        cold_start=replace(c.cold_start, target_modules=targets, init="default"),
+    )
     register_base(c, base_model.train(c, lake, BASE_DAY), actor="test", policy=any_base_policy())
     promote_teacher(c, lake, "feed")
     out = cold_start_flow.run_all(c, lake, END_DAY, policy=load_gate_policy(), actor="test")
@@ -147,7 +177,7 @@ def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_p
     assert out["evaluation"]["cold_slice"]["student"]["rows"] > 0
     mv = MlflowClient().get_model_version("ctr_lora_cold_start", "1")
     base_tags = MlflowClient().get_model_version(mv.tags["base.name"], mv.tags["base.version"]).tags
-    assert base_tags[integrity.FAMILY_TAG] == mv.tags[integrity.FAMILY_TAG] == name   # the student records it too
+    assert base_tags[integrity.FAMILY_TAG] == mv.tags[integrity.FAMILY_TAG] == name  # the student records it too
     student = pyfunc.load("models:/ctr_lora_cold_start/1")
     rows = pd.concat(list(generate_day(SPEC, "2024-01-10", 64)), ignore_index=True)
     p = student.predict(rows)

@@ -10,6 +10,7 @@ connection for 20 s (outage.py). After each fault: no version serves that did no
 @champion is untouched or its move is complete and recorded, the history is one unbroken chain with
 nothing pending, and a re-run with the same inputs finishes the work without a second version.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,7 @@ from pipelines.registry import history, mlflow_io
 from tests.conftest import kill_at_marker
 
 REPO = Path(__file__).resolve().parents[3]
-FIRST_DAY, END_DAY = "2024-01-04", "2024-01-05"   # the champion's window, then the candidate's
+FIRST_DAY, END_DAY = "2024-01-04", "2024-01-05"  # the champion's window, then the candidate's
 OUTAGE_S = 20
 
 
@@ -45,11 +46,24 @@ def pinned_code_version(monkeypatch):
 def lenient_policy():
     """Every check passes on the tiny lake: the faults are under test here, not the gate. `direct`, so a
     pass moves @champion (the move whose record the invariants check)."""
-    return replace(load_gate_policy(), promotion="direct", approval=False, superiority=False,
-                   min_auc_first_run=0.0, max_logloss_first_run=50.0, auc_tolerance=0.49, logloss_tolerance=50.0,
-                   slot_auc_tolerance=0.49, slot_tolerances={}, max_demographic_parity_gap=1.0,
-                   max_equalized_odds_gap=1.0, calibration_min=0.01, calibration_max=100.0, latency_budget_ms=60_000.0,
-                   optional_checks=("fairness", "fairness_dp", "fairness_eo", "calibration", "slot_auc"))
+    return replace(
+        load_gate_policy(),
+        promotion="direct",
+        approval=False,
+        superiority=False,
+        min_auc_first_run=0.0,
+        max_logloss_first_run=50.0,
+        auc_tolerance=0.49,
+        logloss_tolerance=50.0,
+        slot_auc_tolerance=0.49,
+        slot_tolerances={},
+        max_demographic_parity_gap=1.0,
+        max_equalized_odds_gap=1.0,
+        calibration_min=0.01,
+        calibration_max=100.0,
+        latency_budget_ms=60_000.0,
+        optional_checks=("fairness", "fairness_dp", "fairness_eo", "calibration", "slot_auc"),
+    )
 
 
 def versions(name: str) -> list[str]:
@@ -83,8 +97,13 @@ def kill_retrain_at(cfg, lake: str, point: str, tmp: Path) -> None:
     args, marker = tmp / f"args-{point}.pickle", tmp / f"at-{point}"
     args.write_bytes(pickle.dumps((cfg, lenient_policy(), lake, END_DAY, "feed")))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    kill_at_marker([sys.executable, "-m", "tests.pipelines.flows.crash_retrain", str(args), point, str(marker)],
-                   marker, what="the retrain", cwd=os.getcwd(), env=env)
+    kill_at_marker(
+        [sys.executable, "-m", "tests.pipelines.flows.crash_retrain", str(args), point, str(marker)],
+        marker,
+        what="the retrain",
+        cwd=os.getcwd(),
+        env=env,
+    )
 
 
 # ----------------------------------------------------------------------------- (a), (b): kill -9
@@ -136,28 +155,31 @@ def test_a_retrain_killed_mid_way_is_finished_by_a_rerun(with_champion, lake, tm
     # What the dead process left: the champion untouched, nothing ungated serving, the history intact.
     assert_invariants(name, serving=champion)
     left = versions(name)
-    runs = mlflow.search_runs(experiment_names=[cfg.registry.experiment], output_format="list",
-                              filter_string="tags.stage = 'lora_adapter'")
-    assert len(runs) == 2 and all(r.outputs.model_outputs for r in runs)   # the killed one logged its adapter
+    runs = mlflow.search_runs(
+        experiment_names=[cfg.registry.experiment], output_format="list", filter_string="tags.stage = 'lora_adapter'"
+    )
+    assert len(runs) == 2 and all(r.outputs.model_outputs for r in runs)  # the killed one logged its adapter
     if point == "after_train":
-        assert left == ["1"]            # logged, never registered
+        assert left == ["1"]  # logged, never registered
     else:
         orphan = mlflow_io.get_version(name, "2")
         assert left == ["1", "2"] and orphan.tags["gate.passed"] == "pending"
         assert orphan.tags["data.last"] == END_DAY and orphan.tags["registration.key"]
-        assert ("candidate" in orphan.aliases) is (point == "before_gate")   # alias: the write after the version
-        assert bool(orphan.description) is (point == "before_gate")         # card: the write after the alias
+        assert ("candidate" in orphan.aliases) is (point == "before_gate")  # alias: the write after the version
+        assert bool(orphan.description) is (point == "before_gate")  # card: the write after the alias
 
     # The re-run (the task's retry, or the next `train-adapter --register`) with the same inputs.
     decision = retrain.run(cfg, lenient_policy(), lake, END_DAY, "feed", actor="rerun")
     assert decision["version"] == "2" and decision["passed"] and decision["promoted"]
-    assert versions(name) == ["1", "2"]   # no duplicate version
+    assert versions(name) == ["1", "2"]  # no duplicate version
     done = mlflow_io.get_version(name, "2")
-    assert done.tags["gate.passed"] == "true" and "candidate" in done.aliases   # registration completed
+    assert done.tags["gate.passed"] == "true" and "candidate" in done.aliases  # registration completed
     assert done.description.startswith(f"# {name} v2") and "**passed**" in done.description
     assert_invariants(name, serving="2")
     assert [(e["kind"], e["from_version"], e["to_version"], e["actor"]) for e in aliases.history(name)] == [
-        ("promote", "", "1", "setup"), ("promote", "1", "2", "rerun")]
+        ("promote", "", "1", "setup"),
+        ("promote", "1", "2", "rerun"),
+    ]
 
 
 # ----------------------------------------------------------------------------- (c): S3 gone during training
@@ -182,8 +204,9 @@ def s3_lake(s3_bucket, s3_endpoint) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attempts", ["library", "3"])
-def test_training_rides_out_or_fails_closed_on_a_20s_s3_outage(serving_store, s3_lake, s3_endpoint, monkeypatch,
-                                                               attempts):
+def test_training_rides_out_or_fails_closed_on_a_20s_s3_outage(
+    serving_store, s3_lake, s3_endpoint, monkeypatch, attempts
+):
     """botocore's standard retries (lake.S3_MAX_ATTEMPTS = 14) wait rand(0,1) * min(0.05 s * 2**i, 20 s)
     before retry i+1: ~53 s in all on average, so one request outlives a 20 s outage all but ~0.2% of
     the time (a simulation of those waits). `library`: the training finishes after the outage, or (the
@@ -193,31 +216,31 @@ def test_training_rides_out_or_fails_closed_on_a_20s_s3_outage(serving_store, s3
     from tests.pipelines.flows.outage import Outage
     from tests.pipelines.training.helpers import registered_base_config
 
-    cfg = registered_base_config(s3_lake)   # the base trains on S3 directly, before any fault
+    cfg = registered_base_config(s3_lake)  # the base trains on S3 directly, before any fault
     name = cfg.adapter_model_name("feed")
     if attempts != "library":
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", attempts)
     with Outage(s3_endpoint, OUTAGE_S) as s3:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)   # every lake client of the flow goes through it
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)  # every lake client of the flow goes through it
         s3.arm(lake_read)
         try:
             decision = retrain.run(cfg, lenient_policy(), s3_lake, END_DAY, "feed", actor="outage")
         except LakeError as exc:
             decision = None
             assert "cannot read" in str(exc) or "cannot list" in str(exc), exc
-        assert s3.started is not None and s3.faulted   # the outage did hit the training's lake reads
+        assert s3.started is not None and s3.faulted  # the outage did hit the training's lake reads
         into_outage = time.monotonic() - s3.started
-        if decision is None:   # failed closed: within the outage, and nothing of the run reached the registry
+        if decision is None:  # failed closed: within the outage, and nothing of the run reached the registry
             assert into_outage < OUTAGE_S + 2
             assert versions(name) == [] and history.entries(name) == []
             assert_invariants(name, serving=None)
-            s3.end()   # the re-run comes after the outage (an Airflow retry, a person)
+            s3.end()  # the re-run comes after the outage (an Airflow retry, a person)
             decision = retrain.run(cfg, lenient_policy(), s3_lake, END_DAY, "feed", actor="rerun")
-        else:                  # rode it out: the reads waited for the server to come back
+        else:  # rode it out: the reads waited for the server to come back
             assert attempts == "library" and into_outage >= OUTAGE_S
         assert decision["version"] == "1" and decision["passed"] and decision["promoted"]
         assert_invariants(name, serving="1")
-        again = retrain.run(cfg, lenient_policy(), s3_lake, END_DAY, "feed", actor="again")   # same inputs
+        again = retrain.run(cfg, lenient_policy(), s3_lake, END_DAY, "feed", actor="again")  # same inputs
     assert again["version"] == "1" and versions(name) == ["1"]
     assert [(e["kind"], e["from_version"], e["to_version"]) for e in aliases.history(name)] == [("promote", "", "1")]
     assert_invariants(name, serving="1")
@@ -231,9 +254,12 @@ def server_config(lake: str):
     from tests.pipelines.training.helpers import registered_base_config
 
     tag = uuid.uuid4().hex[:8]
-    return registered_base_config(lake, RegistryConfig(base_model_name=f"faults_base_{tag}",
-                                                       adapter_model_prefix=f"faults_lora_{tag}_",
-                                                       experiment=f"faults-{tag}"))
+    return registered_base_config(
+        lake,
+        RegistryConfig(
+            base_model_name=f"faults_base_{tag}", adapter_model_prefix=f"faults_lora_{tag}_", experiment=f"faults-{tag}"
+        ),
+    )
 
 
 @pytest.mark.slow
@@ -251,27 +277,29 @@ def test_evaluation_rides_out_a_20s_tracking_server_outage(on_mlflow_server, lak
 
     monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
     with Outage(on_mlflow_server.uri, OUTAGE_S) as server:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)   # this process reaches the server only through it
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)  # this process reaches the server only through it
         mlflow.set_tracking_uri(server.url)
         cfg = server_config(lake)
         name = cfg.adapter_model_name("feed")
         champion = crowned_first_champion(cfg, lake)
         candidate = adapter.train(cfg, lake, END_DAY, "feed")
 
-        server.arm()   # the evaluation's first request (loading the candidate) starts the outage
+        server.arm()  # the evaluation's first request (loading the candidate) starts the outage
         started = time.monotonic()
         evaluation = evaluate(cfg, lake, candidate)
         assert server.started is not None and server.faulted and time.monotonic() - started >= OUTAGE_S
         assert evaluation["champion_version"] == champion and evaluation["champion"]["rows"] > 0
-        assert versions(name) == ["1"]   # evaluating registers nothing
+        assert versions(name) == ["1"]  # evaluating registers nothing
         assert_invariants(name, serving=champion)
 
         registered = register(cfg, candidate, evaluation)
         decision = gate_and_release(lenient_policy(), name, registered["version"], evaluation, actor="after-outage")
         assert registered["version"] == "2" and decision["passed"] and decision["promoted"]
         assert_invariants(name, serving="2")
-        again = register(cfg, candidate, evaluation)   # the register task's retry, same inputs: no second version
+        again = register(cfg, candidate, evaluation)  # the register task's retry, same inputs: no second version
         assert again["existing"] and again["version"] == "2" and versions(name) == ["1", "2"]
         assert [(e["kind"], e["from_version"], e["to_version"]) for e in aliases.history(name)] == [
-            ("promote", "", "1"), ("promote", "1", "2")]
+            ("promote", "", "1"),
+            ("promote", "1", "2"),
+        ]
         assert_invariants(name, serving="2")

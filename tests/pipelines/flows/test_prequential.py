@@ -1,6 +1,7 @@
 """The prequential day of a slot (`lora.judged_on: next_day`): judge the waiting candidates on the newly
 validated day beside the champion, release the one the evidence lets go, then train the day's candidate on
 its whole window and register it waiting. Real stages on a real SQLite MLflow store and a synthetic lake."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ def _first_champion(cfg, policy) -> str:
     first = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
     model = cfg.adapter_model_name("feed")
     mv = mlflow_io.get_version(model, first["version"])
-    assert first["judged"]["judged"] == [] and first["decision"] is None   # nothing waited before it
+    assert first["judged"]["judged"] == [] and first["decision"] is None  # nothing waited before it
     assert mv.tags["judge.state"] == "waiting" and mv.tags["gate.passed"] == "pending"
     assert mv.tags["judge.trained_through"] == "2024-01-03" and aliases.current(model) is None
     second = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")
@@ -36,11 +37,11 @@ def _first_champion(cfg, policy) -> str:
 
 @pytest.mark.slow
 def test_a_candidate_trains_on_its_whole_window_waits_and_is_released_on_the_next_day(cfg):
-    cfg, policy = next_day(cfg), replace(lenient_policy(), judge_margin=10.0)   # any evidence clears a huge margin
+    cfg, policy = next_day(cfg), replace(lenient_policy(), judge_margin=10.0)  # any evidence clears a huge margin
     waiting = _first_champion(cfg, policy)
     model = cfg.adapter_model_name("feed")
     run = mlflow_io.client().get_run(mlflow_io.get_version(model, waiting).run_id)
-    assert "holdout_auc" not in run.data.metrics      # nothing held out: the newest day trained it too
+    assert "holdout_auc" not in run.data.metrics  # nothing held out: the newest day trained it too
 
     third = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")
     (judged,) = third["judged"]["judged"]
@@ -52,7 +53,7 @@ def test_a_candidate_trains_on_its_whole_window_waits_and_is_released_on_the_nex
     checks = {c["name"]: c["passed"] for c in json.loads(mv.tags["gate.checks"])}
     assert checks["sequential_non_inferiority"] and "auc_non_inferiority" not in checks
     history = mlflow_io.client().get_metric_history(mv.run_id, "shadow_candidate_auc")
-    assert [m.step for m in history] == [day_step("2024-01-05")]   # the candidate's shadow metrics, per day
+    assert [m.step for m in history] == [day_step("2024-01-05")]  # the candidate's shadow metrics, per day
     # and the slot's timeline: the judged candidate beside the champion, on the day's step
     from pipelines.evaluation import timeline
 
@@ -76,7 +77,7 @@ def test_a_candidate_the_evidence_cannot_clear_is_rejected_after_its_maximum_wai
     assert "undecided after 1 judged day" in judged["reason"]
     mv = mlflow_io.get_version(model, waiting)
     assert mv.tags["judge.state"] == "reject" and mv.tags["gate.passed"] == "false"
-    assert aliases.current(model) == champion                   # the champion is untouched
+    assert aliases.current(model) == champion  # the champion is untouched
     assert [str(m.version) for m in prequential.waiting_versions(model, "2024-01-06")] == [third["version"]]
 
 
@@ -103,11 +104,11 @@ def test_a_serving_successor_is_judged_beside_the_champion_it_replaced_and_its_o
     cfg, policy = next_day(cfg), replace(lenient_policy(), judge_release="successor", judge_margin=10.0)
     model = cfg.adapter_model_name("feed")
     retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
-    second = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")   # v2 serves
+    second = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")  # v2 serves
     third = retrain.run(cfg, policy, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")
     (judged,) = third["judged"]["judged"]
     assert judged["version"] == second["version"] and judged["serving"] and judged["verdict"] == "release"
-    assert aliases.current(model) == third["version"]           # v3 went out on v2's judgement
+    assert aliases.current(model) == third["version"]  # v3 went out on v2's judgement
     v2, v3 = (mlflow_io.get_version(model, v) for v in (second["version"], third["version"]))
     # v2 had nothing before it: judged alone (first-run checks); v3 replaced v2
     assert judged["against"] is None and v3.tags["judge.replaced"] == second["version"]
@@ -122,7 +123,7 @@ def test_a_serving_successor_the_next_day_rejects_lets_no_successor_out(cfg):
     model = cfg.adapter_model_name("feed")
     lets_go = replace(lenient_policy(), judge_release="successor", judge_margin=10.0)
     retrain.run(cfg, lets_go, cfg.data.lake_uri, "2024-01-03", "feed", actor="test")
-    second = retrain.run(cfg, lets_go, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")   # v2 serves
+    second = retrain.run(cfg, lets_go, cfg.data.lake_uri, "2024-01-04", "feed", actor="test")  # v2 serves
     # v2, the first champion, is judged alone (first-run checks): a floor of 0.99 fails it
     failing = replace(lets_go, min_auc_first_run=0.99)
     third = retrain.run(cfg, failing, cfg.data.lake_uri, "2024-01-05", "feed", actor="test")

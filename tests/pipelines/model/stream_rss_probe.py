@@ -7,6 +7,7 @@
 
 Run each mode in its own process: ru_maxrss is the process's peak. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,7 +20,7 @@ START = "2024-01-02"
 
 
 def rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
@@ -36,7 +37,7 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
         write_days(Lake(lake_dir), SyntheticSpec(), START, days, rows_per_day)
         from tests.conftest import validate_lake
 
-        validate_lake(lake_dir)   # the stream reads validated days only
+        validate_lake(lake_dir)  # the stream reads validated days only
         return {"mode": mode, "days": days, "rows": days * rows_per_day, "wall_s": round(time.perf_counter() - t0, 1)}
     if mode == "stage":
         return stage(lake_dir, end, days)
@@ -60,9 +61,16 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
         rows = len(frame)
     t1 = time.perf_counter()
     res = fit(model, data, settings)
-    return {"mode": mode, "rows": rows, "peak_rss_mib": round(rss_mib()), "rss_before_data_mib": round(before),
-            "train_s": round(time.perf_counter() - t1, 1), "wall_s": round(time.perf_counter() - t0, 1),
-            "samples_per_s": round(res["history"][0]["samples_per_s"]), "train_loss": res["history"][0]["train_loss"]}
+    return {
+        "mode": mode,
+        "rows": rows,
+        "peak_rss_mib": round(rss_mib()),
+        "rss_before_data_mib": round(before),
+        "train_s": round(time.perf_counter() - t1, 1),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "samples_per_s": round(res["history"][0]["samples_per_s"]),
+        "train_loss": res["history"][0]["train_loss"],
+    }
 
 
 def stage(lake_dir: str, end: str, days: int) -> dict:
@@ -85,8 +93,11 @@ def stage(lake_dir: str, end: str, days: int) -> dict:
     os.chdir(tmp)
     os.environ["CTR_CHECKPOINT_ROOT"] = f"{tmp}/ckpt"
     mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
-    cfg = PipelineConfig(data=DataConfig(lake_uri=lake_dir, slots=SLOTS), model=ModelConfig(),
-                         lora=LoraTrainConfig(epochs=1, window_days=days, early_stopping_patience=0))
+    cfg = PipelineConfig(
+        data=DataConfig(lake_uri=lake_dir, slots=SLOTS),
+        model=ModelConfig(),
+        lora=LoraTrainConfig(epochs=1, window_days=days, early_stopping_patience=0),
+    )
     base = CTRModel(cfg.model)
     import pandas as pd
     from pipelines.data.synthetic import SyntheticSpec, generate_day
@@ -95,19 +106,28 @@ def stage(lake_dir: str, end: str, days: int) -> dict:
     with mlflow.start_run():
         meta = store.save_base(base, f"{tmp}/base")
         info = mlflow_io.log_ctr_model({"kind": "base", "model": meta["model"]}, example, base_dir=f"{tmp}/base")
-    mlflow_io.register(info.model_uri, "ctr_base", {"fingerprint": meta["fingerprint"]}, alias="champion",
-                       run_id=info.run_id)
+    mlflow_io.register(
+        info.model_uri, "ctr_base", {"fingerprint": meta["fingerprint"]}, alias="champion", run_id=info.run_id
+    )
     before = rss_mib()
     t0 = time.perf_counter()
     cand = adapter.train(cfg, lake_dir, end, "feed")
     after_train, t_train = rss_mib(), time.perf_counter() - t0
     ev = evaluate(cfg, lake_dir, cand)
     params = mlflow.get_run(cand["run_id"]).data.params
-    return {"mode": "stage", "partitions": cand["data"]["count"], "train_rows": int(params["train.rows"]),
-            "val_rows": int(params["train.val_rows"]), "holdout_rows": ev["holdout_rows"],
-            "rss_before_data_mib": round(before), "peak_rss_after_train_mib": round(after_train),
-            "peak_rss_after_evaluate_mib": round(rss_mib()), "train_s": round(t_train, 1),
-            "wall_s": round(time.perf_counter() - t0, 1), "holdout_auc": cand["metrics"]["auc"]}
+    return {
+        "mode": "stage",
+        "partitions": cand["data"]["count"],
+        "train_rows": int(params["train.rows"]),
+        "val_rows": int(params["train.val_rows"]),
+        "holdout_rows": ev["holdout_rows"],
+        "rss_before_data_mib": round(before),
+        "peak_rss_after_train_mib": round(after_train),
+        "peak_rss_after_evaluate_mib": round(rss_mib()),
+        "train_s": round(t_train, 1),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "holdout_auc": cand["metrics"]["auc"],
+    }
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """LoRA on the embedding tables and trainable LayerNorm biases: what trains, what stays frozen, save -> load."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,7 +59,7 @@ def test_embeddings_target_puts_lora_on_the_tables_and_keeps_them_frozen(data, t
     adapters.save(model, tmp_path / "adapter")
     loaded = adapters.load(base(), str(tmp_path / "adapter"))
     assert torch.equal(out(loaded, x), expected)
-    assert not torch.equal(out(base(), x), expected)   # the adapter does change the outputs
+    assert not torch.equal(out(base(), x), expected)  # the adapter does change the outputs
 
 
 def test_layernorm_biases_train_and_round_trip_with_the_adapter(data, tmp_path):
@@ -66,7 +67,7 @@ def test_layernorm_biases_train_and_round_trip_with_the_adapter(data, tmp_path):
     lcfg = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"), train_layernorm_bias=True)
     model = adapters.attach(base(), lcfg)
     ln_biases = {f"{n}.bias" for n, m in base().named_modules() if isinstance(m, nn.LayerNorm)}
-    assert len(ln_biases) == 3   # norm1, norm2 of the one block + the final norm
+    assert len(ln_biases) == 3  # norm1, norm2 of the one block + the final norm
     trainable = {clean(n) for n, p in model.named_parameters() if p.requires_grad}
     assert ln_biases <= trainable and all("lora_" in n for n in trainable - ln_biases)
     fp_before = fingerprint(model)
@@ -79,7 +80,7 @@ def test_layernorm_biases_train_and_round_trip_with_the_adapter(data, tmp_path):
             assert not torch.equal(after[k], before[k]), f"{k} did not train"
         else:
             assert torch.equal(after[k], before[k]), f"base weight {k} changed"
-    assert fingerprint(model) != fp_before   # the biases are part of the base weights
+    assert fingerprint(model) != fp_before  # the biases are part of the base weights
 
     expected = out(model, x)
     adapters.save(model, tmp_path / "adapter")
@@ -108,7 +109,7 @@ def test_rank_pattern_gives_per_layer_ranks_and_survives_save_load(tmp_path):
     model = adapters.attach(base(), LoraTrainConfig(r=8, alpha=16, rank_pattern={"blocks.0.v_proj": 2}))
     ranks = {clean(n): m.r["default"] for n, m in model.named_modules() if hasattr(m, "lora_A") and m.lora_A}
     assert ranks == {"blocks.0.q_proj": 8, "blocks.0.v_proj": 2}
-    assert model.get_submodule("base_model.model.blocks.0.v_proj").scaling["default"] == 16 / 2   # alpha / its rank
+    assert model.get_submodule("base_model.model.blocks.0.v_proj").scaling["default"] == 16 / 2  # alpha / its rank
     adapters.save(model, tmp_path)
     loaded = adapters.load(base(), str(tmp_path))
     assert loaded.get_submodule("base_model.model.blocks.0.v_proj").lora_A["default"].weight.shape[0] == 2
@@ -129,7 +130,7 @@ def test_rank_pattern_is_checked_against_the_config_and_the_model():
         load_pipeline_config(overrides={"lora": {"rank_pattern": {"blocks.2.v_proj": 4}}})
     assert load_pipeline_config(overrides={"lora": {"rank_pattern": {"blocks.1.v_proj": 4}}}).lora.max_rank == 8
     lc = LoraTrainConfig(r=4, lr=0.01, batch_size=64, rank_pattern={"v_proj": 16})
-    assert lc.max_rank == 16 and lc.stability == pytest.approx(0.01 * 16 / 8)   # the rule bounds the largest rank
+    assert lc.max_rank == 16 and lc.stability == pytest.approx(0.01 * 16 / 8)  # the rule bounds the largest rank
 
 
 def _two_blocks():
@@ -147,13 +148,17 @@ def test_layers_wrap_the_targets_of_those_layers_only_and_survive_save_load(tmp_
     assert wrapped == ["blocks.1.q_proj", "blocks.1.v_proj"]
     adapters.save(model, tmp_path)
     again = adapters.load(_two_blocks(), str(tmp_path))
-    assert sorted(n.removeprefix("base_model.model.") for n, m in again.named_modules() if hasattr(m, "lora_A")) == wrapped
+    assert (
+        sorted(n.removeprefix("base_model.model.") for n, m in again.named_modules() if hasattr(m, "lora_A")) == wrapped
+    )
 
 
 def test_layers_count_from_the_top_when_negative():
     top = adapters.attach(_two_blocks(), LoraTrainConfig(layers=(-1,)))
     assert sorted(n.removeprefix("base_model.model.") for n, m in top.named_modules() if hasattr(m, "lora_A")) == [
-        "blocks.1.q_proj", "blocks.1.v_proj"]
+        "blocks.1.q_proj",
+        "blocks.1.v_proj",
+    ]
     both = adapters.attach(_two_blocks(), LoraTrainConfig(layers=(0, -1)))
     assert len([n for n, m in both.named_modules() if hasattr(m, "lora_A")]) == 4
 

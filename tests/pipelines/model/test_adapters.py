@@ -1,4 +1,5 @@
 """LoRA on the real CTR model with real PEFT, the training loop, and the temporal split."""
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,7 @@ from pipelines.training.loop import LoopSettings, lr_at, train
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
 LCFG = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
-SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10,
-                     seed=7)
+SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,12 @@ def base_dir(tmp_path_factory) -> str:
     torch.manual_seed(0)
     m = CTRModel(CFG)
     frame = pd.concat(list(generate_day(SPEC, "2024-01-02", 256)), ignore_index=True)
-    train(m, features.encode(frame, CFG), features.labels(frame),
-          LoopSettings(epochs=1, batch_size=64, lr=1e-2, weight_decay=0.0, warmup_steps=1, seed=1))
+    train(
+        m,
+        features.encode(frame, CFG),
+        features.labels(frame),
+        LoopSettings(epochs=1, batch_size=64, lr=1e-2, weight_decay=0.0, warmup_steps=1, seed=1),
+    )
     d = tmp_path_factory.mktemp("base")
     store.save_base(m, d)
     return str(d)
@@ -48,8 +52,9 @@ def out(model, x: np.ndarray) -> torch.Tensor:
 
 
 def settings(epochs=1, batch_size=64, lr=5e-2, seed=7, weight_decay=0.0, warmup_steps=1) -> LoopSettings:
-    return LoopSettings(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                        warmup_steps=warmup_steps, seed=seed)
+    return LoopSettings(
+        epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, seed=seed
+    )
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
@@ -136,8 +141,10 @@ def test_only_the_named_projections_get_lora_modules(base_dir):
     lora_param_owners = {n.split(".lora_")[0] for n, _ in model.named_parameters() if "lora_" in n}
     assert {o.rsplit(".", 1)[-1] for o in lora_param_owners} == {"q_proj", "v_proj"}
 
-    all_four = adapters.attach(store.load_base(base_dir), LoraTrainConfig(r=4, alpha=8, target_modules=(
-        "q_proj", "k_proj", "v_proj", "o_proj")))
+    all_four = adapters.attach(
+        store.load_base(base_dir),
+        LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+    )
     assert len([m for m in all_four.modules() if isinstance(m, LoraLayer)]) == 4 * CFG.n_blocks
 
 
@@ -168,10 +175,10 @@ def test_lr_schedule_warms_up_then_decays_to_ten_percent():
     lrs = [lr_at(s, total, base, warm) for s in range(total + 1)]
     assert lrs[0] == pytest.approx(base / warm)
     assert lrs[warm - 1] == pytest.approx(base)
-    assert all(a < b for a, b in zip(lrs[:warm], lrs[1:warm]))            # strictly increasing warm-up
-    assert lrs[warm] == pytest.approx(base)                                # peak right after warm-up
-    assert all(a >= b for a, b in zip(lrs[warm:], lrs[warm + 1:]))         # non-increasing decay
-    assert lrs[warm + (total - warm) // 2] == pytest.approx(base * 0.55)   # cosine midpoint
+    assert all(a < b for a, b in zip(lrs[:warm], lrs[1:warm]))  # strictly increasing warm-up
+    assert lrs[warm] == pytest.approx(base)  # peak right after warm-up
+    assert all(a >= b for a, b in zip(lrs[warm:], lrs[warm + 1 :]))  # non-increasing decay
+    assert lrs[warm + (total - warm) // 2] == pytest.approx(base * 0.55)  # cosine midpoint
     assert lrs[total] == pytest.approx(base * 0.1)
     assert lr_at(10 * total, total, base, warm) == pytest.approx(base * 0.1)  # floor, never below
     assert min(lrs) >= base * 0.1 - 1e-12 and max(lrs) <= base + 1e-12
@@ -204,8 +211,7 @@ def test_train_reports_validation_metrics_and_calls_on_epoch(data):
     torch.manual_seed(0)
     m = CTRModel(CFG)
     seen = []
-    hist = train(m, x[:192], y[:192], settings(epochs=2, batch_size=64), val=(x[192:], y[192:]),
-                 on_epoch=seen.append)
+    hist = train(m, x[:192], y[:192], settings(epochs=2, batch_size=64), val=(x[192:], y[192:]), on_epoch=seen.append)
     assert seen == hist and len(hist) == 2
     assert {"val_auc", "val_logloss", "train_loss", "samples_per_s"} <= set(hist[-1])
     assert hist[-1]["val_logloss"] > 0

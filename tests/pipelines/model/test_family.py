@@ -1,5 +1,6 @@
 """model.family: the built-in family, a user's family named by dotted path, and a stored base that names
 its family (loaded only when expected: a dotted family is code, never imported on the artifact store's word)."""
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,7 @@ def test_a_stored_base_loads_its_family_only_when_expected(tmp_path):
     meta = store.save_base(model, tmp_path / "tiny")
     assert meta["model"]["family"] == tiny_cfg.family
     with pytest.raises(RegistryError, match="refusing to load"):
-        store.load_base(tmp_path / "tiny")                               # not built in, not expected
+        store.load_base(tmp_path / "tiny")  # not built in, not expected
     loaded = store.load_base(tmp_path / "tiny", family=tiny_cfg.family)
     assert loaded.built_by == "tiny" and fingerprint(loaded) == fingerprint(model)
 
@@ -103,8 +104,10 @@ def test_each_built_in_familys_default_targets_are_allowed_and_wrap_its_modules(
 
     fam = family.resolve(name)
     assert set(fam.default_targets) <= ModelConfig.FAMILY_TARGETS[name]
-    model = adapters.attach(fam.build(ModelConfig(embed_dim=16, n_heads=2, id_buckets=1024, family=name)),
-                            LoraTrainConfig(target_modules=fam.default_targets))
+    model = adapters.attach(
+        fam.build(ModelConfig(embed_dim=16, n_heads=2, id_buckets=1024, family=name)),
+        LoraTrainConfig(target_modules=fam.default_targets),
+    )
     wrapped = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A") and m.lora_A}
     assert wrapped == set(fam.default_targets)
     out = model(torch.from_numpy(features.encode(rows(), model.get_base_model().cfg)))
@@ -112,7 +115,9 @@ def test_each_built_in_familys_default_targets_are_allowed_and_wrap_its_modules(
 
 
 def test_the_config_refuses_targets_and_a_cold_start_init_the_family_lacks():
-    with pytest.raises(ConfigError, match=r"lora.target_modules \['q_proj', 'v_proj'\] are not modules of model.family"):
+    with pytest.raises(
+        ConfigError, match=r"lora.target_modules \['q_proj', 'v_proj'\] are not modules of model.family"
+    ):
         load_pipeline_config(overrides={"model": {"family": "dcn"}})
     dcn_targets = {"target_modules": ["cross_proj", "deep_proj"]}
     with pytest.raises(ConfigError, match="cold_start.init: covariance needs the feature_transformer family"):
@@ -121,7 +126,9 @@ def test_the_config_refuses_targets_and_a_cold_start_init_the_family_lacks():
         load_pipeline_config(overrides={"lora": dcn_targets})
 
 
-@pytest.mark.parametrize("name,path", [("dcn", "configs/movielens_dcn.yaml"), ("minilm_text", "configs/movielens_text.yaml")])
+@pytest.mark.parametrize(
+    "name,path", [("dcn", "configs/movielens_dcn.yaml"), ("minilm_text", "configs/movielens_text.yaml")]
+)
 def test_each_shipped_family_config_is_the_default_one_on_that_family(name, path):
     """configs/movielens_<family>.yaml: the family's default targets, the default cold-start init, and
     otherwise pipeline.yaml's data and validation (the same demo on another network)."""

@@ -1,4 +1,5 @@
 """Feature hashing, the CTR model, its weight fingerprint and the safetensors store (real torch + PEFT)."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,7 @@ from pipelines.model.base import CTRModel, fingerprint
 from pipelines.model import adapters
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
-SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10,
-                     seed=7)
+SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,9 @@ def test_encode_is_deterministic_and_row_wise(frame):
     np.testing.assert_array_equal(rev[::-1], a)
     # Known values: pandas' hash_array uses a fixed SipHash key, so buckets are the same in every process
     # and release; a change here would silently re-map every id a trained model has seen.
-    one = pd.DataFrame({f: ["u1"] if f == "user_id" else ([3] if f in ("hour", "weekday") else ["x"])
-                        for f in FEATURE_FIELDS})
+    one = pd.DataFrame(
+        {f: ["u1"] if f == "user_id" else ([3] if f in ("hour", "weekday") else ["x"]) for f in FEATURE_FIELDS}
+    )
     assert features.encode(one, CFG).tolist() == [[893, 189, 61, 61, 61, 61, 61, 3, 3]]
 
 
@@ -80,8 +81,9 @@ def test_unseen_ids_and_nulls_still_map_in_range(frame):
 
 def test_different_ids_usually_get_different_buckets():
     n = 200
-    df = pd.DataFrame({f: [f"{f}-{i}" for i in range(n)] if f not in ("hour", "weekday") else [1] * n
-                       for f in FEATURE_FIELDS})
+    df = pd.DataFrame(
+        {f: [f"{f}-{i}" for i in range(n)] if f not in ("hour", "weekday") else [1] * n for f in FEATURE_FIELDS}
+    )
     ids = features.encode(df, CFG)[:, FEATURE_FIELDS.index("user_id")]
     assert len(set(ids)) > 0.8 * n  # 200 ids in 1024 buckets: a few collisions at most
 
@@ -171,10 +173,15 @@ def test_store_load_refuses_a_tampered_config(tmp_path):
 # ----------------------------------------------------------------------------- optional wide term
 WIDE = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024, wide=True)
 # The state_dict keys of the default model (before `wide` existed): a new option must not change them.
-DEFAULT_KEYS = ({f"embeddings.{f}.weight" for f in FEATURE_FIELDS} | {"field_pos", "norm.weight", "norm.bias",
-                "head.weight", "head.bias"}
-                | {f"blocks.0.{m}.{p}" for m in ("norm1", "q_proj", "k_proj", "v_proj", "o_proj", "norm2", "ffn_in",
-                                                 "ffn_out") for p in ("weight", "bias")})
+DEFAULT_KEYS = (
+    {f"embeddings.{f}.weight" for f in FEATURE_FIELDS}
+    | {"field_pos", "norm.weight", "norm.bias", "head.weight", "head.bias"}
+    | {
+        f"blocks.0.{m}.{p}"
+        for m in ("norm1", "q_proj", "k_proj", "v_proj", "o_proj", "norm2", "ffn_in", "ffn_out")
+        for p in ("weight", "bias")
+    }
+)
 
 
 def test_default_model_has_the_original_state_dict_keys():
@@ -259,20 +266,21 @@ def test_wide_id_buckets_give_the_lr_rows_of_its_own_and_the_embeddings_the_rows
     assert big.wide["user_id"].num_embeddings == FINE.wide_id_buckets
     assert big.embeddings["user_id"].num_embeddings == small.embeddings["user_id"].num_embeddings == 1024
     with torch.no_grad():
-        assert torch.equal(big(torch.from_numpy(fine)), small(torch.from_numpy(coarse)))   # zero wide tables
+        assert torch.equal(big(torch.from_numpy(fine)), small(torch.from_numpy(coarse)))  # zero wide tables
 
 
 def test_two_ids_sharing_an_embedding_row_keep_wide_weights_of_their_own():
     model = CTRModel(FINE).eval()
     u = FEATURE_FIELDS.index("user_id")
     a, b = np.zeros((1, len(FEATURE_FIELDS)), np.int64), np.zeros((1, len(FEATURE_FIELDS)), np.int64)
-    a[0, u], b[0, u] = 5, 5 + FINE.id_buckets   # one embedding row, two wide rows
+    a[0, u], b[0, u] = 5, 5 + FINE.id_buckets  # one embedding row, two wide rows
     with torch.no_grad():
         model.wide["user_id"].weight[5 + FINE.id_buckets] = 1.0
         la, lb = model(torch.from_numpy(a)), model(torch.from_numpy(b))
     assert float(lb - la) == pytest.approx(1.0, abs=1e-6)
-    targets = adapters.token_targets(model, LoraTrainConfig(trainable_tokens=("user_id",)),
-                                     {"user_id": [5, 5 + FINE.id_buckets]})
+    targets = adapters.token_targets(
+        model, LoraTrainConfig(trainable_tokens=("user_id",)), {"user_id": [5, 5 + FINE.id_buckets]}
+    )
     assert targets == {"embeddings.user_id": [5], "wide.user_id": [5, 5 + FINE.id_buckets]}
 
 
@@ -280,6 +288,6 @@ def test_wide_id_buckets_need_the_wide_term_and_a_multiple_of_id_buckets():
     from pipelines.errors import ConfigError
 
     with pytest.raises(ConfigError, match="wide_id_buckets"):
-        ModelConfig(id_buckets=1024, wide_id_buckets=4096)             # no wide term
+        ModelConfig(id_buckets=1024, wide_id_buckets=4096)  # no wide term
     with pytest.raises(ConfigError, match="multiple of model.id_buckets"):
         ModelConfig(id_buckets=1024, wide=True, wide_id_buckets=3000)

@@ -1,4 +1,5 @@
 """Streaming batches from the lake: every row once, bounded buffer, splits by lake order, determinism, resume."""
+
 from __future__ import annotations
 
 import copy
@@ -27,8 +28,8 @@ DAYS = ("2024-01-02", "2024-01-03", "2024-01-04")
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> str:
     uri = str(tmp_path_factory.mktemp("lake"))
-    write_days(Lake(uri), SPEC, DAYS[0], len(DAYS), 3000, chunk_rows=1000)   # 3 files per day
-    validate_lake(uri)   # streams feed training and evaluation: validated days only
+    write_days(Lake(uri), SPEC, DAYS[0], len(DAYS), 3000, chunk_rows=1000)  # 3 files per day
+    validate_lake(uri)  # streams feed training and evaluation: validated days only
     return uri
 
 
@@ -59,9 +60,9 @@ def test_stream_yields_every_row_of_the_lake_once_through_a_bounded_buffer(lake,
     assert len(x) == len(frame) and len(batches) == -(-len(frame) // 64)
     assert all(len(b[1]) == 64 for b in batches[:-1])
     expected_x, expected_y = features.encode(frame, CFG), features.labels(frame)
-    np.testing.assert_array_equal(sort_rows(x, y), sort_rows(expected_x, expected_y))   # same multiset of rows
-    assert not np.array_equal(x, expected_x)                                              # ... shuffled
-    assert 700 <= stream.peak_buffer <= 700 + 256                                         # bounded buffer
+    np.testing.assert_array_equal(sort_rows(x, y), sort_rows(expected_x, expected_y))  # same multiset of rows
+    assert not np.array_equal(x, expected_x)  # ... shuffled
+    assert 700 <= stream.peak_buffer <= 700 + 256  # bounded buffer
     # unshuffled: exactly the lake order
     _, xo, yo = collect(stream, 64, seed=None)
     np.testing.assert_array_equal(xo, expected_x)
@@ -80,8 +81,9 @@ def test_stream_order_is_a_function_of_the_generator(lake):
 
 def test_stream_split_ranges_follow_lake_order(lake):
     frame = lake_rows(lake, "feed")
-    parts = stream_split(lake, DAYS[-1], CFG, days=len(DAYS), slot="feed", holdout_fraction=0.2, val_fraction=0.1,
-                         read_rows=300)
+    parts = stream_split(
+        lake, DAYS[-1], CFG, days=len(DAYS), slot="feed", holdout_fraction=0.2, val_fraction=0.1, read_rows=300
+    )
     n = len(frame)
     cut_h = int(round(n * 0.8))
     cut_v = int(round(cut_h * 0.9))
@@ -89,15 +91,15 @@ def test_stream_split_ranges_follow_lake_order(lake):
     for name, (lo, hi) in {"train": (0, cut_v), "val": (cut_v, cut_h), "holdout": (cut_h, n)}.items():
         _, x, y = collect(parts[name], 50, seed=None)
         np.testing.assert_array_equal(x, features.encode(frame.iloc[lo:hi], CFG))
-    assert frame["event_ts"].iloc[cut_h:].min() >= frame["event_ts"].iloc[:cut_h].max()   # holdout is the newest
+    assert frame["event_ts"].iloc[cut_h:].min() >= frame["event_ts"].iloc[:cut_h].max()  # holdout is the newest
 
 
 def test_stream_reads_from_s3(lake, s3_bucket):
     src = Lake(lake)
     dst = Lake(f"s3://{s3_bucket}/clicks")
     for day in DAYS[:1]:
-        for f in src.objects(day):   # parts, manifest and validation marker: the committed, validated day
-            dst.put_bytes(f[len(src.uri) + 1:], open(f, "rb").read())
+        for f in src.objects(day):  # parts, manifest and validation marker: the committed, validated day
+            dst.put_bytes(f[len(src.uri) + 1 :], open(f, "rb").read())
     local = LakeIndex(lake, DAYS[0], slot="search")
     remote = LakeIndex(dst.uri, DAYS[0], slot="search")
     assert remote.rows == local.rows > 0
@@ -107,8 +109,9 @@ def test_stream_reads_from_s3(lake, s3_bucket):
 
 
 def test_training_on_a_stream_is_deterministic_and_resumes_exactly(lake, tmp_path):
-    parts = stream_split(lake, DAYS[-1], CFG, days=len(DAYS), slot="feed", val_fraction=0.1, read_rows=256,
-                         buffer_rows=512)
+    parts = stream_split(
+        lake, DAYS[-1], CFG, days=len(DAYS), slot="feed", val_fraction=0.1, read_rows=256, buffer_rows=512
+    )
     lcfg = LoraTrainConfig(r=4, alpha=8)
     settings = LoopSettings(3, 64, 5e-3, 0.0, 2, 7, patience=3)
     init = base()
@@ -149,15 +152,16 @@ def test_training_streams_refuse_days_not_validated_as_they_are_now(tmp_path):
     lake = Lake(uri)
     write_days(lake, SPEC, DAYS[0], 2, 2000)
     validate_lake(uri)
-    cfg = PipelineConfig(data=DataConfig(lake_uri=uri, slots=SLOTS), model=CFG,
-                         lora=LoraTrainConfig(window_days=3, min_rows=10))
-    write_days(lake, SPEC, DAYS[2], 1, 2000)                                  # never validated
+    cfg = PipelineConfig(
+        data=DataConfig(lake_uri=uri, slots=SLOTS), model=CFG, lora=LoraTrainConfig(window_days=3, min_rows=10)
+    )
+    write_days(lake, SPEC, DAYS[2], 1, 2000)  # never validated
     flipped = lake.read_partition(DAYS[1]).frame
     flipped["label"] = (1 - flipped["label"]).astype(flipped["label"].dtype)
     lake.write_partition(flipped, DAYS[1], overwrite=True)
     with pytest.raises(DataValidationError):
-        validate_window(cfg, uri, DAYS[1], 1)                                   # quarantined
-    write_days(lake, SPEC, DAYS[0], 1, 2000, chunk_rows=700, overwrite=True)   # same rows, new parts: new hash
+        validate_window(cfg, uri, DAYS[1], 1)  # quarantined
+    write_days(lake, SPEC, DAYS[0], 1, 2000, chunk_rows=700, overwrite=True)  # same rows, new parts: new hash
 
     with pytest.raises(UnvalidatedPartitionError) as info:
         holdout_streams(cfg, uri, DAYS[2], "feed", CFG)
@@ -170,7 +174,7 @@ def test_training_streams_refuse_days_not_validated_as_they_are_now(tmp_path):
     with pytest.raises(UnvalidatedPartitionError, match=f"dt={DAYS[2]}"):
         LakeIndex(uri, DAYS[2], days=1, slot="feed")
 
-    write_days(lake, SPEC, DAYS[1], 1, 2000, overwrite=True)                  # the upstream fix, re-exported
+    write_days(lake, SPEC, DAYS[1], 1, 2000, overwrite=True)  # the upstream fix, re-exported
     validate_lake(uri)
     streams = holdout_streams(cfg, uri, DAYS[2], "feed", CFG)
     assert streams["index"].lineage()["partitions"] == {d: lake.read_partition(d).sha256 for d in DAYS}

@@ -1,6 +1,7 @@
 """Adapters with trainable id rows (lora.trainable_tokens, issue 14): real PEFT on the real CTR model.
 An adapter can give users and items the frozen base never saw rows of their own; everything else of
 the base stays as it was, and the rows travel with the adapter's files."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,25 +44,29 @@ def test_only_the_chosen_rows_and_the_projections_train(data, wide):
     x, y = data
     rows = window_rows(x)
     base = fresh(wide)
-    before = {(n, f): table(adapters.attach(fresh(wide), TOKENS, token_rows=rows), n, f)
-              for n in ("embeddings", *(("wide",) if wide else ())) for f in ("user_id", "item_id")}
+    before = {
+        (n, f): table(adapters.attach(fresh(wide), TOKENS, token_rows=rows), n, f)
+        for n in ("embeddings", *(("wide",) if wide else ()))
+        for f in ("user_id", "item_id")
+    }
     model = adapters.attach(base, TOKENS, token_rows=rows)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n or "trainable_tokens_delta" in n for n in names), names
-    assert any(".wide.user_id." in n for n in names) is wide          # the wide term's rows too, when there is one
+    assert any(".wide.user_id." in n for n in names) is wide  # the wide term's rows too, when there is one
     train(model, x, y, settings(epochs=2, lr=5e-2))
     for (name, field), old in before.items():
         new = table(model, name, field)
         changed = set(torch.nonzero((new - old).abs().sum(dim=1) > 0).flatten().tolist())
-        assert changed and changed <= set(rows[field]), (name, field)   # rows of the window only
-    assert fingerprint(model) == fingerprint(fresh(wide))   # the frozen base is what adapters are tied to
+        assert changed and changed <= set(rows[field]), (name, field)  # rows of the window only
+    assert fingerprint(model) == fingerprint(fresh(wide))  # the frozen base is what adapters are tied to
 
 
 def test_tokens_only_trains_the_rows_alone_and_leaves_other_ids_scored_as_the_base_scores_them(data):
     x, y = data
     rows = window_rows(x)
-    only = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"), trainable_tokens=("user_id",),
-                           tokens_only=True)
+    only = LoraTrainConfig(
+        r=4, alpha=8, target_modules=("q_proj", "v_proj"), trainable_tokens=("user_id",), tokens_only=True
+    )
     model = adapters.attach(fresh(wide=True), only, token_rows={"user_id": rows["user_id"]})
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert names and all("trainable_tokens_delta" in n for n in names), names
@@ -87,23 +92,26 @@ def test_saved_rows_reload_with_identical_outputs_and_cost_what_they_hold(data, 
     adapters.save(plain, tmp_path / "plain")
     extra = stored - (tmp_path / "plain" / "adapter_model.safetensors").stat().st_size
     n_rows = len(rows["user_id"]) + len(rows["item_id"])
-    assert n_rows * CFG.embed_dim * 4 <= extra < n_rows * CFG.embed_dim * 4 + 4096   # k x d floats, not tables
+    assert n_rows * CFG.embed_dim * 4 <= extra < n_rows * CFG.embed_dim * 4 + 4096  # k x d floats, not tables
 
 
 def test_rows_are_refused_for_a_table_the_config_does_not_name_and_none_means_off():
     with pytest.raises(ValueError, match="lora.trainable_tokens"):
         adapters.attach(fresh(), LoraTrainConfig(r=4, alpha=8), token_rows={"user_id": [1, 2]})
-    with pytest.raises(ValueError, match="no token rows were given"):   # never silently LoRA-only
+    with pytest.raises(ValueError, match="no token rows were given"):  # never silently LoRA-only
         adapters.attach(fresh(), TOKENS)
-    model = adapters.attach(fresh(), TOKENS, token_rows={"user_id": [], "item_id": []})   # no ids: LoRA only
+    model = adapters.attach(fresh(), TOKENS, token_rows={"user_id": [], "item_id": []})  # no ids: LoRA only
     assert not any("trainable_tokens" in n for n, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"trainable_tokens": ("gender",)}, "trainable_tokens must name tables"),
-    ({"trainable_tokens": ("user_id",), "target_modules": ("q_proj", "embeddings")}, "cannot be combined"),
-    ({"tokens_only": True}, "tokens_only needs lora.trainable_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"trainable_tokens": ("gender",)}, "trainable_tokens must name tables"),
+        ({"trainable_tokens": ("user_id",), "target_modules": ("q_proj", "embeddings")}, "cannot be combined"),
+        ({"tokens_only": True}, "tokens_only needs lora.trainable_tokens"),
+    ],
+)
 def test_the_config_refuses_what_it_cannot_train(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         LoraTrainConfig(**kwargs)

@@ -2,6 +2,7 @@
 a 2-layer BERT of width 32 and a word-level WordPiece vocabulary of the synthetic and MovieLens words, built
 in the test so that every family test runs offline and fast. `model.text.source` points at its directory;
 the code path is the one the real wheel takes (tests/pipelines/model/test_text.py also loads the real one)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,32 @@ def _words() -> list[str]:
     from pipelines.data.synthetic import _TONES
     from pipelines.model.text import _DAYS
 
-    words = {"male", "female", "aged", "offer", ".", "-", "<", "+", "h", "##h", "comedy", "drama", "action", "romance",
-             "thriller", "animation", "children", "'", "s", "war", "morning", "afternoon", "night", "unknown"}
+    words = {
+        "male",
+        "female",
+        "aged",
+        "offer",
+        ".",
+        "-",
+        "<",
+        "+",
+        "h",
+        "##h",
+        "comedy",
+        "drama",
+        "action",
+        "romance",
+        "thriller",
+        "animation",
+        "children",
+        "'",
+        "s",
+        "war",
+        "morning",
+        "afternoon",
+        "night",
+        "unknown",
+    }
     for vocab in (w.CATEGORIES, w.OCCUPATIONS, w.SLOTS, _TONES, _DAYS):
         for v in vocab:
             words.update(v.lower().replace("_", " ").split())
@@ -38,10 +63,19 @@ def build(directory: str | Path, hidden: int = 32, layers: int = 2, seed: int = 
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
     tok.save(str(path / "tokenizer.json"))
-    cfg = dict(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-               intermediate_size=2 * hidden, max_position_embeddings=128, pad_token_id=0, model_type="bert")
+    cfg = dict(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        model_type="bert",
+    )
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     torch.manual_seed(seed)
     model = BertModel(BertConfig(**cfg), add_pooling_layer=False)
@@ -55,5 +89,8 @@ def family_config(name: str, base, source: str):
 
     from pipelines.config import TextConfig
 
-    return replace(base, family=name, text=TextConfig(source=source, max_len=32)) if name == "minilm_text" \
+    return (
+        replace(base, family=name, text=TextConfig(source=source, max_len=32))
+        if name == "minilm_text"
         else replace(base, family=name)
+    )

@@ -3,6 +3,7 @@ code underneath, only the family protocol (`pipelines/model/family.py`). A hashe
 concatenated, and a two-layer MLP with a logit on top; LoRA targets its `fc1` / `fc2`. The config names it
 `model.family: tests.pipelines.model.user_family:HashedMLP`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,11 @@ class HashedMLP:
 
     def encode(self, frame: pd.DataFrame, cfg) -> np.ndarray:
         """Field k's value hashed into rows [k * id_buckets, (k + 1) * id_buckets) of the one table."""
-        cols = [pd.util.hash_array(frame[f].astype(str).to_numpy()) % np.uint64(cfg.id_buckets) + np.uint64(k * cfg.id_buckets)
-                for k, f in enumerate(FIELDS)]
+        cols = [
+            pd.util.hash_array(frame[f].astype(str).to_numpy()) % np.uint64(cfg.id_buckets)
+            + np.uint64(k * cfg.id_buckets)
+            for k, f in enumerate(FIELDS)
+        ]
         return np.stack(cols, axis=1).astype(np.int64) if len(frame) else np.zeros((0, len(FIELDS)), np.int64)
 
     def load_pretrained(self, module: nn.Module, cfg) -> None:

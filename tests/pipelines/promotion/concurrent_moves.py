@@ -8,6 +8,7 @@ commands (e.g. "machines" with different environments) start together too: once 
 command's workers are at the barrier it writes SYNC_DIR/ready-<pid>, and they all wait for
 SYNC_DIR/go. Prints one JSON line per operation, with the wall-clock span it took ("t0", "t1").
 """
+
 from __future__ import annotations
 
 import json
@@ -41,15 +42,15 @@ def _worker(uri: str, model: str, step: dict, barrier, out, sync_dir: str | None
     t0 = time.time()
     try:
         if step["op"] == "promote":
-            r = aliases.promote(model, step["version"], reason=f"concurrency {step['op_id']}", actor="test",
-                                op_id=step["op_id"])
+            r = aliases.promote(
+                model, step["version"], reason=f"concurrency {step['op_id']}", actor="test", op_id=step["op_id"]
+            )
         else:
             r = aliases.revert(model, reason=f"concurrency {step['op_id']}", actor="test", op_id=step["op_id"])
-        out.put({"op_id": step["op_id"], "moved": r["moved"], "to": r.get("to_version"), "t0": t0,
-                 "t1": time.time()})
+        out.put({"op_id": step["op_id"], "moved": r["moved"], "to": r.get("to_version"), "t0": t0, "t1": time.time()})
     except PipelineError as exc:
         out.put({"op_id": step["op_id"], "refused": str(exc), "t0": t0, "t1": time.time()})
-    except Exception as exc:   # anything else fails the test (with its message), rather than a silent hang
+    except Exception as exc:  # anything else fails the test (with its message), rather than a silent hang
         out.put({"op_id": step["op_id"], "error": f"{type(exc).__name__}: {exc}", "t0": t0, "t1": time.time()})
 
 

@@ -1,5 +1,6 @@
 """Fixtures of the promotion tests: a fresh SQLite store per test, and the production-like store
 (PostgreSQL when reachable, required in CI; else SQLite) for the multi-process tests."""
+
 from __future__ import annotations
 
 import mlflow
@@ -22,4 +23,4 @@ def store_uri(tmp_path):
         try:
             yield uri
         finally:
-            mlflow.set_tracking_uri(None)   # before the drop: nothing of this process may hold it open
+            mlflow.set_tracking_uri(None)  # before the drop: nothing of this process may hold it open

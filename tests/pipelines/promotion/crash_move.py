@@ -8,6 +8,7 @@ POINT: `before_alias` (the history entry is written ahead, the alias has not mov
 sleeps; the test then sends SIGKILL. Nothing is faked: the registry call before the stop is the real
 one, and the process really dies with the lock held and the move half done.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,7 +25,7 @@ def stop_at(point: str, marker: str) -> None:
         if point == "after_alias":
             real(self, *args, **kwargs)
         Path(marker).touch()
-        time.sleep(600)   # killed here
+        time.sleep(600)  # killed here
 
     MlflowClient.set_registered_model_alias = set_alias_then_stop
 

@@ -1,4 +1,5 @@
 """Promote / revert / history on a real MLflow tracking + registry store (SQLite in tmp_path)."""
+
 from __future__ import annotations
 
 import mlflow
@@ -192,10 +193,12 @@ def test_a_version_without_a_base_fingerprint_is_refused_by_every_move(tracking)
     aliases.promote(MODEL, first, reason="recorded base", actor="a")
     aliases.promote(MODEL, second, reason="recorded base", actor="a")
     bare = add_version(MODEL, lineage=False)
-    MlflowClient().delete_model_version_tag(MODEL, first, "base.fingerprint")   # the tag removed afterwards
-    for move in (lambda: aliases.promote(MODEL, bare, reason="r", actor="a"),
-                 lambda: aliases.start_canary(MODEL, bare, 0.1, reason="r", actor="a"),
-                 lambda: aliases.revert(MODEL, reason="back to the first", actor="a")):
+    MlflowClient().delete_model_version_tag(MODEL, first, "base.fingerprint")  # the tag removed afterwards
+    for move in (
+        lambda: aliases.promote(MODEL, bare, reason="r", actor="a"),
+        lambda: aliases.start_canary(MODEL, bare, 0.1, reason="r", actor="a"),
+        lambda: aliases.revert(MODEL, reason="back to the first", actor="a"),
+    ):
         with pytest.raises(PromotionError, match="records no base fingerprint"):
             move()
     assert champion() == second and aliases.current(MODEL, "canary") is None

@@ -1,5 +1,6 @@
 """The registered model's description says what serves and why, rewritten at every alias move, on a
 real MLflow store; a version the gate or a person rejects loses @candidate and is tagged `rejected`."""
+
 from __future__ import annotations
 
 from mlflow import MlflowClient
@@ -16,11 +17,29 @@ def page(name: str = MODEL) -> str:
 
 def test_render_lists_each_alias_with_since_move_and_why_and_the_rejected():
     block = description.render(
-        MODEL, {"canary": {"version": "3", "tags": {"canary.share": "0.1", "gate.passed": "true"},
-                           "at": "2026-12-06T10:00", "kind": "canary", "actor": "airflow", "reason": "passed gate"},
-                "champion": {"version": "2", "tags": {}, "at": "2026-12-05T09:00", "kind": "revert", "actor": "ana",
-                             "reason": "CTR | dropped"}},
-        rejected=[("4", "gate: auc_floor failed against v2")], held=[], now="now")
+        MODEL,
+        {
+            "canary": {
+                "version": "3",
+                "tags": {"canary.share": "0.1", "gate.passed": "true"},
+                "at": "2026-12-06T10:00",
+                "kind": "canary",
+                "actor": "airflow",
+                "reason": "passed gate",
+            },
+            "champion": {
+                "version": "2",
+                "tags": {},
+                "at": "2026-12-05T09:00",
+                "kind": "revert",
+                "actor": "ana",
+                "reason": "CTR | dropped",
+            },
+        },
+        rejected=[("4", "gate: auc_floor failed against v2")],
+        held=[],
+        now="now",
+    )
     rows = [line for line in block.splitlines() if line.startswith("| @")]
     assert rows[0].startswith("| @champion | v2 | 2026-12-05T09:00 | revert by ana | CTR \\| dropped; not gated |")
     assert rows[1].startswith("| @canary | v3 (10% of users) |")
@@ -49,8 +68,12 @@ def test_every_alias_move_rewrites_the_description(tracking):
 def test_a_gate_rejection_takes_candidate_off_and_tags_the_version(tracking):
     v1 = add_version(MODEL, gate_passed="pending")
     MlflowClient().set_registered_model_alias(MODEL, "candidate", v1)
-    failed = {"passed": False, "first_run": True, "champion_version": None,
-              "checks": [{"name": "auc_floor", "value": 0.4, "threshold": 0.55, "passed": False, "reason": "low"}]}
+    failed = {
+        "passed": False,
+        "first_run": True,
+        "champion_version": None,
+        "checks": [{"name": "auc_floor", "value": 0.4, "threshold": 0.55, "passed": False, "reason": "low"}],
+    }
     gate.record(MODEL, v1, failed, None)
     mv = MlflowClient().get_model_version(MODEL, v1)
     assert "candidate" not in mv.aliases and mv.tags[description.REJECTED_TAG] == "gate: auc_floor failed"
@@ -71,15 +94,15 @@ def test_a_persons_rejection_is_shown_and_outlives_a_new_passing_gate(tracking):
 
 def test_a_held_release_is_listed_with_its_reason(registry):
     v4 = add_version(MODEL, base__fingerprint=FP, gate__champion_version="1")
-    release.release(CANARY, MODEL, "1", actor="t")           # first run: champion
-    release.release(CANARY, MODEL, "2", actor="t")           # passed against v1: canary
-    assert release.release(CANARY, MODEL, v4, actor="t")["held"]   # held behind the watched canary
+    release.release(CANARY, MODEL, "1", actor="t")  # first run: champion
+    release.release(CANARY, MODEL, "2", actor="t")  # passed against v1: canary
+    assert release.release(CANARY, MODEL, v4, actor="t")["held"]  # held behind the watched canary
     assert f"Held: v{v4} (" in page() and "| @canary | v2 (20% of users) |" in page()
 
 
 def test_a_rejection_leaves_candidate_alone_once_a_newer_version_holds_it(tracking):
     v1, v2 = add_version(MODEL, gate_passed="pending"), add_version(MODEL, gate_passed="pending")
-    MlflowClient().set_registered_model_alias(MODEL, "candidate", v2)   # registered while v1's gate ran
+    MlflowClient().set_registered_model_alias(MODEL, "candidate", v2)  # registered while v1's gate ran
     description.reject(MODEL, v1, "gate: auc_floor failed")
     assert str(MlflowClient().get_registered_model(MODEL).aliases["candidate"]) == v2
 
@@ -89,5 +112,5 @@ def test_candidate_since_is_its_registration(tracking):
     MlflowClient().set_registered_model_alias(MODEL, "candidate", v1)
     row = next(line for line in description.publish(MODEL).splitlines() if line.startswith("| @candidate"))
     since = row.split("|")[3].strip()
-    assert since[:4].isdigit() and "T" in since, row   # an ISO time, not "-"
+    assert since[:4].isdigit() and "T" in since, row  # an ISO time, not "-"
     assert "| registered |" in row and "waiting for its gate" in row

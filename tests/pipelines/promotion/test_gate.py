@@ -1,5 +1,6 @@
 """The promotion gate's pure decision: every check passes and fails on its own, first-run semantics,
 unmeasured checks (they fail unless the policy lists them in optional_checks), and the table rendering."""
+
 from __future__ import annotations
 
 import copy
@@ -12,28 +13,59 @@ import pytest
 from pipelines.config import GatePolicy, to_dict
 from pipelines.promotion.gate import decide, decide_base, format_table
 
-POLICY = GatePolicy(auc_tolerance=0.0015, logloss_tolerance=0.005, min_auc_first_run=0.6, max_logloss_first_run=0.75,
-                    max_demographic_parity_gap=0.05, max_equalized_odds_gap=0.25, calibration_min=0.7,
-                    calibration_max=1.3, latency_budget_ms=50.0, slot_auc_tolerance=0.005,
-                    slot_tolerances={"night": 0.02})
+POLICY = GatePolicy(
+    auc_tolerance=0.0015,
+    logloss_tolerance=0.005,
+    min_auc_first_run=0.6,
+    max_logloss_first_run=0.75,
+    max_demographic_parity_gap=0.05,
+    max_equalized_odds_gap=0.25,
+    calibration_min=0.7,
+    calibration_max=1.3,
+    latency_budget_ms=50.0,
+    slot_auc_tolerance=0.005,
+    slot_tolerances={"night": 0.02},
+)
 SAME = {"candidate": "a" * 64, "serving": "a" * 64}
 
 
-def evaluation(cand_auc=0.72, champ_auc=0.71, *, version="3", cand_ll=0.30, champ_ll=0.30, slots=None,
-               champ_slots=None, fairness=None, calibration=1.0, p99=5.0, delong=None, champion=True) -> dict:
+def evaluation(
+    cand_auc=0.72,
+    champ_auc=0.71,
+    *,
+    version="3",
+    cand_ll=0.30,
+    champ_ll=0.30,
+    slots=None,
+    champ_slots=None,
+    fairness=None,
+    calibration=1.0,
+    p99=5.0,
+    delong=None,
+    champion=True,
+) -> dict:
     """An evaluation dict shaped like pipelines.evaluation.compare.evaluate's."""
     slots = slots if slots is not None else {"morning": 0.72, "night": 0.70}
     champ_slots = champ_slots if champ_slots is not None else {"morning": 0.71, "night": 0.70}
-    fair = fairness if fairness is not None else {
-        "gender": {"demographic_parity_difference": 0.01, "equalized_odds_difference": 0.05},
-        "age_bucket": {"demographic_parity_difference": 0.02, "equalized_odds_difference": 0.10}}
-    return {"candidate": {"auc": cand_auc, "logloss": cand_ll, "calibration_ratio": calibration},
-            "champion": {"auc": champ_auc, "logloss": champ_ll} if champion else None,
-            "champion_version": version if champion else None,
-            "report": {"slots": {s: {"auc": a, "rows": 500} for s, a in slots.items()}, "fairness": fair},
-            "champion_report": {"slots": {s: {"auc": a, "rows": 500} for s, a in champ_slots.items()}}
-            if champion else None,
-            "latency": {"batch_1": {"p99_ms": 1.0}, "batch_32": {"p99_ms": p99}}, "delong": delong}
+    fair = (
+        fairness
+        if fairness is not None
+        else {
+            "gender": {"demographic_parity_difference": 0.01, "equalized_odds_difference": 0.05},
+            "age_bucket": {"demographic_parity_difference": 0.02, "equalized_odds_difference": 0.10},
+        }
+    )
+    return {
+        "candidate": {"auc": cand_auc, "logloss": cand_ll, "calibration_ratio": calibration},
+        "champion": {"auc": champ_auc, "logloss": champ_ll} if champion else None,
+        "champion_version": version if champion else None,
+        "report": {"slots": {s: {"auc": a, "rows": 500} for s, a in slots.items()}, "fairness": fair},
+        "champion_report": {"slots": {s: {"auc": a, "rows": 500} for s, a in champ_slots.items()}}
+        if champion
+        else None,
+        "latency": {"batch_1": {"p99_ms": 1.0}, "batch_32": {"p99_ms": p99}},
+        "delong": delong,
+    }
 
 
 def check(decision: dict, name: str) -> dict:
@@ -48,9 +80,20 @@ def test_a_good_candidate_passes_every_check_and_the_record_is_complete():
     d = decide(POLICY, evaluation(), base=SAME)
     assert d["passed"] and not failed(d) and d["first_run"] is False and d["champion_version"] == "3"
     names = [c["name"] for c in d["checks"]]
-    assert names == ["base_compatible", "auc_floor_every_run", "auc_non_inferiority", "logloss_non_inferiority", "slot_auc[morning]",
-                     "slot_auc[night]", "fairness_dp[age_bucket]", "fairness_eo[age_bucket]", "fairness_dp[gender]",
-                     "fairness_eo[gender]", "calibration", "latency_p99_batch32_ms"]
+    assert names == [
+        "base_compatible",
+        "auc_floor_every_run",
+        "auc_non_inferiority",
+        "logloss_non_inferiority",
+        "slot_auc[morning]",
+        "slot_auc[night]",
+        "fairness_dp[age_bucket]",
+        "fairness_eo[age_bucket]",
+        "fairness_dp[gender]",
+        "fairness_eo[gender]",
+        "calibration",
+        "latency_p99_batch32_ms",
+    ]
     for c in d["checks"]:
         assert set(c) == {"name", "value", "threshold", "passed", "reason"} and c["reason"]
     assert d["policy"] == to_dict(POLICY)
@@ -61,8 +104,14 @@ def test_a_good_candidate_passes_every_check_and_the_record_is_complete():
 def test_a_corrupted_holdout_cannot_pass_on_relative_checks_alone():
     # a day of flipped labels: champion and candidate both score below chance on the holdout, the candidate
     # less so (the backtest's injected fault: 0.356 against 0.336); every relative check passes
-    flipped = evaluation(cand_auc=0.356, champ_auc=0.336, slots={"morning": 0.356, "night": 0.356},
-                         champ_slots={"morning": 0.336, "night": 0.336}, cand_ll=0.74, champ_ll=0.89)
+    flipped = evaluation(
+        cand_auc=0.356,
+        champ_auc=0.336,
+        slots={"morning": 0.356, "night": 0.356},
+        champ_slots={"morning": 0.336, "night": 0.336},
+        cand_ll=0.74,
+        champ_ll=0.89,
+    )
     d = decide(POLICY, flipped, base=SAME)
     assert failed(d) == ["auc_floor_every_run"] and not d["passed"]
     assert check(d, "auc_floor_every_run")["threshold"] == 0.5
@@ -71,30 +120,44 @@ def test_a_corrupted_holdout_cannot_pass_on_relative_checks_alone():
     assert "auc_floor_every_run" in failed(base)
 
 
-
-@pytest.mark.parametrize("change, name", [
-    ({"cand_auc": 0.7084}, "auc_non_inferiority"),                           # 0.71 - 0.0015 = 0.7085
-    ({"cand_ll": 0.3051}, "logloss_non_inferiority"),
-    ({"slots": {"morning": 0.70, "night": 0.70}}, "slot_auc[morning]"),      # 0.71 - 0.005 = 0.705
-    ({"slots": {"morning": 0.72, "night": 0.679}}, "slot_auc[night]"),       # own tolerance 0.02
-    ({"fairness": {"gender": {"demographic_parity_difference": 0.051, "equalized_odds_difference": 0.0}}},
-     "fairness_dp[gender]"),
-    ({"fairness": {"gender": {"demographic_parity_difference": 0.0, "equalized_odds_difference": 0.26}}},
-     "fairness_eo[gender]"),
-    ({"calibration": 0.69}, "calibration"),
-    ({"calibration": 1.31}, "calibration"),
-    ({"p99": 50.1}, "latency_p99_batch32_ms"),
-])
+@pytest.mark.parametrize(
+    "change, name",
+    [
+        ({"cand_auc": 0.7084}, "auc_non_inferiority"),  # 0.71 - 0.0015 = 0.7085
+        ({"cand_ll": 0.3051}, "logloss_non_inferiority"),
+        ({"slots": {"morning": 0.70, "night": 0.70}}, "slot_auc[morning]"),  # 0.71 - 0.005 = 0.705
+        ({"slots": {"morning": 0.72, "night": 0.679}}, "slot_auc[night]"),  # own tolerance 0.02
+        (
+            {"fairness": {"gender": {"demographic_parity_difference": 0.051, "equalized_odds_difference": 0.0}}},
+            "fairness_dp[gender]",
+        ),
+        (
+            {"fairness": {"gender": {"demographic_parity_difference": 0.0, "equalized_odds_difference": 0.26}}},
+            "fairness_eo[gender]",
+        ),
+        ({"calibration": 0.69}, "calibration"),
+        ({"calibration": 1.31}, "calibration"),
+        ({"p99": 50.1}, "latency_p99_batch32_ms"),
+    ],
+)
 def test_each_check_fails_on_its_own(change, name):
     d = decide(POLICY, evaluation(**change), base=SAME)
     assert d["passed"] is False and failed(d) == [name]
 
 
 def test_thresholds_are_inclusive():
-    d = decide(POLICY, evaluation(cand_auc=0.71 - 0.0015, cand_ll=0.305, calibration=0.7, p99=50.0,
-                                  slots={"morning": 0.705, "night": 0.68},
-                                  fairness={"gender": {"demographic_parity_difference": 0.05,
-                                                       "equalized_odds_difference": 0.25}}), base=SAME)
+    d = decide(
+        POLICY,
+        evaluation(
+            cand_auc=0.71 - 0.0015,
+            cand_ll=0.305,
+            calibration=0.7,
+            p99=50.0,
+            slots={"morning": 0.705, "night": 0.68},
+            fairness={"gender": {"demographic_parity_difference": 0.05, "equalized_odds_difference": 0.25}},
+        ),
+        base=SAME,
+    )
     assert d["passed"], failed(d)
 
 
@@ -122,8 +185,11 @@ def test_superiority_needs_a_significant_positive_delong_difference():
     assert "superiority_delong" not in [c["name"] for c in decide(POLICY, evaluation(delong=sig))["checks"]]
 
 
-UNMEASURED = dict(fairness={"gender": {"demographic_parity_difference": None, "equalized_odds_difference": None}},
-                  calibration=None, slots={"morning": None, "night": 0.71})
+UNMEASURED = dict(
+    fairness={"gender": {"demographic_parity_difference": None, "equalized_odds_difference": None}},
+    calibration=None,
+    slots={"morning": None, "night": 0.71},
+)
 UNMEASURED_NAMES = ["slot_auc[morning]", "fairness_dp[gender]", "fairness_eo[gender]", "calibration"]
 
 
@@ -142,7 +208,7 @@ def test_an_unmeasured_check_passes_only_when_the_policy_lists_it_as_optional():
     assert d["passed"], failed(d)
     assert all("(optional in the policy)" in check(d, n)["reason"] for n in UNMEASURED_NAMES)
     one = replace(POLICY, optional_checks=("slot_auc[night]", "fairness_dp", "fairness_eo", "calibration"))
-    assert failed(decide(one, evaluation(**UNMEASURED), base=SAME)) == ["slot_auc[morning]"]   # only that slot
+    assert failed(decide(one, evaluation(**UNMEASURED), base=SAME)) == ["slot_auc[morning]"]  # only that slot
     # Optional means "may be unmeasured", never "may fail": a measured value over its limit still fails.
     assert failed(decide(by_family, evaluation(calibration=2.0), base=SAME)) == ["calibration"]
 
@@ -150,11 +216,20 @@ def test_an_unmeasured_check_passes_only_when_the_policy_lists_it_as_optional():
 def test_an_evaluation_without_fairness_latency_or_slots_fails_those_checks():
     """An evaluation with no slice report and no latency (the cold start's, when issue 13 was filed): each
     missing part is a failed check."""
-    bare = {"candidate": {"auc": 0.8, "logloss": 0.4, "calibration_ratio": 1.0}, "champion": None,
-            "champion_version": None}
+    bare = {
+        "candidate": {"auc": 0.8, "logloss": 0.4, "calibration_ratio": 1.0},
+        "champion": None,
+        "champion_version": None,
+    }
     d = decide(POLICY, bare, base=SAME)
-    assert [c["name"] for c in d["checks"]] == ["base_compatible", "auc_floor", "logloss_ceiling", "fairness",
-                                                "calibration", "latency_p99_batch32_ms"]
+    assert [c["name"] for c in d["checks"]] == [
+        "base_compatible",
+        "auc_floor",
+        "logloss_ceiling",
+        "fairness",
+        "calibration",
+        "latency_p99_batch32_ms",
+    ]
     assert failed(d) == ["fairness", "latency_p99_batch32_ms"]
     gated = {**bare, "champion": {"auc": 0.8, "logloss": 0.4}, "champion_version": "1"}
     assert "slot_auc" in failed(decide(POLICY, gated, base=SAME))
@@ -199,8 +274,11 @@ def test_the_shipped_policy_makes_only_per_group_fairness_optional():
 
     shipped = load_gate_policy()
     assert shipped.optional_checks == ("fairness_dp", "fairness_eo")
-    bare = {"candidate": {"auc": 0.8, "logloss": 0.4, "calibration_ratio": 1.0}, "champion": None,
-            "champion_version": None}
+    bare = {
+        "candidate": {"auc": 0.8, "logloss": 0.4, "calibration_ratio": 1.0},
+        "champion": None,
+        "champion_version": None,
+    }
     assert failed(decide(shipped, bare, base=SAME)) == ["fairness", "latency_p99_batch32_ms"]
 
 
@@ -219,13 +297,16 @@ def test_first_run_uses_absolute_thresholds_only_and_says_so():
 
 def test_missing_metrics_fail():
     assert set(failed(decide(POLICY, evaluation(cand_auc=None, cand_ll=None, champion=False)))) == {
-        "auc_floor", "logloss_ceiling"}
+        "auc_floor",
+        "logloss_ceiling",
+    }
     assert "auc_non_inferiority" in failed(decide(POLICY, evaluation(champ_auc=None)))
 
 
 def test_non_inferiority_ignores_the_first_run_floor():
-    assert decide(POLICY, evaluation(cand_auc=0.55, champ_auc=0.55, slots={"feed": 0.55},
-                                     champ_slots={"feed": 0.55}))["passed"]
+    assert decide(POLICY, evaluation(cand_auc=0.55, champ_auc=0.55, slots={"feed": 0.55}, champ_slots={"feed": 0.55}))[
+        "passed"
+    ]
 
 
 # ----------------------------------------------------------------------------- table
@@ -249,28 +330,40 @@ def test_format_table_rows_and_verdicts():
 # ----------------------------------------------------------------------------- a new base model
 def base_evaluation(cand_auc=0.70, champ_auc=0.70, cand_ll=0.40, champ_ll=0.40, calibration=1.0, champion=True):
     """Shaped like training.base_model's `evaluation`: both bases on the same holdout rows."""
-    return {"candidate": {"auc": cand_auc, "logloss": cand_ll, "calibration_ratio": calibration, "rows": 900},
-            "champion": {"auc": champ_auc, "logloss": champ_ll, "rows": 900} if champion else None,
-            "champion_version": "4" if champion else None, "holdout_rows": 900}
+    return {
+        "candidate": {"auc": cand_auc, "logloss": cand_ll, "calibration_ratio": calibration, "rows": 900},
+        "champion": {"auc": champ_auc, "logloss": champ_ll, "rows": 900} if champion else None,
+        "champion_version": "4" if champion else None,
+        "holdout_rows": 900,
+    }
 
 
-@pytest.mark.parametrize("kwargs, failed", [
-    ({}, []),
-    ({"cand_auc": 0.698}, ["auc_non_inferiority"]),                  # more than 0.0015 below the serving base
-    ({"cand_ll": 0.406}, ["logloss_non_inferiority"]),
-    ({"calibration": 1.4}, ["calibration"]),
-    ({"calibration": None}, ["calibration"]),                         # unmeasured: fails
-    ({"champion": False, "cand_auc": 0.59}, ["auc_floor"]),          # the first base: absolute floor
-    ({"champion": False, "cand_ll": 0.8}, ["logloss_ceiling"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, failed",
+    [
+        ({}, []),
+        ({"cand_auc": 0.698}, ["auc_non_inferiority"]),  # more than 0.0015 below the serving base
+        ({"cand_ll": 0.406}, ["logloss_non_inferiority"]),
+        ({"calibration": 1.4}, ["calibration"]),
+        ({"calibration": None}, ["calibration"]),  # unmeasured: fails
+        ({"champion": False, "cand_auc": 0.59}, ["auc_floor"]),  # the first base: absolute floor
+        ({"champion": False, "cand_ll": 0.8}, ["logloss_ceiling"]),
+    ],
+)
 def test_a_new_base_is_judged_against_the_serving_base(kwargs, failed):
     d = decide_base(POLICY, base_evaluation(**kwargs))
     assert sorted(c["name"] for c in d["checks"] if not c["passed"]) == failed and d["passed"] is (not failed)
     assert d["kind"] == "base" and d["first_run"] is (kwargs.get("champion") is False)
     assert d["champion_version"] == (None if kwargs.get("champion") is False else "4")
     # an adapter's checks (base compatibility, fairness, latency, slots) are not a base's
-    assert {c["name"] for c in d["checks"]} <= {"auc_non_inferiority", "logloss_non_inferiority", "calibration",
-                                                "auc_floor", "logloss_ceiling", "auc_floor_every_run"}
+    assert {c["name"] for c in d["checks"]} <= {
+        "auc_non_inferiority",
+        "logloss_non_inferiority",
+        "calibration",
+        "auc_floor",
+        "logloss_ceiling",
+        "auc_floor_every_run",
+    }
 
 
 # ----------------------------------------------------------------------------- interference bound
@@ -278,8 +371,15 @@ BOUNDED = replace(POLICY, max_interference_cos=0.05)
 
 
 def with_interference(cos, compared=2, **kw) -> dict:
-    return {**evaluation(**kw), "interference": {"max_abs_cos": cos, "pair": ["candidate", "ctr_lora_night:4"],
-                                                 "module": "blocks.0.v_proj", "compared": compared}}
+    return {
+        **evaluation(**kw),
+        "interference": {
+            "max_abs_cos": cos,
+            "pair": ["candidate", "ctr_lora_night:4"],
+            "module": "blocks.0.v_proj",
+            "compared": compared,
+        },
+    }
 
 
 def test_the_interference_bound_is_off_unless_the_policy_sets_it():
@@ -291,7 +391,7 @@ def test_the_interference_bound_is_off_unless_the_policy_sets_it():
 def test_the_interference_bound_fails_an_aligned_adapter_on_every_run(champion):
     aligned = decide(BOUNDED, with_interference(0.06, champion=champion))
     assert failed(aligned) == ["interference"] and check(aligned, "interference")["threshold"] == 0.05
-    assert decide(BOUNDED, with_interference(0.05, champion=champion))["passed"]   # inclusive
+    assert decide(BOUNDED, with_interference(0.05, champion=champion))["passed"]  # inclusive
 
 
 def test_nothing_to_interfere_with_passes_and_an_unmeasured_interference_fails():
@@ -299,14 +399,14 @@ def test_nothing_to_interfere_with_passes_and_an_unmeasured_interference_fails()
     assert alone["passed"] and "no sibling champion" in alone["reason"]
     zero = check(decide(BOUNDED, with_interference(None, compared=2)), "interference")
     assert zero["passed"] and "non-zero" in zero["reason"]
-    unmeasured = decide(BOUNDED, evaluation())          # an evaluation without the measurement
+    unmeasured = decide(BOUNDED, evaluation())  # an evaluation without the measurement
     assert failed(unmeasured) == ["interference"] and "not measured" in check(unmeasured, "interference")["reason"]
     assert decide(replace(BOUNDED, optional_checks=("interference",)), evaluation())["passed"]
 
 
 def test_the_cold_start_student_is_not_bounded_by_its_teachers_alignment():
     student = with_interference(0.9)
-    student["interference"]["bounded"] = False        # the judge says so for a candidate that is no slot adapter
+    student["interference"]["bounded"] = False  # the judge says so for a candidate that is no slot adapter
     c = check(decide(BOUNDED, student), "interference")
     assert c["passed"] and c["value"] == 0.9 and "cold-start student" in c["reason"]
     student["interference"]["bounded"] = True

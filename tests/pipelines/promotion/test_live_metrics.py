@@ -1,5 +1,6 @@
 """PrometheusSource against a real HTTP server on 127.0.0.1 that answers like the Prometheus HTTP API
 (canned JSON per query), including error statuses, malformed replies, a dead port and a timeout."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,14 +14,25 @@ import pytest
 
 from pipelines.config import GatePolicy
 from pipelines.errors import ConfigError, PipelineError
-from pipelines.promotion.live_metrics import (LiveMetricsError, LiveMetricsSource, PrometheusSource, end_of_day_unix,
-                                              from_policy, render_query)
+from pipelines.promotion.live_metrics import (
+    LiveMetricsError,
+    LiveMetricsSource,
+    PrometheusSource,
+    end_of_day_unix,
+    from_policy,
+    render_query,
+)
 from tests.conftest import free_port
 
 
 def vector(*values: str) -> dict:
-    return {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"model": "m"}, "value": [1704585600.0, v]} for v in values]}}
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": {"model": "m"}, "value": [1704585600.0, v]} for v in values],
+        },
+    }
 
 
 class Prometheus(BaseHTTPRequestHandler):
@@ -29,10 +41,13 @@ class Prometheus(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
         args = urllib.parse.parse_qs(url.query)
-        self.server.seen.append({"path": url.path, "query": args.get("query", [""])[0], "time": args.get("time", [""])[0]})
+        self.server.seen.append(
+            {"path": url.path, "query": args.get("query", [""])[0], "time": args.get("time", [""])[0]}
+        )
         query = args.get("query", [""])[0]
-        status, body = self.server.replies.get(query, (400, {"status": "error", "errorType": "bad_data",
-                                                              "error": f"unknown query {query}"}))
+        status, body = self.server.replies.get(
+            query, (400, {"status": "error", "errorType": "bad_data", "error": f"unknown query {query}"})
+        )
         if body == "sleep":
             time.sleep(1.0)
             status, body = 200, vector("1")
@@ -62,8 +77,10 @@ def url(server) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-QUERIES = {"live_ctr": 'sum(rate(clicks{model="{model}",version="{version}"}[1d]))',
-           "live_impressions": 'sum(impressions{model="{model}",version="{version}",day="{day}"})'}
+QUERIES = {
+    "live_ctr": 'sum(rate(clicks{model="{model}",version="{version}"}[1d]))',
+    "live_impressions": 'sum(impressions{model="{model}",version="{version}",day="{day}"})',
+}
 
 
 def rendered(name: str) -> str:
@@ -86,21 +103,39 @@ def test_window_metrics_query_each_metric_at_the_end_of_the_day(prom):
 def test_empty_or_nan_results_are_no_value_not_an_error(prom):
     prom.replies = {rendered("live_ctr"): (200, vector()), rendered("live_impressions"): (200, vector("NaN"))}
     assert PrometheusSource(url(prom), QUERIES).window_metrics("ctr_lora_feed", "3", "2024-01-06") is None
-    prom.replies[rendered("live_impressions")] = (200, {"status": "success",
-                                                        "data": {"resultType": "scalar", "result": [1.0, "7"]}})
+    prom.replies[rendered("live_impressions")] = (
+        200,
+        {"status": "success", "data": {"resultType": "scalar", "result": [1.0, "7"]}},
+    )
     assert PrometheusSource(url(prom), QUERIES).window_metrics("ctr_lora_feed", "3", "2024-01-06") == {
-        "live_impressions": 7.0}
+        "live_impressions": 7.0
+    }
 
 
-@pytest.mark.parametrize("status, body, message", [
-    (400, {"status": "error", "errorType": "bad_data", "error": "parse error at char 5"}, "HTTP 400: bad_data: parse error"),
-    (503, b"<html>down for maintenance</html>", "HTTP 503: <html>down for maintenance"),
-    (200, {"status": "error", "errorType": "timeout", "error": "query timed out"}, "status 'error': timeout query timed out"),
-    (200, b"not json at all", "reply is not JSON"),
-    (200, vector("0.1", "0.2"), "2 series returned, expected one"),
-    (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}, "unsupported resultType 'matrix'"),
-    (200, {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1.0]}]}}, "malformed sample"),
-])
+@pytest.mark.parametrize(
+    "status, body, message",
+    [
+        (
+            400,
+            {"status": "error", "errorType": "bad_data", "error": "parse error at char 5"},
+            "HTTP 400: bad_data: parse error",
+        ),
+        (503, b"<html>down for maintenance</html>", "HTTP 503: <html>down for maintenance"),
+        (
+            200,
+            {"status": "error", "errorType": "timeout", "error": "query timed out"},
+            "status 'error': timeout query timed out",
+        ),
+        (200, b"not json at all", "reply is not JSON"),
+        (200, vector("0.1", "0.2"), "2 series returned, expected one"),
+        (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}, "unsupported resultType 'matrix'"),
+        (
+            200,
+            {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1.0]}]}},
+            "malformed sample",
+        ),
+    ],
+)
 def test_failures_raise_a_typed_error_naming_url_and_query(prom, status, body, message):
     prom.replies = {rendered("live_ctr"): (status, body)}
     src = PrometheusSource(url(prom), {"live_ctr": QUERIES["live_ctr"]})
@@ -116,7 +151,8 @@ def test_a_slow_server_times_out(prom):
     t = time.perf_counter()
     with pytest.raises(LiveMetricsError, match=r"timed out after 0\.3 s"):
         PrometheusSource(url(prom), {"live_ctr": QUERIES["live_ctr"]}, timeout_s=0.3).window_metrics(
-            "ctr_lora_feed", "3", "2024-01-06")
+            "ctr_lora_feed", "3", "2024-01-06"
+        )
     assert time.perf_counter() - t < 0.9
 
 

@@ -8,6 +8,7 @@ v1 trained up to 2024-01-04, v2 up to 2024-01-05 (a good canary / a second champ
 days with every label flipped (a bad canary). Degraded days keep each slot's click rate (validation
 passes them) but give the clicks to the rows the serving champion ranks lowest.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,9 @@ from tests.pipelines.training.helpers import CFG
 
 MODEL = "ctr_lora_feed"
 # Few users and items, no cold start, a higher CTR: a tiny model reaches AUC ~0.6 on a few days.
-SPEC = SyntheticSpec(n_users=300, n_items=60, n_advertisers=10, new_entity_rate=0.0, slot_ctr=(0.1, 0.15, 0.05),
-                     seed=7)
+SPEC = SyntheticSpec(n_users=300, n_items=60, n_advertisers=10, new_entity_rate=0.0, slot_ctr=(0.1, 0.15, 0.05), seed=7)
 ROWS = 4000
-FIRST, DAYS = "2024-01-02", 7                      # 2024-01-02 .. 2024-01-08
+FIRST, DAYS = "2024-01-02", 7  # 2024-01-02 .. 2024-01-08
 POLICY = GatePolicy(canary_healthy_windows=2, canary_auc_tolerance=0.03, revert_windows=2)
 
 
@@ -44,8 +44,12 @@ def day(i: int) -> str:
 
 def make_config(lake: str) -> PipelineConfig:
     lora = LoraTrainConfig(r=4, alpha=8, epochs=1, batch_size=64, lr=0.02, window_days=2, min_rows=100, warmup_steps=2)
-    return PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=CFG, lora=lora,
-                          base_training=BaseTrainConfig(train_start=FIRST, epochs=2, batch_size=256))
+    return PipelineConfig(
+        data=DataConfig(lake_uri=lake, slots=SLOTS),
+        model=CFG,
+        lora=lora,
+        base_training=BaseTrainConfig(train_start=FIRST, epochs=2, batch_size=256),
+    )
 
 
 def write_lake(uri: str, flip_labels: bool = False) -> str:
@@ -82,11 +86,14 @@ def build_world(root: Path, template_db: Path) -> dict:
         use_store_copy(template_db, root, mp)
         mp.setenv("CTR_CHECKPOINT_ROOT", str(root / "ckpt"))
         cfg = make_config(lake)
-        for uri in (lake, flipped):   # the training days, validated as the DAGs' validate task does
+        for uri in (lake, flipped):  # the training days, validated as the DAGs' validate task does
             validate(make_config(uri), uri, day(5), days=4)
         register_base(cfg, base_model.train(cfg, lake, day(3)), actor="test", policy=any_base_policy())
-        versions = {"v1": register_adapter(cfg, lake, day(4)), "v2": register_adapter(cfg, lake, day(5)),
-                    "bad": register_adapter(cfg, flipped, day(5))}
+        versions = {
+            "v1": register_adapter(cfg, lake, day(4)),
+            "v2": register_adapter(cfg, lake, day(5)),
+            "bad": register_adapter(cfg, flipped, day(5)),
+        }
         mlflow.set_tracking_uri(None)
     assert versions == {"v1": "1", "v2": "2", "bad": "3"}
     return {"db": root / "mlflow.db", "lake": lake, "cfg": cfg}
@@ -156,7 +163,7 @@ def test_healthy_canary_is_promoted_after_n_windows_and_reruns_move_nothing(stor
     for i in (5, 6, 7):
         validate(cfg, lake, day(i))
 
-    r5 = feed(monitor_day(cfg, POLICY, lake, day(5)))            # v2 was trained on dt=2024-01-05
+    r5 = feed(monitor_day(cfg, POLICY, lake, day(5)))  # v2 was trained on dt=2024-01-05
     assert "in-sample" in r5["skipped"]["canary"] and r5["windows"]["champion"]["version"] == "1"
     assert r5["canary_decision"]["action"] == "wait" and r5["moves"] == []
 
@@ -178,14 +185,14 @@ def test_healthy_canary_is_promoted_after_n_windows_and_reruns_move_nothing(stor
     assert set(others) == {"ctr_lora_search", "ctr_lora_splash", "ctr_lora_cold_start"}
     assert all("has no @champion" in s["model"] for s in others.values())
     assert full["errors"] == [] and full["reverts"] == []
-    assert json.loads(json.dumps(full)) == full          # JSON-safe: what XCom and the CLI carry
+    assert json.loads(json.dumps(full)) == full  # JSON-safe: what XCom and the CLI carry
 
     # the same day again: the windows are found, nothing is scored, recorded or moved twice
     runs, moves = monitor_runs(), len(aliases.history(MODEL, None))
     again = feed(monitor_day(cfg, POLICY, lake, day(7)))
     assert monitor_runs() == runs and len(aliases.history(MODEL, None)) == moves
-    assert again["windows"]["champion"]["how"] == "recorded earlier as canary"   # v2, promoted today
-    assert runs == 5   # 5: champion; 6, 7: champion + canary
+    assert again["windows"]["champion"]["how"] == "recorded earlier as canary"  # v2, promoted today
+    assert runs == 5  # 5: champion; 6, 7: champion + canary
     recorded = load_windows(MODEL)
     assert [(x.alias, x.version, x.day) for x in recorded][-2:] == [("champion", "1", day(7)), ("canary", "2", day(7))]
     assert recorded[-1].champion_version == "1" and recorded[-1].metrics["rows"] > 1000
@@ -210,7 +217,7 @@ def test_bad_canary_is_withdrawn_with_the_numbers(store):
 def test_degrading_champion_is_reverted_after_k_windows(store):
     cfg, lake = store["cfg"], store["lake"]
     start(MODEL, "1")
-    start(MODEL, "2")                                   # history: v1 then v2, so a revert has a target
+    start(MODEL, "2")  # history: v1 then v2, so a revert has a target
     degrade(lake, [day(7), day(8)], MODEL, "2")
     for i in (6, 7, 8):
         validate(cfg, lake, day(i))
@@ -225,12 +232,12 @@ def test_degrading_champion_is_reverted_after_k_windows(store):
     assert "dt=2024-01-07" in due["reason"] and "dt=2024-01-08" in due["reason"]
     assert aliases.current(MODEL) == "2", "the DAG path leaves the move to the revert operator"
 
-    applied = monitor_day(cfg, POLICY, lake, day(8), apply_reverts=True)   # the CLI path
+    applied = monitor_day(cfg, POLICY, lake, day(8), apply_reverts=True)  # the CLI path
     assert applied["applied_reverts"][0]["moved"] is True and aliases.current(MODEL) == "1"
     entry = aliases.history(MODEL)[-1]
     assert entry["kind"] == "revert" and entry["reason"] == due["reason"] and entry["actor"] == "ctr_champion_monitor"
     again = monitor_day(cfg, POLICY, lake, day(8), apply_reverts=True)
-    assert again["reverts"] == [] and aliases.current(MODEL) == "1"   # v1 has no bad streak of its own
+    assert again["reverts"] == [] and aliases.current(MODEL) == "1"  # v1 has no bad streak of its own
 
 
 def test_several_days_in_one_run_are_one_window_each(store):
@@ -248,8 +255,8 @@ def test_several_days_in_one_run_are_one_window_each(store):
     assert [m["revert_decision"]["action"] for m in entries] == ["keep", "keep", "revert"]
     (due,) = result["reverts"]
     assert due["to_version"] == "1" and "dt=2024-01-07" in due["reason"] and "dt=2024-01-08" in due["reason"]
-    assert monitor_runs() == 3 and aliases.current(MODEL) == "2"   # three windows; the operator moves
-    assert monitor_days(cfg, POLICY, lake, [day(8)])["day"] == day(8)   # one day: monitor_day's own result
+    assert monitor_runs() == 3 and aliases.current(MODEL) == "2"  # three windows; the operator moves
+    assert monitor_days(cfg, POLICY, lake, [day(8)])["day"] == day(8)  # one day: monitor_day's own result
 
 
 def test_unvalidated_or_quarantined_days_are_skipped_without_records(store):

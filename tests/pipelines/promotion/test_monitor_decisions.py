@@ -2,6 +2,7 @@
 records: when a canary is promoted, withdrawn or kept waiting, when a champion is reverted, and which
 reference its metric is judged against. `monitor_day` on a real store is test_monitor.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,8 +12,14 @@ from tests.pipelines.promotion.test_monitor import MODEL, POLICY
 
 
 def w(alias: str, version: str, day: int, auc: float | None, champion_version: str = "", **metrics) -> Window:
-    return Window(model=MODEL, alias=alias, version=version, day=f"2024-02-{day:02d}",
-                  metrics={"auc": auc, **metrics}, champion_version=champion_version)
+    return Window(
+        model=MODEL,
+        alias=alias,
+        version=version,
+        day=f"2024-02-{day:02d}",
+        metrics={"auc": auc, **metrics},
+        champion_version=champion_version,
+    )
 
 
 def paired(days_aucs: list[tuple[int, float, float]], canary: str = "3", champion: str = "2") -> list[Window]:
@@ -54,8 +61,11 @@ def test_a_new_champion_restarts_the_canary_pair():
 
 
 def test_windows_without_an_auc_or_a_partner_are_no_evidence():
-    windows = paired([(1, 0.70, 0.70)]) + [w("canary", "3", 2, None, "2"), w("champion", "2", 2, 0.7),
-                                          w("canary", "3", 3, 0.70, "7")]  # its champion v7 was never scored
+    windows = paired([(1, 0.70, 0.70)]) + [
+        w("canary", "3", 2, None, "2"),
+        w("champion", "2", 2, 0.7),
+        w("canary", "3", 3, 0.70, "7"),
+    ]  # its champion v7 was never scored
     assert canary_decision(windows, POLICY).action == "wait"
     assert canary_decision([], POLICY).action == "wait"
 
@@ -85,8 +95,10 @@ def test_a_different_champion_version_resets_the_streak():
     windows = champ([(1, 0.50)], version="1") + champ([(2, 0.50)], version="2")
     assert revert_decision(windows, 0.70, POLICY).action == "keep"
     # the version asked for, not the latest window's: its streak ended when v2 took over
-    assert revert_decision(champ([(1, 0.5), (2, 0.5)], "1") + champ([(3, 0.9)], "2"), 0.7, POLICY,
-                           version="1").action == "keep"
+    assert (
+        revert_decision(champ([(1, 0.5), (2, 0.5)], "1") + champ([(3, 0.9)], "2"), 0.7, POLICY, version="1").action
+        == "keep"
+    )
 
 
 def test_canary_windows_do_not_count_towards_a_revert():
@@ -107,17 +119,24 @@ def test_no_reference_never_reverts():
 def test_live_ctr_is_the_ctr_metric():
     policy = replace(POLICY, revert_metric="ctr")
     windows = [w("champion", "2", d, 0.7, live_ctr=c, ctr=0.1) for d, c in ((1, 0.10), (2, 0.08), (3, 0.08))]
-    assert revert_decision(windows, 0.10, policy).action == "revert"    # 0.08 < 0.085
-    assert revert_decision([replace(x, metrics={"auc": 0.7, "ctr": 0.01}) for x in windows], 0.10,
-                           policy).action == "keep"                     # observed CTR is not live CTR
+    assert revert_decision(windows, 0.10, policy).action == "revert"  # 0.08 < 0.085
+    assert (
+        revert_decision([replace(x, metrics={"auc": 0.7, "ctr": 0.01}) for x in windows], 0.10, policy).action == "keep"
+    )  # observed CTR is not live CTR
 
 
 def test_reference_is_the_registration_auc_else_the_first_window():
     windows = champ([(3, 0.61), (4, 0.55)]) + [w("canary", "2", 2, 0.64, "1")]
     assert reference_value(POLICY, {"eval.candidate": '{"auc": 0.66}'}, windows, "2") == (
-        0.66, "eval.candidate (holdout AUC at registration)")
+        0.66,
+        "eval.candidate (holdout AUC at registration)",
+    )
     assert reference_value(POLICY, {"eval.candidate": "not json"}, windows, "2") == (
-        0.64, "first monitored window dt=2024-02-02 (canary)")
+        0.64,
+        "first monitored window dt=2024-02-02 (canary)",
+    )
     assert reference_value(POLICY, {}, windows, "5") == (None, "none yet")
     live = [w("champion", "2", 1, 0.7, live_ctr=0.12), w("champion", "2", 2, 0.7, live_ctr=0.05)]
-    assert reference_value(replace(POLICY, revert_metric="ctr"), {"eval.candidate": '{"auc": 0.66}'}, live, "2")[0] == 0.12
+    assert (
+        reference_value(replace(POLICY, revert_metric="ctr"), {"eval.candidate": '{"auc": 0.66}'}, live, "2")[0] == 0.12
+    )

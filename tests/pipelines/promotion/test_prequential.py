@@ -2,6 +2,7 @@
 run, maximum wait), and how the gate reads a judged day (the evidence replaces the tolerances; safety checks stay;
 the calibration band judges the candidate, not the day's click rate). The stage itself runs against a real
 MLflow store in tests/pipelines/flows/test_prequential.py and through Airflow in tests/e2e/test_prequential_dag.py."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,9 +15,9 @@ from pipelines.promotion.sequential import Evidence
 from tests.pipelines.promotion.test_gate import POLICY, SAME, check, evaluation, failed
 
 rng = np.random.default_rng(0)
-BETTER = Evidence().add(rng.normal(0.01, 0.05, 5000))     # the candidate predicts rows better, clearly
+BETTER = Evidence().add(rng.normal(0.01, 0.05, 5000))  # the candidate predicts rows better, clearly
 WORSE = Evidence().add(rng.normal(-0.01, 0.05, 5000))
-NOISE = Evidence().add(rng.normal(0.0, 0.05, 300))        # too little to tell
+NOISE = Evidence().add(rng.normal(0.0, 0.05, 300))  # too little to tell
 
 
 def test_clear_evidence_releases_or_rejects_at_the_first_look():
@@ -47,7 +48,7 @@ def judged(seq_verdict: str, **kw) -> dict:
 
 
 def test_the_evidence_replaces_the_tolerances_and_the_safety_checks_stay():
-    d = decide(POLICY, judged("release", cand_auc=0.60, champ_auc=0.75), base=SAME)   # a day's AUC gap is not it
+    d = decide(POLICY, judged("release", cand_auc=0.60, champ_auc=0.75), base=SAME)  # a day's AUC gap is not it
     names = [c["name"] for c in d["checks"]]
     assert d["passed"] and "auc_non_inferiority" not in names and "slot_auc[morning]" not in names
     assert names[:3] == ["base_compatible", "auc_floor_every_run", "sequential_non_inferiority"]
@@ -58,11 +59,11 @@ def test_the_evidence_replaces_the_tolerances_and_the_safety_checks_stay():
 
 def test_on_a_judged_day_the_calibration_band_judges_the_candidate_not_the_days_click_rate():
     day_moved = judged("release", calibration=2.0)
-    day_moved["champion"]["calibration_ratio"] = 1.9            # the champion is out of the band on these rows too
+    day_moved["champion"]["calibration_ratio"] = 1.9  # the champion is out of the band on these rows too
     assert check(decide(POLICY, day_moved, base=SAME), "calibration")["passed"]
     own = judged("release", calibration=2.0)
-    own["champion"]["calibration_ratio"] = 1.0                  # the champion is fine: the candidate is off
+    own["champion"]["calibration_ratio"] = 1.0  # the champion is fine: the candidate is off
     assert failed(decide(POLICY, own, base=SAME)) == ["calibration"]
-    holdout = evaluation(calibration=2.0)                       # judged on its holdout: the band, as always
+    holdout = evaluation(calibration=2.0)  # judged on its holdout: the band, as always
     holdout["champion"]["calibration_ratio"] = 1.9
     assert "calibration" in failed(decide(POLICY, holdout, base=SAME))

@@ -1,5 +1,6 @@
 """The prequential gate's decision core (`promotion.sequential`): evidence that adds up over the days a
 candidate waits, and an interval that stays valid when it is looked at every day."""
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,7 @@ def test_a_row_the_candidate_predicts_better_is_positive_evidence():
 
 # ----------------------------------------------------------------------------- the interval
 def test_the_interval_is_wider_than_a_fixed_sample_one_and_closes_as_rows_come():
-    fixed = lambda n: 1.96 / math.sqrt(n)   # noqa: E731  a 95% interval, valid at one pre-set n only
+    fixed = lambda n: 1.96 / math.sqrt(n)  # noqa: E731  a 95% interval, valid at one pre-set n only
     widths = [radius(n, 1.0, ALPHA, planned_rows=2_000) for n in (100, 1_000, 2_000, 10_000)]
     assert all(w > fixed(n) for w, n in zip(widths, (100, 1_000, 2_000, 10_000)))
     assert widths == sorted(widths, reverse=True)
@@ -72,7 +73,7 @@ def test_looking_every_day_keeps_the_error_rate_where_a_daily_fixed_sample_test_
 def evidence(mean: float, sd: float, n: int, seed: int = 3) -> Evidence:
     rng = np.random.default_rng(seed)
     x = rng.normal(0, 1, n)
-    return Evidence().add(mean + sd * (x - x.mean()) / x.std(ddof=1))   # exactly this mean and sd
+    return Evidence().add(mean + sd * (x - x.mean()) / x.std(ddof=1))  # exactly this mean and sd
 
 
 def test_a_fresher_candidate_no_worse_than_the_margin_is_released():

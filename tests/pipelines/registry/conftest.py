@@ -5,6 +5,7 @@ backend, artifacts proxied to S3; tests/conftest.py: on_mlflow_server)::
     @pytest.mark.parametrize("serving_store", ["sqlite", pytest.param("http", marks=pytest.mark.slow)],
                              indirect=True)
 """
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 registry names: a user's family loads because the record vouches for it, a base whose stored config names
 another family is refused, and a base registered before families existed loads as the default. On a SQLite
 store and through a real `mlflow server` over HTTP with S3 artifacts."""
+
 from __future__ import annotations
 
 import json
@@ -48,14 +49,15 @@ def test_a_users_family_is_recorded_and_loads_everywhere_the_registry_vouches_fo
     loaded = pyfunc.load_base_from_registry(base.name, base.version, base.fingerprint)
     assert loaded.built_by == "tiny"
     demo.add_adapter(f"{prefix}feed", "feed", base, model, example, seed=1, alias="champion")
-    served = pyfunc.load(f"models:/{prefix}feed@champion")          # the trusted pyfunc: base of that family
+    served = pyfunc.load(f"models:/{prefix}feed@champion")  # the trusted pyfunc: base of that family
     rows = fixtures.rows(64)
     server = AdapterServer(("feed",), adapter_prefix=prefix, cold_start_model=None, base_model=base.name)
     probs, versions = server.score(rows, return_versions=True)
     on_adapter = versions == f"{prefix}feed:1"
-    assert on_adapter.sum() > 10                                      # the feed slot's rows
-    np.testing.assert_allclose(probs[on_adapter], np.asarray(served.predict(rows[on_adapter])).reshape(-1),
-                               atol=1e-6, rtol=0)
+    assert on_adapter.sum() > 10  # the feed slot's rows
+    np.testing.assert_allclose(
+        probs[on_adapter], np.asarray(served.predict(rows[on_adapter])).reshape(-1), atol=1e-6, rtol=0
+    )
 
 
 @BOTH
@@ -65,13 +67,13 @@ def test_a_base_whose_files_name_another_family_than_its_record_is_refused(servi
     base, _, _ = register(TINY, prefix)
     files = stored(base.name, base.version, request)
     config = json.loads(files.read("artifacts/base/model_config.json"))
-    config["model"]["family"] = "feature_transformer"               # the artifact store says otherwise
+    config["model"]["family"] = "feature_transformer"  # the artifact store says otherwise
     files.write("artifacts/base/model_config.json", json.dumps(config).encode())
     with pytest.raises(RegistryError, match="names model family 'feature_transformer'"):
         pyfunc.load_base_from_registry(base.name, base.version)
 
     other, _, _ = register("feature_transformer", f"{prefix}x_")
-    MlflowClient().set_model_version_tag(other.name, other.version, integrity.FAMILY_TAG, TINY)   # the record lies
+    MlflowClient().set_model_version_tag(other.name, other.version, integrity.FAMILY_TAG, TINY)  # the record lies
     with pytest.raises(RegistryError, match=f"but {TINY} was expected"):
         pyfunc.load_base_from_registry(other.name, other.version)
 

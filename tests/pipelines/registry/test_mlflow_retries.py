@@ -2,6 +2,7 @@
 read as "absent") beyond the retry budget. A real `mlflow server` (tests/conftest.py: mlflow_server)
 behind tests/pipelines/data/test_s3_retries.py's FaultProxy; MLflow's own client does the retrying,
 configured in one place (pipelines/registry/mlflow_io.py: HTTP_RETRY_SETTINGS)."""
+
 from __future__ import annotations
 
 import uuid
@@ -39,15 +40,16 @@ def test_the_library_configures_mlflow_retries(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     mlflow_io.configure_http_retries()
     assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 7 and MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.get() == 2
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # an operator's own setting wins
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")  # an operator's own setting wins
     mlflow_io.configure_http_retries()
     assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 3
 
 
 def test_registry_calls_survive_503s_and_dropped_connections(mlflow_server, via):
     name = f"retry_{uuid.uuid4().hex[:8]}"
-    with FaultProxy(mlflow_server.uri, "503", failures=2,
-                    match=lambda m, p: m == "POST" and "registered-models/create" in p) as proxy:
+    with FaultProxy(
+        mlflow_server.uri, "503", failures=2, match=lambda m, p: m == "POST" and "registered-models/create" in p
+    ) as proxy:
         via(proxy)
         mlflow_io.client().create_registered_model(name)
     assert len(proxy.faulted) == 2
@@ -67,7 +69,7 @@ def test_beyond_the_retry_budget_an_outage_is_an_error_not_absence(mlflow_server
         via(proxy)
         with pytest.raises(MlflowException, match="503"):
             mlflow_io.version_by_alias(name, "champion")
-    assert len(proxy.faulted) == 3   # the first try and two retries
+    assert len(proxy.faulted) == 3  # the first try and two retries
 
 
 def test_an_artifact_download_cut_off_midway_is_run_again(mlflow_server, via, tmp_path):
@@ -87,7 +89,7 @@ def test_an_artifact_download_cut_off_midway_is_run_again(mlflow_server, via, tm
     uri = f"runs:/{run}/notes/a.txt"
     with FaultProxy(mlflow_server.uri, "truncate", failures=1, match=file_get) as proxy:
         via(proxy)
-        with pytest.raises(MlflowException):   # the gap the wrapper closes
+        with pytest.raises(MlflowException):  # the gap the wrapper closes
             mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / "plain"))
     with FaultProxy(mlflow_server.uri, "truncate", failures=1, match=file_get) as proxy:
         via(proxy)
@@ -103,10 +105,10 @@ def test_a_missing_artifact_fails_and_a_refusal_is_final(mlflow_server, via, tmp
     run = direct.create_run(direct.create_experiment(f"retry-{uuid.uuid4().hex[:8]}")).info.run_id
     with FaultProxy(mlflow_server.uri, "503", failures=0) as proxy:
         via(proxy)
-        with pytest.raises(MlflowException, match="missing.txt"):   # tried DOWNLOAD_ATTEMPTS times, then raised
+        with pytest.raises(MlflowException, match="missing.txt"):  # tried DOWNLOAD_ATTEMPTS times, then raised
             mlflow_io.download_artifacts(artifact_uri=f"runs:/{run}/missing.txt", dst_path=str(tmp_path))
         before = len(proxy.forwarded)
-        with pytest.raises(MlflowException) as err:   # no such alias: asked once
+        with pytest.raises(MlflowException) as err:  # no such alias: asked once
             mlflow_io.download_artifacts(artifact_uri=f"models:/{name}@champion", dst_path=str(tmp_path))
     assert err.value.error_code == "INVALID_PARAMETER_VALUE"
     assert len(proxy.forwarded) - before == 1

@@ -1,4 +1,5 @@
 """registry.register.registration_key: what makes two candidates the same registered version."""
+
 from pipelines.registry.register import registration_key
 
 CANDIDATE = {"data": {"sha256": "d" * 64}, "config_hash": "c" * 64, "base": {"fingerprint": "b" * 64}}

@@ -1,6 +1,7 @@
 """A stage's MLflow run knows the Airflow task instance it ran in (the `AIRFLOW_CTX_*` variables Airflow exports
 to a task's process), ends FAILED with its error when the attempt fails, and a retry's run links to the
 failed try's run. Real SQLite store (tests/pipelines/conftest.py: serving_store)."""
+
 from __future__ import annotations
 
 import mlflow
@@ -9,9 +10,13 @@ from mlflow import MlflowClient
 
 from pipelines.registry import mlflow_io, runs
 
-TASK = {"AIRFLOW_CTX_DAG_ID": "ctr_lora_retrain", "AIRFLOW_CTX_DAG_RUN_ID": "manual__2026-12-06T10:00:00+00:00",
-        "AIRFLOW_CTX_TASK_ID": "train_adapter", "AIRFLOW_CTX_MAP_INDEX": "2",
-        "CTR_CELERY_WORKER": "ctr_stack-worker-1@vm"}
+TASK = {
+    "AIRFLOW_CTX_DAG_ID": "ctr_lora_retrain",
+    "AIRFLOW_CTX_DAG_RUN_ID": "manual__2026-12-06T10:00:00+00:00",
+    "AIRFLOW_CTX_TASK_ID": "train_adapter",
+    "AIRFLOW_CTX_MAP_INDEX": "2",
+    "CTR_CELERY_WORKER": "ctr_stack-worker-1@vm",
+}
 
 
 @pytest.fixture
@@ -23,6 +28,7 @@ def in_task(monkeypatch, serving_store):
             monkeypatch.setenv("AIRFLOW__API__BASE_URL", base_url)
         else:
             monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
+
     return attempt
 
 
@@ -32,12 +38,18 @@ def test_a_run_opened_in_a_task_carries_the_task_instance_and_a_link_back(in_tas
         pass
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert {k: tags[k] for k in runs.AIRFLOW_ENV} == {
-        "airflow.dag_id": "ctr_lora_retrain", "airflow.run_id": "manual__2026-12-06T10:00:00+00:00",
-        "airflow.task_id": "train_adapter", "airflow.try_number": "1", "airflow.map_index": "2",
-        "airflow.worker": "ctr_stack-worker-1@vm"}
+        "airflow.dag_id": "ctr_lora_retrain",
+        "airflow.run_id": "manual__2026-12-06T10:00:00+00:00",
+        "airflow.task_id": "train_adapter",
+        "airflow.try_number": "1",
+        "airflow.map_index": "2",
+        "airflow.worker": "ctr_stack-worker-1@vm",
+    }
     # the mapped instance's own page (Airflow's UI route for an index), not the task's list of indexes
-    assert tags[runs.URL_TAG] == ("http://airflow.example:8080/dags/ctr_lora_retrain/runs/"
-                                  "manual__2026-12-06T10%3A00%3A00%2B00%3A00/tasks/train_adapter/mapped/2")
+    assert tags[runs.URL_TAG] == (
+        "http://airflow.example:8080/dags/ctr_lora_retrain/runs/"
+        "manual__2026-12-06T10%3A00%3A00%2B00%3A00/tasks/train_adapter/mapped/2"
+    )
     assert runs.PREVIOUS_TRY_TAG not in tags and runs.ERROR_TAG not in tags
 
 
@@ -66,7 +78,7 @@ def test_a_failed_attempt_ends_its_run_failed_with_the_error_and_the_retry_links
     with pytest.raises(KeyError):
         with runs.start_run(exp, "ctr_lora_morning-1998-03-07") as first:
             with runs.start_run(exp, "ctr_lora_afternoon-1998-03-07", nested=True):
-                pass   # another slot's run of the same task: never taken for this slot's previous try
+                pass  # another slot's run of the same task: never taken for this slot's previous try
             raise KeyError("_MLFLOW_TELEMETRY_SESSION_ID")
     assert mlflow.active_run() is None
     failed = MlflowClient().get_run(first.info.run_id)

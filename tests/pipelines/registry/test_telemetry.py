@@ -6,6 +6,7 @@ The race is real: with telemetry on, MLflow's telemetry thread sets and then uns
 environment meanwhile raises KeyError, which is how a training task's first try failed in MLflow's
 log-batch. The subprocesses below run without the variables by which MLflow turns telemetry off under
 pytest and CI, so they meet MLflow as a user's worker does."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ import yaml
 from tests.e2e.stack import REPO
 
 SESSION_VAR = "_MLFLOW_TELEMETRY_SESSION_ID"
-CI_MARKERS = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY",
-              "DO_NOT_TRACK")
+CI_MARKERS = (
+    "PYTEST_CURRENT_TEST",
+    "PYTEST_XDIST_WORKER",
+    "CI",
+    "GITHUB_ACTIONS",
+    "MLFLOW_DISABLE_TELEMETRY",
+    "DO_NOT_TRACK",
+)
 
 # Logs runs while a second thread reads the whole environment in a loop; prints what it saw.
 RACE = textwrap.dedent("""
@@ -52,8 +59,14 @@ RACE = textwrap.dedent("""
 
 def _race(mode: str, tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in CI_MARKERS}
-    out = subprocess.run([sys.executable, "-c", RACE, mode, f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-c", RACE, mode, f"sqlite:///{tmp_path / 'mlflow.db'}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -79,14 +92,20 @@ def test_every_environment_the_product_starts_turns_telemetry_off(tmp_path):
     stack = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stack)
     assert stack.stack_env(stack.settings({"STACK_DIR": str(tmp_path)}), {})["MLFLOW_DISABLE_TELEMETRY"] == "true"
-    embedded = subprocess.run(["bash", "-c", "source scripts/env.sh && echo $MLFLOW_DISABLE_TELEMETRY"], cwd=REPO,
-                              capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    embedded = subprocess.run(
+        ["bash", "-c", "source scripts/env.sh && echo $MLFLOW_DISABLE_TELEMETRY"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"]},
+    )
     assert embedded.stdout.strip() == "true"
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     runs_mlflow = [n for n, s in compose["services"].items() if "airflow" in n or n.startswith(("mlflow", "serving"))]
     assert {"mlflow", "serving", "serving-init", "airflow-worker", "airflow-scheduler"} <= set(runs_mlflow)
-    assert {n: compose["services"][n]["environment"].get("MLFLOW_DISABLE_TELEMETRY") for n in runs_mlflow} == \
-        dict.fromkeys(runs_mlflow, "true")
+    assert {
+        n: compose["services"][n]["environment"].get("MLFLOW_DISABLE_TELEMETRY") for n in runs_mlflow
+    } == dict.fromkeys(runs_mlflow, "true")
     for image in ("Dockerfile", "mlflow.Dockerfile"):
         assert "ENV MLFLOW_DISABLE_TELEMETRY=true" in (REPO / "docker" / image).read_text(), image
 
@@ -94,6 +113,10 @@ def test_every_environment_the_product_starts_turns_telemetry_off(tmp_path):
 def test_importing_the_package_turns_it_off_unless_a_user_chose(tmp_path):
     code = "import os, pipelines; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"}
-    got = [subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, **extra}, capture_output=True,
-                          text=True).stdout.strip() for extra in ({}, {"MLFLOW_DISABLE_TELEMETRY": "false"})]
+    got = [
+        subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env={**env, **extra}, capture_output=True, text=True
+        ).stdout.strip()
+        for extra in ({}, {"MLFLOW_DISABLE_TELEMETRY": "false"})
+    ]
     assert got == ["true", "false"]

@@ -10,6 +10,7 @@ live on S3 (moto): there the test rewrites the S3 objects behind the server.
 The trusted load also never runs code stored with the model: not the stored models-from-code file,
 not the pickle and shipped `code/` of a model logged before models-from-code.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,14 +37,14 @@ from tests.pipelines.serving import fixtures
 
 REPO = Path(__file__).resolve().parents[3]
 WEIGHTS = "artifacts/adapter/adapter_model.safetensors"
-BOTH = pytest.mark.parametrize("serving_store", ["sqlite", pytest.param("http", marks=pytest.mark.slow)],
-                               indirect=True)
+BOTH = pytest.mark.parametrize("serving_store", ["sqlite", pytest.param("http", marks=pytest.mark.slow)], indirect=True)
 
 
 @dataclass(frozen=True)
 class StoredModel:
     """A logged model's files where the artifact store keeps them: a local directory, or the S3 objects
     behind the tracking server (`mlflow-artifacts:/…` proxied to `server_artifacts`)."""
+
     location: str
     server_artifacts: str | None = None
 
@@ -90,6 +91,7 @@ def tamper_consistently(model: StoredModel) -> None:
 @dataclass
 class Small:
     """A base and one adapter slot under names of this test's own (the HTTP server is shared)."""
+
     base: demo.BaseVersion
     base_model: CTRModel
     example: object
@@ -179,12 +181,13 @@ def test_a_version_whose_integrity_tags_were_removed_is_refused(small):
 def test_the_trusted_load_runs_no_code_stored_with_the_model(small, tmp_path):
     marker = tmp_path / "stored-code-ran"
     model = stored(small.adapter, "1", None)
-    model.write(pyfunc.MODEL_FILE.name, f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('stored code ran')\n"
-                .encode())
+    model.write(
+        pyfunc.MODEL_FILE.name, f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('stored code ran')\n".encode()
+    )
     frame = fixtures.rows(50, "2024-01-11")[list(FEATURE_FIELDS)]
     trusted = pyfunc.load(f"models:/{small.adapter}@champion").predict(frame)
     assert not marker.exists() and np.asarray(trusted).shape == (50,)
-    with pytest.raises(mlflow.MlflowException, match="stored code ran"):   # MLflow's own load executes it
+    with pytest.raises(mlflow.MlflowException, match="stored code ran"):  # MLflow's own load executes it
         mlflow.pyfunc.load_model(f"models:/{small.adapter}/1")
     assert marker.exists()
 
@@ -194,33 +197,45 @@ def _log_as_before(small: Small, tmp_path: Path) -> str:
     package (code_paths); registered with the tags registration gave it. Returns its version."""
     adapter_dir = tmp_path / "adapter"
     adapters.save(demo.random_adapter(small.base_model, seed=5), adapter_dir)
-    meta = {"kind": "adapter", "slot": "feed", "base": small.base.ref(),
-            "adapter_files": integrity.file_hashes(adapter_dir)}
+    meta = {
+        "kind": "adapter",
+        "slot": "feed",
+        "base": small.base.ref(),
+        "adapter_files": integrity.file_hashes(adapter_dir),
+    }
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     with mlflow.start_run() as run:
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=pyfunc.CTRPyfunc(), input_example=small.example,
+            name="model",
+            python_model=pyfunc.CTRPyfunc(),
+            input_example=small.example,
             artifacts={"meta": str(tmp_path / "meta.json"), "adapter": str(adapter_dir)},
-            pip_requirements=mlflow_io.pip_requirements(), code_paths=[str(REPO / "pipelines")])
-    tags = {"slot": "feed", integrity.TAG: json.dumps(meta["adapter_files"], sort_keys=True),
-            **{f"base.{k}": v for k, v in small.base.ref().items()}}
+            pip_requirements=mlflow_io.pip_requirements(),
+            code_paths=[str(REPO / "pipelines")],
+        )
+    tags = {
+        "slot": "feed",
+        integrity.TAG: json.dumps(meta["adapter_files"], sort_keys=True),
+        **{f"base.{k}": v for k, v in small.base.ref().items()},
+    }
     return mlflow_io.register(info.model_uri, small.adapter, tags, run_id=run.info.run_id)
 
 
 def test_a_model_logged_as_a_pickle_loads_without_its_pickle_or_shipped_code(small, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))          # MLflow's own load below prepends code/
+    monkeypatch.setattr(sys, "path", list(sys.path))  # MLflow's own load below prepends code/
     version = _log_as_before(small, tmp_path)
     model = stored(small.adapter, version, None)
     assert {"python_model.pkl", "code/pipelines/registry/pyfunc.py"} <= {
-        p.relative_to(model.location).as_posix() for p in Path(model.location).rglob("*")}
+        p.relative_to(model.location).as_posix() for p in Path(model.location).rglob("*")
+    }
     uri = f"models:/{small.adapter}/{version}"
     frame = fixtures.rows(50, "2024-01-11")[list(FEATURE_FIELDS)]
     before = np.asarray(mlflow.pyfunc.load_model(uri).predict(frame))
-    model.write("python_model.pkl", b"not a pickle")        # the trusted load never reads it
+    model.write("python_model.pkl", b"not a pickle")  # the trusted load never reads it
     path = list(sys.path)
     np.testing.assert_array_equal(np.asarray(pyfunc.load(uri).predict(frame)), before)
-    assert sys.path == path                                   # the shipped code/ was not put on sys.path
-    with pytest.raises(Exception, match="pickle|load"):      # MLflow's own load unpickles it
+    assert sys.path == path  # the shipped code/ was not put on sys.path
+    with pytest.raises(Exception, match="pickle|load"):  # MLflow's own load unpickles it
         mlflow.pyfunc.load_model(uri)
 
 
@@ -231,18 +246,23 @@ def test_new_models_store_no_pickle_and_no_package_copy(small):
     assert not any(f.endswith(".pkl") or f.startswith("code/") for f in files), sorted(files)
     assert model.read(pyfunc.MODEL_FILE.name) == pyfunc.MODEL_FILE.read_bytes()
     requirements = model.read("requirements.txt").decode()
-    assert f"{mlflow_io.PACKAGE}==" in requirements           # the package is a requirement, not a copy
+    assert f"{mlflow_io.PACKAGE}==" in requirements  # the package is a requirement, not a copy
 
 
 def test_registration_copies_the_logged_record_and_refuses_a_contradicting_tag(small):
     logged = demo.log_adapter(demo.random_adapter(small.base_model, seed=9), "feed", small.base, small.example)
-    version = mlflow_io.register(logged.model_uri, small.adapter, {})            # no tags given
+    version = mlflow_io.register(logged.model_uri, small.adapter, {})  # no tags given
     tags = mlflow_io.get_version(small.adapter, version).tags
     assert tags[integrity.TAG] == logged.hashes
     assert (tags["base.name"], tags["base.version"], tags["base.fingerprint"]) == (
-        small.base.name, small.base.version, small.base.fingerprint)
-    assert tags == {**tags, **integrity.of_tags(MlflowClient().get_logged_model(
-        logged.model_uri.removeprefix("models:/")).tags)}
+        small.base.name,
+        small.base.version,
+        small.base.fingerprint,
+    )
+    assert tags == {
+        **tags,
+        **integrity.of_tags(MlflowClient().get_logged_model(logged.model_uri.removeprefix("models:/")).tags),
+    }
     with pytest.raises(RegistryError, match=r"tags \['adapter.sha256'\] differ from what was recorded"):
         mlflow_io.register(logged.model_uri, small.adapter, {integrity.TAG: "{}"})
 
@@ -269,11 +289,28 @@ def test_mlflow_models_serve_scores_a_registered_adapter_from_the_installed_pack
     from tests.conftest import free_port, stop_mlflow_server
 
     port, uri = free_port(), f"models:/{small.adapter}@champion"
-    bin_dir = Path(sys.executable).parent          # mlflow starts `uvicorn` from PATH
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), "CTR_TORCH_THREADS": "1",
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(bin_dir / "mlflow"), "models", "serve", "-m", uri, "--env-manager", "local",
-           "-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    bin_dir = Path(sys.executable).parent  # mlflow starts `uvicorn` from PATH
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
+        "CTR_TORCH_THREADS": "1",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    cmd = [
+        str(bin_dir / "mlflow"),
+        "models",
+        "serve",
+        "-m",
+        uri,
+        "--env-manager",
+        "local",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-w",
+        "1",
+    ]
     log = tmp_path / "serve.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -283,8 +320,9 @@ def test_mlflow_models_serve_scores_a_registered_adapter_from_the_installed_pack
         deadline = time.monotonic() + 240
         while True:
             try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                                 headers={"Content-Type": "application/json"})
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+                )
                 with urllib.request.urlopen(request, timeout=30) as r:
                     served = np.asarray(json.loads(r.read())["predictions"], dtype=np.float64)
                 break
@@ -293,5 +331,4 @@ def test_mlflow_models_serve_scores_a_registered_adapter_from_the_installed_pack
                 time.sleep(1)
     finally:
         stop_mlflow_server(proc)
-    np.testing.assert_allclose(served, np.asarray(pyfunc.load(uri).predict(frame), dtype=np.float64),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(served, np.asarray(pyfunc.load(uri).predict(frame), dtype=np.float64), rtol=0, atol=1e-6)

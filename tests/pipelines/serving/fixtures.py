@@ -3,6 +3,7 @@
 `build(slots)` fills the MLflow registry that is active (use it after tests.conftest.use_store_copy);
 `ServingRegistry.adapter(...)` adds more versions, `tamper` corrupts a stored adapter file in place.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,16 +39,32 @@ class ServingRegistry:
     base: demo.BaseVersion
     base_model: CTRModel
     example: pd.DataFrame
-    versions: dict[str, list[str]] = field(default_factory=dict)   # model name -> versions added
+    versions: dict[str, list[str]] = field(default_factory=dict)  # model name -> versions added
 
-    def adapter(self, slot: str, seed: int, alias: str | None = "champion", name: str | None = None,
-                recorded_fingerprint: str | None = None, lora_cfg: LoraTrainConfig | None = None,
-                on: tuple[demo.BaseVersion, CTRModel] | None = None) -> str:
+    def adapter(
+        self,
+        slot: str,
+        seed: int,
+        alias: str | None = "champion",
+        name: str | None = None,
+        recorded_fingerprint: str | None = None,
+        lora_cfg: LoraTrainConfig | None = None,
+        on: tuple[demo.BaseVersion, CTRModel] | None = None,
+    ) -> str:
         """A new version of `slot`'s adapter, on the first base or `on` (a `new_base()`)."""
         name = name or adapter_name(slot)
         base, base_model = on or (self.base, self.base_model)
-        v = demo.add_adapter(name, slot, base, base_model, self.example, seed, alias=alias,
-                             lora_cfg=lora_cfg, recorded_fingerprint=recorded_fingerprint)
+        v = demo.add_adapter(
+            name,
+            slot,
+            base,
+            base_model,
+            self.example,
+            seed,
+            alias=alias,
+            lora_cfg=lora_cfg,
+            recorded_fingerprint=recorded_fingerprint,
+        )
         self.versions.setdefault(name, []).append(v)
         return v
 
@@ -86,7 +103,7 @@ def request_in_flight(server, frame: pd.DataFrame, monkeypatch) -> Iterator[dict
     t = threading.Thread(target=lambda: result.setdefault("r", server.score(frame, return_versions=True)))
     t.start()
     assert entered.wait(30)
-    monkeypatch.setattr(server, "_forward", forward)   # later requests run normally
+    monkeypatch.setattr(server, "_forward", forward)  # later requests run normally
     try:
         yield result
     finally:

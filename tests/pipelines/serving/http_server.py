@@ -1,4 +1,5 @@
 """`python -m pipelines serve` as a real process for the HTTP tests, and a small JSON client."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,12 +28,23 @@ class Served:
     log: Path
     proc: subprocess.Popen | None = None
 
-    def call(self, path: str, body: object = None, *, raw: bytes | None = None,
-             headers: dict | None = None, timeout: float = 60) -> tuple[int, object]:
+    def call(
+        self,
+        path: str,
+        body: object = None,
+        *,
+        raw: bytes | None = None,
+        headers: dict | None = None,
+        timeout: float = 60,
+    ) -> tuple[int, object]:
         """(status, decoded JSON or text) of GET `path`, or POST of `body` (JSON) / `raw` bytes."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        req = urllib.request.Request(self.url + path, data=data, method="GET" if data is None else "POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method="GET" if data is None else "POST",
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 status, text = r.status, r.read().decode()
@@ -74,8 +86,15 @@ def split(frame: pd.DataFrame) -> dict:
 
 
 @contextlib.contextmanager
-def serve(tmp: Path, *, config: str = "configs/synthetic.yaml", poll_seconds: float = 0.5,
-          env: dict | None = None, extra: tuple[str, ...] = (), ready: bool = True) -> Iterator[Served]:
+def serve(
+    tmp: Path,
+    *,
+    config: str = "configs/synthetic.yaml",
+    poll_seconds: float = 0.5,
+    env: dict | None = None,
+    extra: tuple[str, ...] = (),
+    ready: bool = True,
+) -> Iterator[Served]:
     """The server on a free port, ready (/healthz 200) on entry unless `ready` is False, stopped
     (SIGTERM) on exit."""
     import mlflow
@@ -83,8 +102,21 @@ def serve(tmp: Path, *, config: str = "configs/synthetic.yaml", poll_seconds: fl
     port = free_port()
     log = tmp / f"serve-{port}.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), "PYTHONPATH": str(REPO), **(env or {})}
-    cmd = [sys.executable, "-m", "pipelines", "serve", "--config", str(REPO / config), "--port", str(port),
-           "--poll-seconds", str(poll_seconds), "--canary-share", "0", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines",
+        "serve",
+        "--config",
+        str(REPO / config),
+        "--port",
+        str(port),
+        "--poll-seconds",
+        str(poll_seconds),
+        "--canary-share",
+        "0",
+        *extra,
+    ]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     served = Served(f"http://127.0.0.1:{port}", log, proc)
@@ -104,10 +136,25 @@ def mlflow_models_serve(model_uri: str, tmp: Path) -> Iterator[str]:
     port = free_port()
     served = Served(f"http://127.0.0.1:{port}", tmp / "models-serve.log")
     # as in an activated environment: MLflow runs `uvicorn` from PATH
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), "PYTHONPATH": str(REPO),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", model_uri, "--env-manager", "local",
-           "-h", "127.0.0.1", "-p", str(port)]
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
+        "PYTHONPATH": str(REPO),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "models",
+        "serve",
+        "-m",
+        model_uri,
+        "--env-manager",
+        "local",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
     with open(served.log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -127,8 +174,9 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
-def wait_ready(served: Served, proc: subprocess.Popen | None = None, timeout_s: float = 120,
-               path: str = "/healthz") -> None:
+def wait_ready(
+    served: Served, proc: subprocess.Popen | None = None, timeout_s: float = 120, path: str = "/healthz"
+) -> None:
     proc = proc or served.proc
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:

@@ -1,5 +1,6 @@
 """A new ctr_base@champion without a restart: the pure plan, then the router on a real MLflow store
 (the old pair serves until every champion is on the new base, then all slots switch in one swap)."""
+
 from __future__ import annotations
 
 import threading
@@ -23,6 +24,7 @@ def _ref(model: str, version: str, fp: str) -> VersionRef:
 
 
 # ----------------------------------------------------------------------------- the plan (pure)
+
 
 def test_plan_waits_until_every_champion_is_on_the_new_base():
     resolved = {("m_a", "champion"): _ref("m_a", "2", NEW), ("m_b", "champion"): _ref("m_b", "1", OLD)}
@@ -51,6 +53,7 @@ def test_plan_with_no_champions_is_ready_at_once():
 
 # ----------------------------------------------------------------------------- the router
 
+
 def test_the_old_pair_serves_until_every_champion_is_on_the_new_base_then_all_slots_switch(registry):
     server = AdapterServer(SLOTS)
     frame = fixtures.rows(300, "2024-01-11")
@@ -72,22 +75,28 @@ def test_the_old_pair_serves_until_every_champion_is_on_the_new_base_then_all_sl
     assert sample(server, "lora_base_pending") == 1
     assert sample(server, "lora_base", {"version": f"ctr_base:{new[0].version}", "state": "pending"}) == 1
     assert sample(server, "lora_refused_loads_total", {"reason": "base_mismatch"}) == 0
-    assert {f"{fixtures.adapter_name(s)}:{v}" for s, v in new_versions.items()} <= set(server.loaded_versions()), \
+    assert {f"{fixtures.adapter_name(s)}:{v}" for s, v in new_versions.items()} <= set(server.loaded_versions()), (
         "the new base's adapters are loaded as they arrive, so the switch waits for the last one only"
+    )
 
     new_versions[SLOTS[-1]] = registry.adapter(SLOTS[-1], seed=299, on=new)
     report = server.refresh()
-    assert report["swapped"] and report["base"] == {"serving": f"ctr_base:{new[0].version}",
-                                                    "champion": f"ctr_base:{new[0].version}", "stale": False,
-                                                    "pending": None}
-    assert report["routes"] == {f"{fixtures.adapter_name(s)}@champion": f"{fixtures.adapter_name(s)}:{v}"
-                                for s, v in new_versions.items()}
+    assert report["swapped"] and report["base"] == {
+        "serving": f"ctr_base:{new[0].version}",
+        "champion": f"ctr_base:{new[0].version}",
+        "stale": False,
+        "pending": None,
+    }
+    assert report["routes"] == {
+        f"{fixtures.adapter_name(s)}@champion": f"{fixtures.adapter_name(s)}:{v}" for s, v in new_versions.items()
+    }
     probs, versions = server.score(frame, return_versions=True)
     for s in SLOTS:
         rows = frame["slot"].to_numpy() == s
         assert set(versions[rows]) == {f"{fixtures.adapter_name(s)}:{new_versions[s]}"}
-        np.testing.assert_allclose(probs[rows], pyfunc_predict(f"models:/{fixtures.adapter_name(s)}@champion",
-                                                               frame[rows]), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            probs[rows], pyfunc_predict(f"models:/{fixtures.adapter_name(s)}@champion", frame[rows]), atol=1e-6, rtol=0
+        )
     assert np.abs(probs - before[0]).max() > 1e-3
     assert server.base_ref.key == f"ctr_base:{new[0].version}"
     assert not any(k.endswith(":1") for k in server.loaded_versions()), "the old base's adapters left with it"
@@ -118,7 +127,7 @@ def test_scoring_threads_never_see_an_adapter_on_the_wrong_base_during_a_base_sw
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
-    for slot in SLOTS:   # the champions move one by one under load; the switch comes with the last
+    for slot in SLOTS:  # the champions move one by one under load; the switch comes with the last
         registry.set_alias(fixtures.adapter_name(slot), "champion", registry.versions[fixtures.adapter_name(slot)][-1])
         server.refresh()
     new_scores = server.score(frame, return_versions=True)
@@ -131,7 +140,7 @@ def test_scoring_threads_never_see_an_adapter_on_the_wrong_base_during_a_base_sw
 
     assert errors == [] and server.base_ref.key == f"ctr_base:{new[0].version}"
     kinds = set()
-    for probs, versions in seen:   # every response is wholly the old pair or wholly the new one
+    for probs, versions in seen:  # every response is wholly the old pair or wholly the new one
         ref = old_scores if (versions == old_scores[1]).all() else new_scores
         assert (versions == ref[1]).all(), f"a response mixed bases: {set(versions)}"
         np.testing.assert_array_equal(probs, ref[0])
@@ -152,7 +161,7 @@ def test_a_new_base_that_fails_its_fingerprint_is_refused_and_the_old_pair_keeps
     assert why.startswith(f"ctr_base:{new_version.version}: ") and "fingerprint" in why
     np.testing.assert_array_equal(server.score(frame), before)
     assert sample(server, "lora_refused_loads_total", {"reason": "base"}) == 1
-    server.refresh()   # remembered, not downloaded and counted again
+    server.refresh()  # remembered, not downloaded and counted again
     assert sample(server, "lora_refused_loads_total", {"reason": "base"}) == 1
 
 
@@ -165,7 +174,7 @@ def test_a_download_failure_on_the_new_base_waits_and_the_next_refresh_switches(
     on_new = {s: registry.adapter(s, seed=400 + i, on=new) for i, s in enumerate(SLOTS)}
     fetch = BaseStore.fetch
 
-    def broken(self, registry_, ref, dst):   # the artifact store is unreachable (outside failure)
+    def broken(self, registry_, ref, dst):  # the artifact store is unreachable (outside failure)
         if ref.model == "ctr_lora_feed":
             raise RefusedVersion(ref, "download", "connection reset")
         return fetch(self, registry_, ref, dst)
@@ -174,10 +183,11 @@ def test_a_download_failure_on_the_new_base_waits_and_the_next_refresh_switches(
     report = server.refresh()
     assert report["base"]["serving"] == "ctr_base:1" and not report["swapped"]
     assert report["base"]["pending"]["waiting_for"] == [
-        f"ctr_lora_feed@champion: v{on_new['feed']} was refused by the new base (download)"]
+        f"ctr_lora_feed@champion: v{on_new['feed']} was refused by the new base (download)"
+    ]
     assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
     monkeypatch.setattr(BaseStore, "fetch", fetch)
-    report = server.refresh()   # a download is retried, not remembered
+    report = server.refresh()  # a download is retried, not remembered
     assert report["swapped"] and report["base"]["serving"] == f"ctr_base:{new[0].version}"
     assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{on_new['feed']}"
 
@@ -189,17 +199,21 @@ def test_a_pending_base_is_dropped_with_its_adapters_when_the_alias_moves_on_or_
     assert server.refresh()["base"]["pending"]["version"] == f"ctr_base:{second[0].version}"
     assert f"ctr_lora_feed:{v_second}" in server.loaded_versions()
 
-    third, _ = registry.new_base(seed=15)   # a third base, refused: the second is dropped all the same
+    third, _ = registry.new_base(seed=15)  # a third base, refused: the second is dropped all the same
     mlflow.MlflowClient().set_model_version_tag("ctr_base", third.version, "fingerprint", "e" * 64)
     report = server.refresh()
     assert report["base"]["pending"]["version"] == f"ctr_base:{third.version}"
     assert f"ctr_lora_feed:{v_second}" in report["unloaded"] and sample(server, "lora_base_pending") == 0
-    assert server.metrics_registry.get_sample_value(
-        "lora_base", {"version": f"ctr_base:{second[0].version}", "state": "pending"}) is None
+    assert (
+        server.metrics_registry.get_sample_value(
+            "lora_base", {"version": f"ctr_base:{second[0].version}", "state": "pending"}
+        )
+        is None
+    )
 
-    registry.set_alias("ctr_base", "champion", second[0].version)   # the second again: pending again
+    registry.set_alias("ctr_base", "champion", second[0].version)  # the second again: pending again
     assert server.refresh()["base"]["pending"]["version"] == f"ctr_base:{second[0].version}"
-    registry.set_alias("ctr_base", "champion", "1")                  # and back: nothing pending, all freed
+    registry.set_alias("ctr_base", "champion", "1")  # and back: nothing pending, all freed
     report = server.refresh()
     assert report["base"]["pending"] is None and not report["base"]["stale"]
     assert f"ctr_lora_feed:{v_second}" in report["unloaded"]
@@ -226,23 +240,24 @@ def test_a_request_in_flight_across_a_base_switch_finishes_on_the_old_pair(regis
 
 # ----------------------------------------------------------------------------- the cap on versions held
 
+
 def test_a_revert_to_an_idle_version_is_a_swap_and_idle_versions_past_the_cap_are_evicted_lru(registry):
-    server = AdapterServer(SLOTS, max_loaded_adapters=5)   # the 3 champions + 2 idle
+    server = AdapterServer(SLOTS, max_loaded_adapters=5)  # the 3 champions + 2 idle
     v2 = registry.adapter("feed", seed=51)
     assert server.refresh()["loaded"] == [f"ctr_lora_feed:{v2}"]
-    registry.set_alias("ctr_lora_feed", "champion", "1")   # the revert: v1 is idle in memory
+    registry.set_alias("ctr_lora_feed", "champion", "1")  # the revert: v1 is idle in memory
     report = server.refresh()
     assert report["swapped"] and report["loaded"] == [] and report["unloaded"] == []
     assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
 
     v3, v4 = registry.adapter("feed", seed=52), registry.adapter("feed", seed=53)
-    report = server.refresh()   # champion v4; idle: v1 (routed just now), v2 (routed before), v3 (never)
+    report = server.refresh()  # champion v4; idle: v1 (routed just now), v2 (routed before), v3 (never)
     assert report["loaded"] == [f"ctr_lora_feed:{v4}"]
     held = set(server.loaded_versions())
     assert len(held) == 5 and {f"ctr_lora_feed:{v4}", "ctr_lora_feed:1"} <= held
     assert f"ctr_lora_feed:{v2}" in held and report["unloaded"] == [], "v3 was never loaded: nothing to evict"
     registry.set_alias("ctr_lora_feed", "champion", v3)
-    report = server.refresh()   # v3 loads; v2 is the least recently routed idle version
+    report = server.refresh()  # v3 loads; v2 is the least recently routed idle version
     assert report["unloaded"] == [f"ctr_lora_feed:{v2}"] and len(server.loaded_versions()) == 5
     assert sample(server, "lora_loaded_adapters") == 5 and sample(server, "lora_loaded_cap_exceeded") == 0
 
@@ -257,21 +272,22 @@ def test_routed_versions_are_never_evicted_the_cap_is_reported_exceeded(registry
 
 # ----------------------------------------------------------------------------- the load budget
 
+
 def test_moves_already_in_memory_go_live_before_a_load_that_misses_the_budget(registry):
-    server = AdapterServer(SLOTS, load_budget_ms=0)   # every load is past the budget
+    server = AdapterServer(SLOTS, load_budget_ms=0)  # every load is past the budget
     v2 = registry.adapter("feed", seed=71)
-    server.refresh()                                   # a move: feed v2 loads late, then switches
+    server.refresh()  # a move: feed v2 loads late, then switches
     assert sample(server, "lora_slow_loads_total") == 1
     registry.set_alias("ctr_lora_feed", "champion", "1")
-    server.refresh()                                   # back to v1, idle in memory: no load at all
+    server.refresh()  # back to v1, idle in memory: no load at all
     swaps = sample(server, "lora_swaps_total")
-    registry.set_alias("ctr_lora_feed", "champion", v2)          # in memory: goes live at once
-    search = registry.adapter("search", seed=72)                 # a download: misses the budget
+    registry.set_alias("ctr_lora_feed", "champion", v2)  # in memory: goes live at once
+    search = registry.adapter("search", seed=72)  # a download: misses the budget
     report = server.refresh()
     assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{v2}"
     assert report["routes"]["ctr_lora_search@champion"] == f"ctr_lora_search:{search}"
     assert report["loaded"] == [f"ctr_lora_search:{search}"] and report["refused"] == []
     assert sample(server, "lora_swaps_total") == swaps + 2, "feed's move first, search's once loaded"
     assert sample(server, "lora_slow_loads_total") == 2
-    fresh = AdapterServer(SLOTS, load_budget_ms=0)     # first routes have no previous version to keep
+    fresh = AdapterServer(SLOTS, load_budget_ms=0)  # first routes have no previous version to keep
     assert sample(fresh, "lora_slow_loads_total") == 0 and len(fresh.routes()) == 3

@@ -1,4 +1,5 @@
 """serving.batched: one mixed forward == each row through PEFT's own single-adapter model (no registry)."""
+
 from __future__ import annotations
 
 import copy
@@ -13,10 +14,10 @@ from pipelines.model import adapters
 from tests.pipelines.serving import fixtures
 
 CONFIGS = (
-    LoraTrainConfig(),                                                        # q/v, r=8
+    LoraTrainConfig(),  # q/v, r=8
     LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings")),
     LoraTrainConfig(r=2, alpha=2, target_modules=("k_proj", "o_proj")),
-    LoraTrainConfig(rank_pattern={"blocks.0.q_proj": 2, "v_proj": 4}),         # per-layer ranks: q 2, v 4
+    LoraTrainConfig(rank_pattern={"blocks.0.q_proj": 2, "v_proj": 4}),  # per-layer ranks: q 2, v 4
 )
 
 
@@ -33,7 +34,7 @@ TEXT_CONFIGS = (
     LoraTrainConfig(target_modules=("query", "value")),
     LoraTrainConfig(r=4, alpha=8, target_modules=("key", "value"), rank_pattern={"layer.1.attention.self.value": 2}),
     LoraTrainConfig(r=2, alpha=4, target_modules=("query", "head_proj")),
-    LoraTrainConfig(target_modules=("query", "value"), layers=(-1,)),           # the top layer only
+    LoraTrainConfig(target_modules=("query", "value"), layers=(-1,)),  # the top layer only
 )
 
 
@@ -73,7 +74,7 @@ def _inputs(which: str, base) -> torch.Tensor:
     if which == "text_setup":
         from pipelines.model import family
 
-        return torch.from_numpy(family.encode(fixtures.rows(600), base.cfg))   # more than any slice of rows
+        return torch.from_numpy(family.encode(fixtures.rows(600), base.cfg))  # more than any slice of rows
     gen = torch.Generator().manual_seed(1)
     return torch.stack([torch.randint(0, n, (64,), generator=gen) for n in (64, 64, 8, 8, 8, 8, 8, 8, 8)], dim=1)
 
@@ -95,23 +96,29 @@ def _setup(base, configs, tmp_path_factory):
     return base, store, names, singles
 
 
-@pytest.mark.parametrize("which,layer", [("setup", "blocks.0.k_proj"), ("dcn_setup", "deep.0.deep_proj"),
-                                         ("text_setup", "bert.encoder.layer.1.attention.self.key")])
+@pytest.mark.parametrize(
+    "which,layer",
+    [
+        ("setup", "blocks.0.k_proj"),
+        ("dcn_setup", "deep.0.deep_proj"),
+        ("text_setup", "bert.encoder.layer.1.attention.self.key"),
+    ],
+)
 def test_mixed_batch_equals_each_rows_single_adapter_model(which, layer, request):
     base, store, names, singles = request.getfixturevalue(which)
     stacks = batched.build_stacks(store, names)
-    assert any(s.embedding for s in stacks.values()) == (which != "text_setup")   # text: no id tables
+    assert any(s.embedding for s in stacks.values()) == (which != "text_setup")  # text: no id tables
     assert layer in stacks
     tree = batched.serving_tree(base, frozenset(stacks))
     x = _inputs(which, base)
-    rows = torch.arange(len(x)) % (len(names) + 1)    # 0 = base, i = names[i - 1]
+    rows = torch.arange(len(x)) % (len(names) + 1)  # 0 = base, i = names[i - 1]
     with torch.inference_mode():
         with batched.request(stacks, rows):
             mixed = tree(x)
         expected = torch.empty(len(x))
         for i, model in enumerate([base, *singles]):
             expected[rows == i] = model(x[rows == i])
-        outside = tree(x)   # outside a request the hooks add nothing
+        outside = tree(x)  # outside a request the hooks add nothing
         base_out = base(x)
     torch.testing.assert_close(mixed, expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(outside, base_out, atol=0, rtol=0)
@@ -131,8 +138,9 @@ def test_dora_adapter_is_reported_unsupported(setup):
     from peft import LoraConfig, get_peft_model
 
     base = setup[0]
-    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True),
-                           adapter_name="dora")
+    model = get_peft_model(
+        copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True), adapter_name="dora"
+    )
     problems = batched.unsupported(model.get_base_model(), "dora", batched.hookable(base))
     assert problems and all("variant" in p for p in problems)
     assert batched.unsupported(setup[1], "a0", batched.hookable(base)) == []

@@ -1,4 +1,5 @@
 """Hot swap: refreshes while other threads score never fail a request nor mix versions in one."""
+
 from __future__ import annotations
 
 import threading
@@ -25,7 +26,7 @@ def _references(server: AdapterServer, registry, frame, v_old: str, v_new: str) 
 
 
 def test_scoring_threads_see_exactly_one_version_per_request_while_the_champion_flips(registry):
-    server = AdapterServer(SLOTS, max_loaded_adapters=3)   # no idle version kept: each flip loads and unloads
+    server = AdapterServer(SLOTS, max_loaded_adapters=3)  # no idle version kept: each flip loads and unloads
     frame = fixtures.rows(400, "2024-01-11")
     feed = frame["slot"].to_numpy() == "feed"
     v_old, v_new = "1", registry.adapter("feed", seed=42, alias=None)
@@ -51,7 +52,7 @@ def test_scoring_threads_see_exactly_one_version_per_request_while_the_champion_
         registry.set_alias("ctr_lora_feed", "champion", v_new if n % 2 else v_old)  # starts on v_new
         report = server.refresh()
         assert report["swapped"] and report["refused"] == []
-        deadline = time.monotonic() + 30   # let every thread score on the new table before flipping again
+        deadline = time.monotonic() + 30  # let every thread score on the new table before flipping again
         while any(len(s) < c + 2 for s, c in zip(seen, counts)) and not errors and time.monotonic() < deadline:
             time.sleep(0.005)
     stop.set()
@@ -72,7 +73,7 @@ def test_scoring_threads_see_exactly_one_version_per_request_while_the_champion_
     final = v_new if SWAPS % 2 == 0 else v_old
     assert [v for v in server.loaded_versions() if v.startswith("ctr_lora_feed")] == [f"ctr_lora_feed:{final}"]
     swaps = server.metrics_registry.get_sample_value("lora_swaps_total")
-    assert swaps == 1 + 1 + SWAPS, swaps   # start + the reference switch to v_new (v_old was no-op) + flips
+    assert swaps == 1 + 1 + SWAPS, swaps  # start + the reference switch to v_new (v_old was no-op) + flips
     assert server.metrics_registry.get_sample_value("lora_active_adapters") == 3
 
 

@@ -1,6 +1,7 @@
 """`python -m pipelines serve` as a real process: MLflow's scoring protocol over HTTP, the pyfunc's
 numbers, 4xx for what it refuses, and alias moves followed without a restart (polling here; the
 webhook path runs against a real `mlflow server` in test_http_webhook.py)."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ def test_scores_over_http_equal_the_pyfunc_and_name_the_version_of_every_row(reg
     served = {(r["model"], r["version"]) for r in by_split["served_by"]}
     assert served == {(fixtures.adapter_name(s), "1") for s in fixtures.SLOTS}
     assert [r["model"] for r in by_split["served_by"]] == [fixtures.adapter_name(s) for s in frame["slot"]]
-    assert routes["routes"] == {f"{fixtures.adapter_name(s)}@champion": f"{fixtures.adapter_name(s)}:1"
-                                for s in fixtures.SLOTS}
+    assert routes["routes"] == {
+        f"{fixtures.adapter_name(s)}@champion": f"{fixtures.adapter_name(s)}:1" for s in fixtures.SLOTS
+    }
     assert routes["base"]["serving"] == "ctr_base:1" and routes["base"]["stale"] is False
     assert 'lora_requests_total{status="200"} 2.0' in metrics
     assert f'lora_rows_scored_total{{version="ctr_lora_feed:1"}} {2.0 * (frame["slot"] == "feed").sum()}' in metrics
@@ -61,9 +63,12 @@ def _bodies(frame) -> dict[str, tuple[int, object]]:
         data[1][col(name)] = value
         return {"dataframe_split": {"columns": good["columns"], "data": data}}
 
-    no_item = {"dataframe_split": {"columns": [c for c in good["columns"] if c != "item_id"],
-                                   "data": [[v for c, v in zip(good["columns"], r) if c != "item_id"]
-                                            for r in good["data"]]}}
+    no_item = {
+        "dataframe_split": {
+            "columns": [c for c in good["columns"] if c != "item_id"],
+            "data": [[v for c, v in zip(good["columns"], r) if c != "item_id"] for r in good["data"]],
+        }
+    }
     return {
         "missing field": (422, no_item),
         "hour is text": (422, with_value("hour", "noon")),
@@ -101,14 +106,14 @@ def test_malformed_requests_get_a_4xx_with_a_message_never_a_500(registry, tmp_p
     assert len(still_fine["predictions"]) == len(frame)
 
 
-def test_a_promotion_under_load_is_followed_without_a_restart_and_a_tampered_version_never_serves(
-        registry, tmp_path):
+def test_a_promotion_under_load_is_followed_without_a_restart_and_a_tampered_version_never_serves(registry, tmp_path):
     frame = fixtures.rows(64, "2024-01-11")
     v_bad = registry.adapter("feed", seed=7, alias=None)
     fixtures.tamper("ctr_lora_feed", v_bad)
     v_new = registry.adapter("feed", seed=8, alias=None)
     stop, answers = threading.Event(), []
     with serve(tmp_path) as http:
+
         def load() -> None:
             while not stop.is_set():
                 answers.append(http.call("/invocations", split(frame)))
@@ -119,7 +124,7 @@ def test_a_promotion_under_load_is_followed_without_a_restart_and_a_tampered_ver
         try:
             registry.set_alias("ctr_lora_feed", "champion", v_bad)
             refused = http.wait_for(lambda: http.call("/routes")[1]["refused"])
-            assert http.routes()["ctr_lora_feed@champion"] == "ctr_lora_feed:1"   # refused: v1 keeps serving
+            assert http.routes()["ctr_lora_feed@champion"] == "ctr_lora_feed:1"  # refused: v1 keeps serving
             registry.set_alias("ctr_lora_feed", "champion", v_new)
             http.wait_for_route("ctr_lora_feed@champion", f"ctr_lora_feed:{v_new}")
             after = http.score(frame)
@@ -133,7 +138,7 @@ def test_a_promotion_under_load_is_followed_without_a_restart_and_a_tampered_ver
     feed = (frame["slot"] == "feed").to_numpy()
     assert {r["version"] for r, f in zip(after["served_by"], feed) if f} == {v_new}
     assert answers and all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
-    for _, out in answers:   # one version per request for the moved slot, and never the tampered one
+    for _, out in answers:  # one version per request for the moved slot, and never the tampered one
         versions = {r["version"] for r, f in zip(out["served_by"], feed) if f}
         assert len(versions) == 1 and versions <= {"1", v_new}
 
@@ -158,7 +163,7 @@ def test_a_server_started_before_the_first_base_waits_for_it(template_db, tmp_pa
         with serve(tmp_path, ready=False, poll_seconds=1) as http:
             http.wait_for(lambda: "waiting for a serving base" in http.log.read_text())
             assert http.proc.poll() is None
-            fixtures.build()   # the base and the slots' champions are registered
+            fixtures.build()  # the base and the slots' champions are registered
             wait_ready(http)
             out = http.score(fixtures.rows(10, "2024-01-11"))
         assert len(out["predictions"]) == 10 and {r["version"] for r in out["served_by"]} == {"1"}

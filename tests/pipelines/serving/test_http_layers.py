@@ -2,6 +2,7 @@
 `python -m pipelines serve` from a real `mlflow server`: the batched stacks give a layer the adapter does
 not wrap no LoRA rows, and the HTTP scores equal the registry pyfunc's, beside a slot whose adapter wraps
 every layer."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,9 @@ def test_a_top_layer_adapter_is_served_over_http_as_the_pyfunc_scores_it(on_mlfl
     base = demo.register_base(base_model, example, name=f"{prefix}base")
     top = LoraTrainConfig(layers=(-1,))
     for i, slot in enumerate(fixtures.SLOTS):
-        demo.add_adapter(f"{prefix}{slot}", slot, base, base_model, example, seed=100 + i,
-                         lora_cfg=top if slot == "feed" else None)
+        demo.add_adapter(
+            f"{prefix}{slot}", slot, base, base_model, example, seed=100 + i, lora_cfg=top if slot == "feed" else None
+        )
     assert _adapter_config(f"{prefix}feed")["layers_to_transform"] == [1]
     assert _adapter_config(f"{prefix}search")["layers_to_transform"] is None
 

@@ -1,4 +1,5 @@
 """AdapterServer: routing, canary, cold start, refresh, refusals, metrics (each on a fresh MLflow store)."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def test_rows_are_scored_by_their_slot_champion_and_base_without_one(registry):
         rows = slot == s
         assert rows.sum() > 10
         assert set(versions[rows]) == {f"ctr_lora_{s}:1"}
-        np.testing.assert_allclose(probs[rows], pyfunc_predict(f"models:/ctr_lora_{s}@champion", frame[rows]),
-                                   atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            probs[rows], pyfunc_predict(f"models:/ctr_lora_{s}@champion", frame[rows]), atol=1e-6, rtol=0
+        )
     # splash has no champion: the base's output, reported as the base version
     rows = slot == "splash"
     assert rows.sum() > 0 and set(versions[rows]) == {"ctr_base:1"}
@@ -69,8 +71,9 @@ def test_canary_share_sends_a_stable_subset_of_users_to_canary(registry):
     again = AdapterServer(SLOTS, canary_share=0.3).score(frame, return_versions=True)[1]
     assert (again == versions).all()
     probs = server.score(frame)
-    np.testing.assert_allclose(probs[on_canary], pyfunc_predict("models:/ctr_lora_feed@canary", frame[on_canary]),
-                               atol=1e-6, rtol=0)
+    np.testing.assert_allclose(
+        probs[on_canary], pyfunc_predict("models:/ctr_lora_feed@canary", frame[on_canary]), atol=1e-6, rtol=0
+    )
 
 
 def test_canary_mask_bounds_and_determinism():
@@ -94,17 +97,20 @@ def test_new_users_go_to_the_cold_start_champion(registry):
     new = frame["is_new_user"].to_numpy()
     assert set(versions[new]) == {f"ctr_lora_cold_start:{cold}"}
     assert not any(v.startswith("ctr_lora_cold_start") for v in versions[~new])
-    np.testing.assert_allclose(probs[new], pyfunc_predict("models:/ctr_lora_cold_start@champion", frame[new]),
-                               atol=1e-6, rtol=0)
+    np.testing.assert_allclose(
+        probs[new], pyfunc_predict("models:/ctr_lora_cold_start@champion", frame[new]), atol=1e-6, rtol=0
+    )
     # a callable marks new users as well; without the column nobody is new
     by_callable = AdapterServer(SLOTS, new_users=lambda f: f["user_id"].isin(frame.loc[new, "user_id"]))
     assert (by_callable.score(frame, return_versions=True)[1][new] == versions[new]).all()
-    assert not any(v.startswith("ctr_lora_cold_start")
-                   for v in server.score(frame.drop(columns="is_new_user"), return_versions=True)[1])
+    assert not any(
+        v.startswith("ctr_lora_cold_start")
+        for v in server.score(frame.drop(columns="is_new_user"), return_versions=True)[1]
+    )
 
 
 def test_refresh_serves_the_moved_champion_and_unloads_the_old_past_the_cap(registry):
-    server = AdapterServer(SLOTS, max_loaded_adapters=3)   # room for the three champions only
+    server = AdapterServer(SLOTS, max_loaded_adapters=3)  # room for the three champions only
     frame = fixtures.rows(200, "2024-01-11")
     feed = frame["slot"].to_numpy() == "feed"
     before = server.score(frame)
@@ -117,12 +123,15 @@ def test_refresh_serves_the_moved_champion_and_unloads_the_old_past_the_cap(regi
     assert report["base"] == {"serving": "ctr_base:1", "champion": "ctr_base:1", "stale": False, "pending": None}
     probs, versions = server.score(frame, return_versions=True)
     assert set(versions[feed]) == {f"ctr_lora_feed:{v2}"}
-    np.testing.assert_allclose(probs[feed], pyfunc_predict("models:/ctr_lora_feed@champion", frame[feed]),
-                               atol=1e-6, rtol=0)
+    np.testing.assert_allclose(
+        probs[feed], pyfunc_predict("models:/ctr_lora_feed@champion", frame[feed]), atol=1e-6, rtol=0
+    )
     assert np.abs(probs[feed] - before[feed]).max() > 1e-3
     np.testing.assert_array_equal(probs[~feed], before[~feed])
     assert "ctr_lora_feed:1" not in server.loaded_versions()
-    assert len(server._table.base._peft.peft_config) == 3, "the old version's PEFT adapter is deleted, not just unrouted"
+    assert len(server._table.base._peft.peft_config) == 3, (
+        "the old version's PEFT adapter is deleted, not just unrouted"
+    )
 
     again = server.refresh()
     assert not again["swapped"] and again["loaded"] == [] and again["unloaded"] == []
@@ -159,7 +168,8 @@ def test_tampered_adapter_file_in_the_artifact_store_is_refused(registry):
 
     report = server.refresh()
     assert [(r["model"], r["version"], r["reason"]) for r in report["refused"]] == [
-        ("ctr_lora_search", v2, "integrity")]
+        ("ctr_lora_search", v2, "integrity")
+    ]
     assert "adapter_model.safetensors has sha256" in report["refused"][0]["error"]
     assert report["routes"]["ctr_lora_search@champion"] == "ctr_lora_search:1"
     np.testing.assert_array_equal(server.score(frame), before)
@@ -179,15 +189,17 @@ def test_request_rejects_frames_without_the_feature_columns(registry):
 
 def test_adapter_on_embeddings_with_another_rank_matches_its_pyfunc(registry):
     server = AdapterServer(SLOTS)
-    v2 = registry.adapter("search", seed=44, lora_cfg=LoraTrainConfig(
-        r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings")))
+    v2 = registry.adapter(
+        "search", seed=44, lora_cfg=LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings"))
+    )
     assert server.refresh()["loaded"] == [f"ctr_lora_search:{v2}"]
     frame = fixtures.rows(300, "2024-01-11")
     probs, versions = server.score(frame, return_versions=True)
-    for s in SLOTS:   # the stacks now mix ranks 8 and 4 and layers only one adapter targets
+    for s in SLOTS:  # the stacks now mix ranks 8 and 4 and layers only one adapter targets
         rows = frame["slot"].to_numpy() == s
-        np.testing.assert_allclose(probs[rows], pyfunc_predict(f"models:/ctr_lora_{s}@champion", frame[rows]),
-                                   atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            probs[rows], pyfunc_predict(f"models:/ctr_lora_{s}@champion", frame[rows]), atol=1e-6, rtol=0
+        )
     assert set(versions[frame["slot"].to_numpy() == "search"]) == {f"ctr_lora_search:{v2}"}
 
 
@@ -197,7 +209,7 @@ def test_adapter_carrying_layernorm_biases_is_refused_as_unsupported(registry):
     report = server.refresh()
     assert [(r["version"], r["reason"]) for r in report["refused"]] == [(bad, "unsupported")]
     assert report["routes"]["ctr_lora_feed@champion"] == "ctr_lora_feed:1"
-    json.dumps(report)   # JSON-safe
+    json.dumps(report)  # JSON-safe
 
 
 def test_a_version_without_its_registry_hashes_is_refused_not_checked_against_its_run(registry):
@@ -210,7 +222,7 @@ def test_a_version_without_its_registry_hashes_is_refused_not_checked_against_it
     v2 = registry.adapter("feed", seed=46, alias=None)
     client = mlflow.MlflowClient()
     run_id = client.get_model_version("ctr_lora_feed", v2).run_id
-    assert client.get_run(run_id).data.tags[integrity.TAG]                 # still on the run
+    assert client.get_run(run_id).data.tags[integrity.TAG]  # still on the run
     client.delete_model_version_tag("ctr_lora_feed", v2, integrity.TAG)
     registry.set_alias("ctr_lora_feed", "champion", v2)
 
@@ -224,11 +236,11 @@ def test_a_version_without_its_registry_hashes_is_refused_not_checked_against_it
 def test_a_refresh_for_named_routes_re_reads_only_those(registry):
     """What a webhook-triggered refresh does: one registry read per named route, the rest as last read."""
     server = AdapterServer(SLOTS)
-    feed, search = registry.adapter("feed", seed=61), registry.adapter("search", seed=62)   # both move
+    feed, search = registry.adapter("feed", seed=61), registry.adapter("search", seed=62)  # both move
     report = server.refresh(only=[("ctr_lora_feed", "champion"), ("someone_elses_model", "champion")])
     assert report["routes"]["ctr_lora_feed@champion"] == f"ctr_lora_feed:{feed}"
     assert report["routes"]["ctr_lora_search@champion"] == "ctr_lora_search:1", "not named: as last read"
     mlflow.MlflowClient().delete_registered_model_alias("ctr_lora_splash", "champion")
     report = server.refresh(only=[("ctr_lora_splash", "champion")])
     assert "ctr_lora_splash@champion" not in report["routes"]
-    assert server.refresh()["routes"]["ctr_lora_search@champion"] == f"ctr_lora_search:{search}"   # a full read
+    assert server.refresh()["routes"]["ctr_lora_search@champion"] == f"ctr_lora_search:{search}"  # a full read

@@ -1,5 +1,6 @@
 """serving.batched with PEFT trainable tokens (new user / item rows): a mixed batch == each row through
 its adapter's own PeftModel, tokens inside and outside each adapter's indices; what is refused."""
+
 from __future__ import annotations
 
 import copy
@@ -27,7 +28,7 @@ TOKEN_ITEMS = ([2, 3, 50], [3, 9])
 
 def token_tables(users: list[int], items: list[int], wide: bool, wide_items: bool = True) -> dict[str, list[int]]:
     tables = {"embeddings.user_id": users, "embeddings.item_id": items}
-    if wide:   # a different k on the wide tables, so the tables' maps do not coincide
+    if wide:  # a different k on the wide tables, so the tables' maps do not coincide
         tables.update({"wide.user_id": users[:-1], **({"wide.item_id": items} if wide_items else {})})
     return tables
 
@@ -39,12 +40,16 @@ def lora_configs(wide: bool) -> dict:
     from peft import LoraConfig
 
     return {
-        "tokens": LoraConfig(r=2, target_modules=["q_proj"],
-                             trainable_token_indices=token_tables(TOKEN_USERS[0], TOKEN_ITEMS[0], wide)),
+        "tokens": LoraConfig(
+            r=2, target_modules=["q_proj"], trainable_token_indices=token_tables(TOKEN_USERS[0], TOKEN_ITEMS[0], wide)
+        ),
         "qv": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-        "both": LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                           trainable_token_indices=token_tables(TOKEN_USERS[1], TOKEN_ITEMS[1], wide,
-                                                                wide_items=False)),
+        "both": LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "v_proj"],
+            trainable_token_indices=token_tables(TOKEN_USERS[1], TOKEN_ITEMS[1], wide, wide_items=False),
+        ),
     }
 
 
@@ -62,7 +67,7 @@ def randomize(model, seed: int, lora: bool) -> None:
 def base_model(cfg) -> CTRModel:
     torch.manual_seed(0)
     base = CTRModel(cfg).eval().requires_grad_(False)
-    if base.wide is not None:   # non-zero base rows, so the served offsets must be taken against them
+    if base.wide is not None:  # non-zero base rows, so the served offsets must be taken against them
         with torch.no_grad():
             for emb in base.wide.values():
                 emb.weight.normal_(std=0.1)
@@ -130,7 +135,7 @@ def test_mixed_batch_equals_each_rows_own_peft_model(setup):
     assert {n for n, s in stacks.items() if isinstance(s, batched.TokenStack)} == tables
     tree = batched.serving_tree(base, frozenset(stacks))
     x = batch(base.cfg)
-    rows = torch.arange(len(x)) % (len(names) + 1)        # 0 = base, i = names[i - 1]
+    rows = torch.arange(len(x)) % (len(names) + 1)  # 0 = base, i = names[i - 1]
     mixed = mixed_equals_own_models(tree, stacks, rows, x, [base, *singles])
     with torch.inference_mode():
         base_out = base(x)
@@ -163,8 +168,10 @@ def test_store_of_trainable_tokens_config_adapters(tmp_path):
     base = base_model(CFGS["wide"])
     store, singles, peft = copy.deepcopy(base), [], None
     for i, users in enumerate(TOKEN_USERS):
-        model = get_peft_model(copy.deepcopy(base), TrainableTokensConfig(
-            target_modules=["embeddings.user_id", "wide.user_id"], token_indices=users))
+        model = get_peft_model(
+            copy.deepcopy(base),
+            TrainableTokensConfig(target_modules=["embeddings.user_id", "wide.user_id"], token_indices=users),
+        )
         randomize(model, seed=i, lora=False)
         model.save_pretrained(tmp_path / f"t{i}")
         singles.append(PeftModel.from_pretrained(copy.deepcopy(base), str(tmp_path / f"t{i}")).eval())
@@ -210,9 +217,17 @@ def test_modules_to_save_is_refused_and_other_adapters_are_not(tmp_path):
     from peft import LoraConfig
 
     base = base_model(CFGS["wide"])
-    store, _ = _store_with(base, tmp_path, ok=LoraConfig(r=2, target_modules=["q_proj"]),
-                           full=LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["head", "wide.item_id"],
-                                           trainable_token_indices={"embeddings.user_id": [1, 2]}))
+    store, _ = _store_with(
+        base,
+        tmp_path,
+        ok=LoraConfig(r=2, target_modules=["q_proj"]),
+        full=LoraConfig(
+            r=2,
+            target_modules=["q_proj"],
+            modules_to_save=["head", "wide.item_id"],
+            trainable_token_indices={"embeddings.user_id": [1, 2]},
+        ),
+    )
     problems = batched.unsupported(store, "full", batched.hookable(base))
     assert len(problems) == 2, problems
     assert all("ModulesToSaveWrapper (modules_to_save)" in p for p in problems)
@@ -229,7 +244,8 @@ def test_unknown_adapter_state_is_refused(tmp_path):
     store, _ = _store_with(base, tmp_path, a=LoraConfig(r=2, target_modules=["q_proj"]))
     store.norm.extra = torch.nn.ParameterDict({"a": torch.nn.Parameter(torch.zeros(3))})
     assert batched.unsupported(store, "a", batched.hookable(base)) == [
-        "norm.extra.a is adapter state batched serving does not compute"]
+        "norm.extra.a is adapter state batched serving does not compute"
+    ]
 
 
 def test_lora_and_tokens_on_one_table_never_reach_a_store(tmp_path):
@@ -239,11 +255,15 @@ def test_lora_and_tokens_on_one_table_never_reach_a_store(tmp_path):
 
     base = base_model(CFGS["deep"])
     with pytest.raises(TypeError, match="trainable_token_indices cannot be applied"):
-        get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules=["embeddings.user_id"],
-                                                       trainable_token_indices={"embeddings.user_id": [1]}))
+        get_peft_model(
+            copy.deepcopy(base),
+            LoraConfig(r=2, target_modules=["embeddings.user_id"], trainable_token_indices={"embeddings.user_id": [1]}),
+        )
     store, peft = _store_with(base, tmp_path, table=LoraConfig(r=2, target_modules=["embeddings.user_id"]))
-    get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], trainable_token_indices={
-        "embeddings.user_id": [1]})).save_pretrained(tmp_path / "tok")
+    get_peft_model(
+        copy.deepcopy(base),
+        LoraConfig(r=2, target_modules=["q_proj"], trainable_token_indices={"embeddings.user_id": [1]}),
+    ).save_pretrained(tmp_path / "tok")
     with pytest.raises(TypeError, match="trainable_token_indices cannot be applied"):
         peft.load_adapter(str(tmp_path / "tok"), adapter_name="tok")
 
@@ -260,9 +280,16 @@ def test_adapter_server_serves_a_token_adapter_end_to_end(registry, slot):
 
     frame = fixtures.rows(300, "2024-01-11")
     mine = frame["slot"].to_numpy() == slot
-    users = np.unique(encode(frame[mine], fixtures.CFG)[:, USER])[::2].tolist()   # half of its users
-    model = get_peft_model(copy.deepcopy(registry.base_model), LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], trainable_token_indices={"embeddings.user_id": users}))
+    users = np.unique(encode(frame[mine], fixtures.CFG)[:, USER])[::2].tolist()  # half of its users
+    model = get_peft_model(
+        copy.deepcopy(registry.base_model),
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj"],
+            trainable_token_indices={"embeddings.user_id": users},
+        ),
+    )
     randomize(model, seed=5, lora=True)
     name = fixtures.adapter_name(slot)
     logged = demo.log_adapter(model.eval(), slot, registry.base, registry.example)
@@ -272,8 +299,9 @@ def test_adapter_server_serves_a_token_adapter_end_to_end(registry, slot):
     assert server.refresh()["refused"] == []
     probs, versions = server.score(frame, return_versions=True)
     assert set(versions[mine]) == {f"{name}:{version}"}
-    expected = np.asarray(mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(frame[list(FEATURE_FIELDS)]),
-                          dtype=np.float64)
+    expected = np.asarray(
+        mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(frame[list(FEATURE_FIELDS)]), dtype=np.float64
+    )
     np.testing.assert_allclose(probs[mine], expected[mine], atol=1e-6, rtol=0)
     inside = np.isin(encode(frame, fixtures.CFG)[:, USER], users)
     assert (mine & inside).sum() > 5 and (mine & ~inside).sum() > 5

@@ -1,5 +1,6 @@
 """A small cold-start setting shared by the cold-start stage tests and the cold-start flow test: eight
 synthetic days, a serving base trained up to BASE_DAY, and a slot champion trained the real way."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,7 @@ def write_lake(tmp_path_factory) -> str:
     """Eight synthetic days from 2024-01-02, 2,000 rows each (module-scoped in the tests)."""
     uri = str(tmp_path_factory.mktemp("lake"))
     write_days(Lake(uri), SPEC, "2024-01-02", 8, 2000)
-    validate_lake(uri)   # cold start reads validated days only, as after the DAG's validate task
+    validate_lake(uri)  # cold start reads validated days only, as after the DAG's validate task
     return uri
 
 
@@ -28,13 +29,32 @@ def tiny_config(lake: str, *, delta: bool = False, **cold) -> PipelineConfig:
     """`delta`: the shipped recipe's shape, small: a wide LR base and delta slot adapters (the teachers)."""
     lora = dict(kind="delta", lr=0.3, trainable_tokens=("user_id", "item_id"), train_rows="all") if delta else {}
     return PipelineConfig(
-        data=DataConfig(lake_uri=lake, slots=SLOTS), model=dataclasses.replace(CFG, wide=delta),
-        base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256, wide_l2=3.0 if delta else 0.0),
-        lora=LoraTrainConfig(**{**dict(r=4, alpha=8, epochs=2, batch_size=64, window_days=3, min_rows=100,
-                                       warmup_steps=2), **lora}),
-        cold_start=ColdStartConfig(**{**dict(window_days=5, history_days=3, min_impressions=3, r=4, alpha=8, epochs=3,
-                                             batch_size=64, transfer_batch_size=128, min_labelled_rows=50,
-                                             min_holdout_rows=50), **cold}))
+        data=DataConfig(lake_uri=lake, slots=SLOTS),
+        model=dataclasses.replace(CFG, wide=delta),
+        base_training=BaseTrainConfig(
+            train_start="2024-01-02", epochs=1, batch_size=256, wide_l2=3.0 if delta else 0.0
+        ),
+        lora=LoraTrainConfig(
+            **{**dict(r=4, alpha=8, epochs=2, batch_size=64, window_days=3, min_rows=100, warmup_steps=2), **lora}
+        ),
+        cold_start=ColdStartConfig(
+            **{
+                **dict(
+                    window_days=5,
+                    history_days=3,
+                    min_impressions=3,
+                    r=4,
+                    alpha=8,
+                    epochs=3,
+                    batch_size=64,
+                    transfer_batch_size=128,
+                    min_labelled_rows=50,
+                    min_holdout_rows=50,
+                ),
+                **cold,
+            }
+        ),
+    )
 
 
 def serving_base_config(template_db, tmp_path, monkeypatch, lake, delta: bool = False):

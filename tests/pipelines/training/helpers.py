@@ -1,4 +1,5 @@
 """Small, deterministic models and data shared by the training tests (and the resume helper script)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,7 @@ from pipelines.model import features
 from pipelines.model.base import CTRModel
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
-SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10,
-                     seed=7)
+SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=7)
 
 
 def rows(day: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,14 +45,30 @@ def registered_base_config(lake: str, registry=None, model=None, cold_start=None
     from pipelines.training import base_model
     from tests.conftest import any_base_policy
 
-    lora = {"r": 4, "alpha": 8, "epochs": 1, "batch_size": 64, "lr": 0.02, "window_days": 2, "min_rows": 100,
-            "warmup_steps": 2, **lora_overrides}
+    lora = {
+        "r": 4,
+        "alpha": 8,
+        "epochs": 1,
+        "batch_size": 64,
+        "lr": 0.02,
+        "window_days": 2,
+        "min_rows": 100,
+        "warmup_steps": 2,
+        **lora_overrides,
+    }
     extra = {"cold_start": cold_start} if cold_start is not None else {}
-    c = PipelineConfig(data=DataConfig(lake_uri=lake, slots=SLOTS), model=model or CFG,
-                       base_training=base_training or BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
-                       lora=LoraTrainConfig(**lora), registry=registry or RegistryConfig(), **extra)
+    c = PipelineConfig(
+        data=DataConfig(lake_uri=lake, slots=SLOTS),
+        model=model or CFG,
+        base_training=base_training or BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256),
+        lora=LoraTrainConfig(**lora),
+        registry=registry or RegistryConfig(),
+        **extra,
+    )
     out = register_base(c, base_model.train(c, lake, "2024-01-03"), actor="test", policy=any_base_policy())
     # serving it: moved now, or already (the same weights trained before on a shared server are one version)
-    assert mlflow_io.version_by_alias(c.registry.base_model_name, "champion").version in (out["version"],
-                                                                                          int(out["version"]))
+    assert mlflow_io.version_by_alias(c.registry.base_model_name, "champion").version in (
+        out["version"],
+        int(out["version"]),
+    )
     return c

@@ -1,5 +1,6 @@
 """The adapter stage end to end on a local lake and a SQLite MLflow store: effective lr in the result and
 the run's params, the default checkpoint location, resume after a crash past training, cleanup."""
+
 from __future__ import annotations
 
 import tempfile
@@ -29,7 +30,7 @@ def test_adapter_records_the_effective_lr_and_resumes_after_a_crash(cfg, lake, t
     def crash(*a, **k):
         raise RuntimeError("artifact store down")
 
-    with monkeypatch.context() as m:   # training finishes, logging the model fails: the checkpoint stays
+    with monkeypatch.context() as m:  # training finishes, logging the model fails: the checkpoint stays
         m.setattr(mlflow_io, "log_ctr_model", crash)
         with pytest.raises(RuntimeError, match="artifact store down"):
             adapter.train(cfg, lake, END_DAY, "feed")
@@ -46,7 +47,7 @@ def test_adapter_records_the_effective_lr_and_resumes_after_a_crash(cfg, lake, t
 
     fresh = adapter.train(cfg, lake, END_DAY, "feed", checkpoint_uri=str(tmp_path / "elsewhere"))
     assert fresh["resumed_from_epoch"] is None
-    assert fresh["metrics"] == resumed["metrics"]   # same seed, same data: the resumed run is the same model
+    assert fresh["metrics"] == resumed["metrics"]  # same seed, same data: the resumed run is the same model
 
 
 def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(serving_store, lake):
@@ -63,19 +64,21 @@ def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(s
     cfg = registered_base_config(lake, epochs=1, lr=0.05, trainable_tokens=("user_id",))
     out = adapter.train(cfg, lake, END_DAY, "feed")
     streams = holdout_streams(cfg, lake, END_DAY, "feed", cfg.model)
-    seen = {u for f in streams["index"].frames(0, streams["holdout"].lo, 65_536, columns=["user_id"])
-            for u in f["user_id"]}
+    seen = {
+        u for f in streams["index"].frames(0, streams["holdout"].lo, 65_536, columns=["user_id"]) for u in f["user_id"]
+    }
     later = {u for f in streams["holdout"].frames(columns=["user_id"]) for u in f["user_id"]} - seen
     local = mlflow.artifacts.download_artifacts(artifact_uri=out["model_uri"]) + "/artifacts/adapter"
     indices = json.loads(open(f"{local}/adapter_config.json").read())["trainable_token_indices"]
     assert sorted(indices["embeddings.user_id"]) == features.id_buckets(pd.Series(sorted(seen)), "user_id", cfg.model)
     only_later = set(features.id_buckets(pd.Series(sorted(later)), "user_id", cfg.model)) - set(
-        indices["embeddings.user_id"])
-    assert later and only_later   # new holdout users exist and their rows were not trained
+        indices["embeddings.user_id"]
+    )
+    assert later and only_later  # new holdout users exist and their rows were not trained
     from pipelines.model import adapters
     from pipelines.model.base import CTRModel
 
-    model = adapters.load(CTRModel(cfg.model), local)   # the logged adapter's files carry the rows
+    model = adapters.load(CTRModel(cfg.model), local)  # the logged adapter's files carry the rows
     assert any("trainable_tokens_delta" in n for n, _ in model.named_parameters())
     assert out["trainable_fraction"] > lora_only_fraction(cfg)
 
@@ -88,7 +91,8 @@ def lora_only_fraction(cfg) -> float:
     from pipelines.model.base import CTRModel
 
     return adapters.trainable_fraction(adapters.attach(CTRModel(cfg.model), replace(cfg.lora, trainable_tokens=())))[
-        "trainable_fraction"]
+        "trainable_fraction"
+    ]
 
 
 def test_the_orthogonality_penalty_trains_against_the_other_slots_champions(serving_store, lake):
@@ -102,9 +106,14 @@ def test_the_orthogonality_penalty_trains_against_the_other_slots_champions(serv
 
     cfg = registered_base_config(lake, epochs=2, orthogonality_lambda=1.0)
     first = adapter.train(cfg, lake, END_DAY, SLOTS[0])
-    assert first["orthogonality"] is None                      # no sibling champion yet: nothing to penalise
-    mlflow_io.register(first["model_uri"], first["model_name"], {"base.fingerprint": first["base"]["fingerprint"]},
-                       alias="champion", run_id=first["run_id"])
+    assert first["orthogonality"] is None  # no sibling champion yet: nothing to penalise
+    mlflow_io.register(
+        first["model_uri"],
+        first["model_name"],
+        {"base.fingerprint": first["base"]["fingerprint"]},
+        alias="champion",
+        run_id=first["run_id"],
+    )
     plain = adapter.train(replace(cfg, lora=replace(cfg.lora, orthogonality_lambda=0.0)), lake, END_DAY, SLOTS[1])
     penalised = adapter.train(cfg, lake, END_DAY, SLOTS[1])
 
@@ -130,8 +139,9 @@ def test_an_adapter_whose_every_epoch_is_worse_than_its_base_is_logged_as_the_ba
     import numpy as np
     from safetensors.numpy import load_file
 
-    cfg = registered_base_config(lake, epochs=2, lr=3.0, stability_max=1000.0, early_stopping_patience=2,
-                                 keep_base_if_no_gain=True)
+    cfg = registered_base_config(
+        lake, epochs=2, lr=3.0, stability_max=1000.0, early_stopping_patience=2, keep_base_if_no_gain=True
+    )
     kept = adapter.train(cfg, lake, END_DAY, "feed")
     plain = adapter.train(replace(cfg, lora=replace(cfg.lora, keep_base_if_no_gain=False)), lake, END_DAY, "feed")
     assert kept["effective_lr"] == 3.0 and kept["lr_rescaled"] is False

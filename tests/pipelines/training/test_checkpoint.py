@@ -1,4 +1,5 @@
 """Checkpoints: round trip (local and S3), atomic writes, RNG states, resume == uninterrupted, SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,15 @@ from pipelines.training.checkpoint import CheckpointStore
 from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import base, rows
 
-LCFG = LoraTrainConfig(r=4, alpha=8, dropout=0.1, target_modules=("q_proj", "v_proj", "embeddings"),
-                       train_layernorm_bias=True)
+LCFG = LoraTrainConfig(
+    r=4, alpha=8, dropout=0.1, target_modules=("q_proj", "v_proj", "embeddings"), train_layernorm_bias=True
+)
 
 
 def settings(epochs=4, patience=4, seed=7) -> LoopSettings:
-    return LoopSettings(epochs=epochs, batch_size=64, lr=5e-3, weight_decay=0.01, warmup_steps=3, seed=seed,
-                        patience=patience)
+    return LoopSettings(
+        epochs=epochs, batch_size=64, lr=5e-3, weight_decay=0.01, warmup_steps=3, seed=seed, patience=patience
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +64,16 @@ def test_store_round_trip_is_atomic_and_ignores_a_corrupt_file(tmp_path, caplog)
     store = CheckpointStore(str(tmp_path / "run"))
     assert store.load() is None
     gen = torch.Generator().manual_seed(3)
-    state = {"epoch": 2, "weights": {"a": torch.arange(6.0).reshape(2, 3)}, "history": [{"epoch": 1, "x": 0.5}],
-             "best": None, "rng": ck.capture_rng(gen), "key": {"settings": {"lr": 0.1}}}
+    state = {
+        "epoch": 2,
+        "weights": {"a": torch.arange(6.0).reshape(2, 3)},
+        "history": [{"epoch": 1, "x": 0.5}],
+        "best": None,
+        "rng": ck.capture_rng(gen),
+        "key": {"settings": {"lr": 0.1}},
+    }
     assert store.save(state) == str(tmp_path / "run" / ck.FILENAME)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [ck.FILENAME]   # no temp file left
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [ck.FILENAME]  # no temp file left
     got = store.load()
     assert got["epoch"] == 2 and got["history"] == state["history"] and got["key"] == state["key"]
     assert torch.equal(got["weights"]["a"], state["weights"]["a"])
@@ -94,7 +103,7 @@ def test_rng_states_restore_exactly():
 
     gen = torch.Generator().manual_seed(11)
     draw(gen)
-    saved = ck.deserialize(ck.serialize(ck.capture_rng(gen)))   # through the file format, weights_only
+    saved = ck.deserialize(ck.serialize(ck.capture_rng(gen)))  # through the file format, weights_only
     first = draw(gen)
     other = torch.Generator()
     ck.restore_rng(saved, other)
@@ -124,6 +133,7 @@ def crash_after(epoch: int):
     def on_epoch(m):
         if m["epoch"] == epoch:
             raise Crash
+
     return on_epoch
 
 
@@ -141,7 +151,7 @@ def test_resume_reaches_the_weights_of_an_uninterrupted_run(data, tmp_path):
     assert res["resumed_from_epoch"] == 2
     assert_same(weights(model), weights(ref_model))
     assert strip_speed(res["history"]) == strip_speed(ref["history"])
-    assert [m["epoch"] for m in seen] == [1, 2, 3, 4]   # restored epochs are re-reported, then the new ones
+    assert [m["epoch"] for m in seen] == [1, 2, 3, 4]  # restored epochs are re-reported, then the new ones
     assert res["best_epoch"] == ref["best_epoch"]
 
     # a finished checkpoint resumes to the same final weights without training again
@@ -180,13 +190,18 @@ def test_a_failing_checkpoint_write_does_not_fail_training(data, tmp_path, caplo
 # ----------------------------------------------------------------------------- a real kill
 def _helper(ckpt: Path, out: Path, epochs: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CTR_TORCH_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "tests.pipelines.training.resume_helper", str(ckpt), str(out),
-                             str(epochs)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.pipelines.training.resume_helper", str(ckpt), str(out), str(epochs)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_sigkilled_training_resumes_to_identical_weights(tmp_path):
     epochs = 6
-    ref = _helper(tmp_path / "ref_ck", tmp_path / "ref", epochs)          # uninterrupted, in parallel
+    ref = _helper(tmp_path / "ref_ck", tmp_path / "ref", epochs)  # uninterrupted, in parallel
     victim = _helper(tmp_path / "ck", tmp_path / "run", epochs)
     marker, deadline = tmp_path / "ck" / ck.FILENAME, time.monotonic() + 120
     while not marker.exists():
@@ -195,7 +210,7 @@ def test_sigkilled_training_resumes_to_identical_weights(tmp_path):
         time.sleep(0.005)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
-    assert not (tmp_path / "run" / "result.json").exists()   # it really died mid-training
+    assert not (tmp_path / "run" / "result.json").exists()  # it really died mid-training
     killed_at = CheckpointStore(str(tmp_path / "ck")).load()["epoch"]
     assert 1 <= killed_at < epochs
 

@@ -1,6 +1,7 @@
 """Cold start's training side: the teacher choice, and the stages' refusals, on a local lake with a real
 SQLite MLflow store. Detection and the split: tests/pipelines/data/test_cold.py; the whole run
 (detect -> distill -> evaluate -> register -> gate): tests/pipelines/flows/test_cold_start.py."""
+
 from __future__ import annotations
 
 import mlflow
@@ -29,8 +30,8 @@ def test_choose_teacher_falls_back_to_the_base_only_when_it_predicts_the_labelle
         return m
 
     x = np.zeros((40, 9), dtype=np.int64)
-    y = np.r_[np.ones(30), np.zeros(10)].astype(np.float32)   # 75% positive
-    good, bad = Const(float(np.log(3.0))), Const(-1.0)          # p = 0.75 vs p = 0.27
+    y = np.r_[np.ones(30), np.zeros(10)].astype(np.float32)  # 75% positive
+    good, bad = Const(float(np.log(3.0))), Const(-1.0)  # p = 0.75 vs p = 0.27
     slots = np.array(["feed"] * 20 + ["search"] * 20)
     chosen = CS.choose_teacher({"feed": bad, "search": bad, None: good}, x, y, slots)
     assert chosen["kind"] == "base" and chosen["labelled_logloss"]["base"] < chosen["labelled_logloss"]["champions"]
@@ -45,7 +46,7 @@ def test_choose_teacher_falls_back_to_the_base_only_when_it_predicts_the_labelle
 def test_stage_refusals(cfg, lake, monkeypatch):
     with pytest.raises(PipelineError, match="slot 'nope' is not configured"):
         CS.detect_stage(cfg, lake, END_DAY, "nope")
-    few = tiny_config(lake, min_labelled_rows=10 ** 6)
+    few = tiny_config(lake, min_labelled_rows=10**6)
     with pytest.raises(PipelineError, match="cold_start.min_labelled_rows"):
         CS.detect_stage(few, lake, END_DAY)
 

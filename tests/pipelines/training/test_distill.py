@@ -1,5 +1,6 @@
 """Cold-start distillation: the pure loss terms, the pooled representation, the covariance init of
 LoRA A (real PEFT), and the distillation loop."""
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,10 @@ def base_model(seed: int = 0) -> CTRModel:
 
 def tokens(n: int = 256, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    cols = [rng.integers(0, 64, n) if f in ("user_id", "item_id") else rng.integers(0, CFG.small_buckets, n)
-            for f in FEATURE_FIELDS]
+    cols = [
+        rng.integers(0, 64, n) if f in ("user_id", "item_id") else rng.integers(0, CFG.small_buckets, n)
+        for f in FEATURE_FIELDS
+    ]
     return np.stack(cols, axis=1).astype(np.int64)
 
 
@@ -76,8 +79,9 @@ def test_kd_term_is_the_bernoulli_kl_times_t_squared(temperature):
         return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
 
     sig = lambda v: 1.0 / (1.0 + math.exp(-v))  # noqa: E731
-    expected = temperature ** 2 * np.mean([kl(sig(tv / temperature), sig(sv / temperature))
-                                           for sv, tv in zip(s.tolist(), t.tolist())])
+    expected = temperature**2 * np.mean(
+        [kl(sig(tv / temperature), sig(sv / temperature)) for sv, tv in zip(s.tolist(), t.tolist())]
+    )
     assert D.kd_term(s, t, temperature).item() == pytest.approx(expected, rel=1e-5)
     if temperature == 1.0:  # p = 0.75 vs q = 0.5, and 0.881 vs 0.269, averaged
         hand = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
@@ -90,7 +94,7 @@ def test_kd_term_equals_soft_bce_minus_teacher_entropy():
     p = torch.sigmoid(t / T)
     soft_bce = F.binary_cross_entropy_with_logits(s / T, p)
     entropy = F.binary_cross_entropy_with_logits(t / T, p)
-    assert D.kd_term(s, t, T).item() == pytest.approx((T ** 2 * (soft_bce - entropy)).item(), rel=1e-4, abs=1e-6)
+    assert D.kd_term(s, t, T).item() == pytest.approx((T**2 * (soft_bce - entropy)).item(), rel=1e-4, abs=1e-6)
 
 
 def test_kd_gradient_is_t_times_the_probability_gap_and_never_reaches_the_teacher():
@@ -128,9 +132,15 @@ def test_every_term_is_zero_when_student_equals_teacher():
         assert D.kd_term(logits, logits.clone(), T).item() == pytest.approx(0.0, abs=1e-6)
     assert D.align_term(h, h.clone(), "mse").item() == 0.0
     assert D.align_term(h, h.clone(), "cosine").item() == pytest.approx(0.0, abs=1e-6)
-    total, parts = D.distill_loss(D.LossWeights(bce=0.0, kd=1.0, align=1.0), labelled_logits=logits[:0],
-                                  labels=logits[:0], transfer_logits=logits, teacher_logits=logits.clone(),
-                                  transfer_h=h, teacher_h=h.clone())
+    total, parts = D.distill_loss(
+        D.LossWeights(bce=0.0, kd=1.0, align=1.0),
+        labelled_logits=logits[:0],
+        labels=logits[:0],
+        transfer_logits=logits,
+        teacher_logits=logits.clone(),
+        transfer_h=h,
+        teacher_h=h.clone(),
+    )
     assert total.item() == pytest.approx(0.0, abs=1e-6) and set(parts) == {"kd", "align"}
 
 
@@ -140,18 +150,38 @@ def test_distill_loss_is_the_weighted_sum_of_the_terms():
     ts, tt = torch.randn(16, generator=g), torch.randn(16, generator=g)
     hs, ht = torch.randn(16, 4, generator=g), torch.randn(16, 4, generator=g)
     w = D.LossWeights(bce=0.5, kd=2.0, align=0.25, temperature=3.0, align_kind="cosine")
-    total, parts = D.distill_loss(w, labelled_logits=ls, labels=y, transfer_logits=ts, teacher_logits=tt,
-                                  transfer_h=hs, teacher_h=ht)
+    total, parts = D.distill_loss(
+        w, labelled_logits=ls, labels=y, transfer_logits=ts, teacher_logits=tt, transfer_h=hs, teacher_h=ht
+    )
     expected = 0.5 * D.bce_term(ls, y) + 2.0 * D.kd_term(ts, tt, 3.0) + 0.25 * D.align_term(hs, ht, "cosine")
     assert total.item() == pytest.approx(expected.item(), rel=1e-6)
-    assert parts == pytest.approx({"bce": D.bce_term(ls, y).item(), "kd": D.kd_term(ts, tt, 3.0).item(),
-                                   "align": D.align_term(hs, ht, "cosine").item()})
-    only_bce, p2 = D.distill_loss(D.LossWeights(1.0, 0.0, 0.0), labelled_logits=ls, labels=y, transfer_logits=ts,
-                                  teacher_logits=tt, transfer_h=hs, teacher_h=ht)
+    assert parts == pytest.approx(
+        {
+            "bce": D.bce_term(ls, y).item(),
+            "kd": D.kd_term(ts, tt, 3.0).item(),
+            "align": D.align_term(hs, ht, "cosine").item(),
+        }
+    )
+    only_bce, p2 = D.distill_loss(
+        D.LossWeights(1.0, 0.0, 0.0),
+        labelled_logits=ls,
+        labels=y,
+        transfer_logits=ts,
+        teacher_logits=tt,
+        transfer_h=hs,
+        teacher_h=ht,
+    )
     assert set(p2) == {"bce"} and only_bce.item() == pytest.approx(D.bce_term(ls, y).item())
     with pytest.raises(ValueError, match="every loss weight"):
-        D.distill_loss(D.LossWeights(0.0, 0.0, 0.0), labelled_logits=ls, labels=y, transfer_logits=ts,
-                       teacher_logits=tt, transfer_h=hs, teacher_h=ht)
+        D.distill_loss(
+            D.LossWeights(0.0, 0.0, 0.0),
+            labelled_logits=ls,
+            labels=y,
+            transfer_logits=ts,
+            teacher_logits=tt,
+            transfer_h=hs,
+            teacher_h=ht,
+        )
 
 
 # ----------------------------------------------------------------------------- pooled representation
@@ -180,9 +210,15 @@ def test_gradient_flows_only_to_lora_parameters():
     student = lora_wrap(base_model())
     randomise_B(student)  # with B = 0 the gradient of A is exactly zero; make both non-trivial
     logits, h = inference.logits_and_pooled(student.train(), torch.from_numpy(x))
-    loss, _ = D.distill_loss(D.LossWeights(1.0, 1.0, 1.0), labelled_logits=logits, labels=torch.from_numpy(y),
-                             transfer_logits=logits, teacher_logits=torch.from_numpy(t_logits),
-                             transfer_h=h, teacher_h=torch.from_numpy(t_h))
+    loss, _ = D.distill_loss(
+        D.LossWeights(1.0, 1.0, 1.0),
+        labelled_logits=logits,
+        labels=torch.from_numpy(y),
+        transfer_logits=logits,
+        teacher_logits=torch.from_numpy(t_logits),
+        transfer_h=h,
+        teacher_h=torch.from_numpy(t_h),
+    )
     loss.backward()
     for n, p in student.named_parameters():
         if "lora_" in n:
@@ -253,12 +289,12 @@ def test_covariance_lora_A_rows_are_scaled_eigenvectors_with_the_default_norm():
     # rows along the eigenvectors (cosine 1), mutually orthogonal
     cos = (A.double() @ vecs.T).diag() / norms.double()
     torch.testing.assert_close(cos, torch.ones(4, dtype=torch.float64), atol=1e-6, rtol=0)
-    off = A @ A.T - torch.diag(norms ** 2)
+    off = A @ A.T - torch.diag(norms**2)
     assert off.abs().max() < 1e-6
     # row i has norm s * sqrt(l_i / mean(l)), so ||A||_F^2 = r * s^2 = r / 3 (PEFT's default's expectation)
     expected = D.KAIMING_ROW_NORM * torch.sqrt(vals / vals.mean())
     torch.testing.assert_close(norms.double(), expected, rtol=1e-5, atol=0)
-    assert (A ** 2).sum().item() == pytest.approx(4 / 3, rel=1e-5)
+    assert (A**2).sum().item() == pytest.approx(4 / 3, rel=1e-5)
 
 
 def test_covariance_lora_A_floors_small_eigenvalues_so_no_rank_is_dead():
@@ -299,8 +335,16 @@ def test_user_embedding_rows_are_distinct_users_weighted_by_impressions():
 
 # ----------------------------------------------------------------------------- the loop
 def settings(**kw) -> D.DistillSettings:
-    base = dict(epochs=3, batch_size=32, transfer_batch_size=64, lr=1e-2, weight_decay=0.0, warmup_steps=2, seed=7,
-                weights=D.LossWeights(1.0, 1.0, 0.1, 2.0))
+    base = dict(
+        epochs=3,
+        batch_size=32,
+        transfer_batch_size=64,
+        lr=1e-2,
+        weight_decay=0.0,
+        warmup_steps=2,
+        seed=7,
+        weights=D.LossWeights(1.0, 1.0, 0.1, 2.0),
+    )
     return D.DistillSettings(**{**base, **kw})
 
 
@@ -378,10 +422,10 @@ def test_logits_and_pooled_is_the_whole_logit_of_a_wrapped_wide_model():
     base = CTRModel(replace(CFG, wide=True)).eval()
     with torch.no_grad():
         for emb in base.wide.values():
-            emb.weight.normal_(std=0.5)          # a trained wide term, not its zero init
+            emb.weight.normal_(std=0.5)  # a trained wide term, not its zero init
     model = lora_wrap(base)
     randomise_B(model)
     x = tokens()
     logits, pooled = inference.logits_and_pooled(model.eval(), torch.from_numpy(x))
     assert torch.allclose(logits, out(model, x), atol=1e-6) and pooled.shape == (len(x), CFG.embed_dim)
-    assert base.wide_logit(torch.from_numpy(x)).abs().max() > 0.1   # the wide term is part of what matched
+    assert base.wide_logit(torch.from_numpy(x)).abs().max() > 0.1  # the wide term is part of what matched

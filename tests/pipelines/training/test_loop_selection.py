@@ -1,5 +1,6 @@
 """The loop's per-epoch validation, early stopping with the best weights restored, divergence guard,
 progress bar and determinism with every new feature switched on."""
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,13 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights(data)
     val = adversarial_val(x, y)
     model = base()
     last = {}
-    res = fit(model, (x, y), LoopSettings(10, 64, 1e-2, 0.0, 2, 7, patience=2), val=val,
-              on_epoch=lambda m: last.update(weights(model)))
+    res = fit(
+        model,
+        (x, y),
+        LoopSettings(10, 64, 1e-2, 0.0, 2, 7, patience=2),
+        val=val,
+        on_epoch=lambda m: last.update(weights(model)),
+    )
     hist = res["history"]
     lls = [h["val_logloss"] for h in hist]
     best = int(np.argmin(lls)) + 1
@@ -45,7 +51,7 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights(data)
     assert all(ll >= lls[best - 1] for ll in lls[best:])
     # the restored model is the best epoch's: its val logloss is exactly that epoch's
     assert evaluate(model, ArraySource(*val))["val_logloss"] == lls[best - 1] == res["best_val_logloss"]
-    assert any(not torch.equal(last[k], v) for k, v in weights(model).items())   # not the last epoch's
+    assert any(not torch.equal(last[k], v) for k, v in weights(model).items())  # not the last epoch's
     assert not model.training
 
 
@@ -53,8 +59,13 @@ def test_patience_zero_trains_every_epoch_and_keeps_the_last_weights(data):
     x, y = data
     model = base()
     last = {}
-    res = fit(model, (x, y), LoopSettings(4, 64, 1e-2, 0.0, 2, 7, patience=0), val=adversarial_val(x, y),
-              on_epoch=lambda m: last.update(weights(model)))
+    res = fit(
+        model,
+        (x, y),
+        LoopSettings(4, 64, 1e-2, 0.0, 2, 7, patience=0),
+        val=adversarial_val(x, y),
+        on_epoch=lambda m: last.update(weights(model)),
+    )
     assert res["epochs_run"] == 4 and res["best_epoch"] is None and not res["stopped_early"]
     assert all(torch.equal(last[k], v) for k, v in weights(model).items())
     assert {"val_auc", "val_logloss", "train_loss", "samples_per_s", "lr"} <= set(res["history"][-1])
@@ -81,8 +92,9 @@ def test_progress_bar_does_not_change_the_result(data, capsys):
 def test_lora_training_with_every_feature_is_deterministic_for_a_seed(data):
     x, y = data
     val = rows("2024-01-04", 200)
-    lcfg = LoraTrainConfig(r=4, alpha=8, dropout=0.1, target_modules=("q_proj", "v_proj", "embeddings"),
-                           train_layernorm_bias=True)
+    lcfg = LoraTrainConfig(
+        r=4, alpha=8, dropout=0.1, target_modules=("q_proj", "v_proj", "embeddings"), train_layernorm_bias=True
+    )
     init = base()
     runs = []
     for seed in (7, 7, 8):
@@ -110,9 +122,12 @@ def test_the_start_competes_as_epoch_zero_and_is_kept_when_no_epoch_beats_it(dat
         model = adapters.attach(copy.deepcopy(init), lcfg)
         before = weights(model)
         res = fit(model, (x, y), LoopSettings(3, 64, 1e-2, 0.0, 2, 7, patience=2, start_is_candidate=keep), val=val)
-        assert all(h["val_logloss"] > start_ll for h in res["history"])   # every epoch is worse than the start
-        ends[keep] = (res, all(torch.equal(before[k], v) for k, v in weights(model).items()),
-                      evaluate(model, ArraySource(*val))["val_logloss"])
+        assert all(h["val_logloss"] > start_ll for h in res["history"])  # every epoch is worse than the start
+        ends[keep] = (
+            res,
+            all(torch.equal(before[k], v) for k, v in weights(model).items()),
+            evaluate(model, ArraySource(*val))["val_logloss"],
+        )
     (kept, kept_same, kept_ll), (least, least_same, least_ll) = ends[True], ends[False]
     assert kept["best_epoch"] == 0 and kept["best_val_logloss"] == start_ll and kept_same and kept_ll == start_ll
     assert least["best_epoch"] >= 1 and not least_same and least_ll > start_ll

@@ -1,5 +1,6 @@
 """training.orthogonality: the low-rank penalty equals its dense definition, saved adapters read back as
 trained, and training with it makes a real PEFT adapter less aligned with its sibling."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,9 @@ from pipelines.training import orthogonality as ortho
 from pipelines.training.loop import LoopSettings, train
 from tests.pipelines.training import helpers
 
-QV_EMB = LoraTrainConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings"),
-                         rank_pattern={"blocks.0.v_proj": 2})
+QV_EMB = LoraTrainConfig(
+    r=4, alpha=8, target_modules=("q_proj", "v_proj", "embeddings"), rank_pattern={"blocks.0.v_proj": 2}
+)
 
 
 def _dense(model, adapter: str = "default") -> dict[str, torch.Tensor]:
@@ -44,13 +46,18 @@ def test_penalty_and_cosine_equal_their_dense_definitions(pair):
     a, b = pair
     da = {k: _weight_shaped(k, v, a) for k, v in _dense(a).items()}
     db = {k: _weight_shaped(k, v, b) for k, v in _dense(b).items()}
-    assert any(k.startswith("embeddings.") for k in da) and a.get_submodule(
-        "base_model.model.blocks.0.v_proj").r["default"] == 2
+    assert (
+        any(k.startswith("embeddings.") for k in da)
+        and a.get_submodule("base_model.model.blocks.0.v_proj").r["default"] == 2
+    )
     dense = sum(torch.linalg.matrix_norm(da[m].T @ db[m]) for m in da)
     got = ortho.penalty(ortho.live_factors(a), {"b": ortho.live_factors(b)})
     torch.testing.assert_close(got.detach(), dense, rtol=1e-4, atol=1e-7)
-    cos = max(abs(float((da[m] * db[m]).sum())) / float(da[m].norm() * db[m].norm())
-              for m in da if da[m].norm() > 0 and db[m].norm() > 0)
+    cos = max(
+        abs(float((da[m] * db[m]).sum())) / float(da[m].norm() * db[m].norm())
+        for m in da
+        if da[m].norm() > 0 and db[m].norm() > 0
+    )
     assert ortho.max_abs_cos(ortho.live_factors(a), {"b": ortho.live_factors(b)}) == pytest.approx(cos, rel=1e-5)
     norm = float(torch.sqrt(sum((da[m] ** 2).sum() for m in da)))
     assert ortho.update_norm(ortho.live_factors(a)) == pytest.approx(norm, rel=1e-5)
@@ -71,14 +78,14 @@ def test_saved_adapters_read_back_with_their_per_layer_scales(pair, tmp_path):
 
 def test_a_fresh_adapter_has_a_zero_penalty_with_finite_gradients(pair):
     _, sibling = pair
-    fresh = adapters.attach(helpers.base(0), LoraTrainConfig(r=4, alpha=8))   # B = 0: no update yet
+    fresh = adapters.attach(helpers.base(0), LoraTrainConfig(r=4, alpha=8))  # B = 0: no update yet
     reg = ortho.Regularizer(0.5, {"s": ortho.live_factors(sibling)})
     loss = reg(fresh)
     loss.backward()
     assert float(loss.detach()) == pytest.approx(0.0, abs=1e-8)
     grads = [p.grad for n, p in fresh.named_parameters() if "lora_" in n and p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
-    assert reg.report(fresh)["max_abs_cos"] is None   # no direction to compare
+    assert reg.report(fresh)["max_abs_cos"] is None  # no direction to compare
 
 
 def test_training_with_the_penalty_moves_an_adapter_away_from_its_sibling():
@@ -86,7 +93,7 @@ def test_training_with_the_penalty_moves_an_adapter_away_from_its_sibling():
     lc = LoraTrainConfig(r=4, alpha=8)
     settings = LoopSettings(epochs=2, batch_size=128, lr=5e-3, weight_decay=0.0, warmup_steps=5, seed=3)
     sibling = adapters.attach(helpers.base(0), lc)
-    train(sibling, x, y, settings)                    # a sibling trained on the same rows: strongly aligned
+    train(sibling, x, y, settings)  # a sibling trained on the same rows: strongly aligned
     siblings = {"sib": ortho.live_factors(sibling)}
 
     def fit(lam: float):

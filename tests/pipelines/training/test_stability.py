@@ -1,5 +1,6 @@
 """The LoRA stability rule lr * r / sqrt(batch_size) <= stability_max: numbers, reject, shipped configs, and
 a small run where breaking the rule collapses the adapter and the rescaled lr trains fine."""
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,8 @@ from tests.pipelines.training.helpers import base, rows
 
 def test_rescale_lowers_lr_to_exactly_the_limit():
     cfg = LoraTrainConfig(lr=0.04, r=8, batch_size=256, stability_max=0.01)
-    assert cfg.stability == pytest.approx(0.02, rel=1e-15)          # 0.04 * 8 / 16
-    assert cfg.stable_lr() == pytest.approx(0.02, rel=1e-15)        # 0.01 * 16 / 8
+    assert cfg.stability == pytest.approx(0.02, rel=1e-15)  # 0.04 * 8 / 16
+    assert cfg.stable_lr() == pytest.approx(0.02, rel=1e-15)  # 0.01 * 16 / 8
     assert LoraTrainConfig(lr=cfg.stable_lr(), r=8, batch_size=256).stability == pytest.approx(0.01, rel=1e-15)
     assert LoraTrainConfig(lr=1.0, r=4, batch_size=64, stability_max=0.02).stable_lr() == pytest.approx(0.04)
     # within the rule nothing changes
@@ -53,19 +54,25 @@ def test_shipped_configs_satisfy_the_rule_without_rescaling(path, monkeypatch):
     lc = load_pipeline_config(REPO_ROOT / path).lora
     if lc.kind == "lora":
         assert lc.stability == pytest.approx(0.005 * 8 / 16) and lc.stability <= lc.stability_max
-    else:   # a delta trains no LoRA matrix: the rule that bounds LoRA updates leaves its Adagrad lr alone
+    else:  # a delta trains no LoRA matrix: the rule that bounds LoRA updates leaves its Adagrad lr alone
         assert lc.stability > lc.stability_max
     assert lc.stable_lr() == lc.lr
     assert LoraTrainConfig().stability <= LoraTrainConfig().stability_max
 
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    ({"stability_max": 0.0}, "stability_max"),
-    ({"val_fraction": 0.5}, "val_fraction"),
-    ({"val_fraction": -0.1}, "val_fraction"),
-    ({"early_stopping_patience": -1}, "early_stopping_patience"),
-    ({"target_modules": ("",)}, "target_modules"),   # a name the family lacks ("embedding"): tests/pipelines/test_config.py
-])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"stability_max": 0.0}, "stability_max"),
+        ({"val_fraction": 0.5}, "val_fraction"),
+        ({"val_fraction": -0.1}, "val_fraction"),
+        ({"early_stopping_patience": -1}, "early_stopping_patience"),
+        (
+            {"target_modules": ("",)},
+            "target_modules",
+        ),  # a name the family lacks ("embedding"): tests/pipelines/test_config.py
+    ],
+)
 def test_new_fields_are_range_checked(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         LoraTrainConfig(**kwargs)

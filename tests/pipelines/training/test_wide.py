@@ -1,6 +1,7 @@
 """A base whose wide part is a one-hot logistic regression (base_training.wide_l2, training.wide): the
 wide tables reach the optimum sklearn's LogisticRegression reaches on the same one-hot columns, the model
 starts the deep part exactly at that LR, and the deep part then trains on top of it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,13 @@ FIELDS = ("user_id", "item_id", "slot")
 def rows(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Tokens (every field in range, no hashing) and labels drawn from a true LR over user, item and slot."""
     rng = np.random.default_rng(seed)
-    x = np.stack([rng.integers(0, CFG.id_buckets if f in ("user_id", "item_id") else CFG.small_buckets, n)
-                  for f in FEATURE_FIELDS], axis=1)
+    x = np.stack(
+        [
+            rng.integers(0, CFG.id_buckets if f in ("user_id", "item_id") else CFG.small_buckets, n)
+            for f in FEATURE_FIELDS
+        ],
+        axis=1,
+    )
     w = {f: rng.normal(0, 1, CFG.id_buckets) for f in FIELDS}
     z = -0.5 + sum(w[f][x[:, FEATURE_FIELDS.index(f)] % CFG.id_buckets] for f in FIELDS)
     return x, (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.float32)
@@ -54,7 +60,7 @@ def test_the_wide_tables_reach_the_optimum_of_sklearns_l2_logistic_regression(C)
     np.testing.assert_allclose(wide_logit(model, x), want, atol=2e-3)
     assert report["iterations"] > 0
     unread = [f for f in FEATURE_FIELDS if f not in FIELDS]
-    assert all(float(model.wide[f].weight.abs().sum()) == 0 for f in unread)   # fields the LR does not read
+    assert all(float(model.wide[f].weight.abs().sum()) == 0 for f in unread)  # fields the LR does not read
 
 
 def test_a_stronger_penalty_shrinks_the_weights():
@@ -82,12 +88,12 @@ def test_fit_base_fits_the_lr_then_the_deep_part_on_top_and_epochs_0_keeps_the_l
     both, alone = CTRModel(CFG), CTRModel(CFG)
     out = fit_base(both, x, y, bt)
     fit_base(alone, x, y, dataclasses.replace(bt, epochs=0))
-    np.testing.assert_allclose(wide_logit(both, x), wide_logit(alone, x), atol=1e-6)   # the LR stays frozen
+    np.testing.assert_allclose(wide_logit(both, x), wide_logit(alone, x), atol=1e-6)  # the LR stays frozen
     with torch.no_grad():
         deep = both(torch.as_tensor(x)).numpy() - wide_logit(both, x)
         np.testing.assert_allclose(alone(torch.as_tensor(x)).numpy(), wide_logit(alone, x), atol=1e-6)
     assert np.abs(deep).max() > 1e-4 and len(out["history"]) == 2 and out["wide"]["iterations"] > 0
-    assert all(p.requires_grad for p in both.parameters())   # the module is handed back as any fresh fit
+    assert all(p.requires_grad for p in both.parameters())  # the module is handed back as any fresh fit
 
 
 def test_a_wide_lr_needs_a_wide_term_and_known_fields():
@@ -115,13 +121,13 @@ def test_with_a_grid_the_l2_is_the_one_whose_lr_on_the_oldest_rows_ranks_the_new
     grid = (300.0, 3.0, 0.01)
     model = CTRModel(CFG)
     chosen, by_l2, _ = choose_l2(model, x, y, grid, 0.1, FIELDS)
-    held = wide_logit(model, x)   # the model is left holding the chosen fit: the start of the fit on every row
-    for l2 in grid:   # each score is that L2's LR fitted on the oldest rows only, ranking the newest
+    held = wide_logit(model, x)  # the model is left holding the chosen fit: the start of the fit on every row
+    for l2 in grid:  # each score is that L2's LR fitted on the oldest rows only, ranking the newest
         older = CTRModel(CFG)
         fit_wide(older, x[:1800], y[:1800], l2, FIELDS)
         assert by_l2[str(l2)] == pytest.approx(auc(y[1800:], wide_logit(older, x[1800:])), abs=1e-6)
     assert by_l2[str(chosen)] == max(by_l2.values()) and len(set(by_l2.values())) == 3
-    assert chosen != 300.0   # a true LR of 2,000 rows over 64 ids: a heavy penalty ranks worst
+    assert chosen != 300.0  # a true LR of 2,000 rows over 64 ids: a heavy penalty ranks worst
     older = CTRModel(CFG)
     fit_wide(older, x[:1800], y[:1800], chosen, FIELDS)
     np.testing.assert_allclose(held, wide_logit(older, x), atol=5e-3)
@@ -136,7 +142,7 @@ def test_fit_base_with_a_grid_refits_the_chosen_l2_on_every_row_and_reports_the_
     chosen, fixed = CTRModel(CFG), CTRModel(CFG)
     fit_base(chosen, x, y, bt)
     fit_base(fixed, x, y, dataclasses.replace(bt, wide_l2=out["wide"]["l2"], wide_l2_grid=()))
-    np.testing.assert_allclose(wide_logit(chosen, x), wide_logit(fixed, x), atol=5e-3)   # one optimum, two starts
+    np.testing.assert_allclose(wide_logit(chosen, x), wide_logit(fixed, x), atol=5e-3)  # one optimum, two starts
 
 
 def test_an_l2_grid_needs_positive_values_a_wide_lr_and_newest_rows_of_both_labels():

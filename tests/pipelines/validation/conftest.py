@@ -6,6 +6,7 @@ whose registry holds ctr_lora_feed v1 @champion (validation must leave it alone)
 for this folder). The package-scoped fixtures are built once for the folder and never written to:
 the tests work on copies.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,18 @@ from pipelines.data.synthetic import write_days
 from pipelines.promotion import aliases
 from pipelines.validation.stage import read_marker, validate_window
 from tests.conftest import adapter_tags, use_store_copy
-from tests.pipelines.validation.healthy_window import (DAY, FIRST, HEALTHY, MODEL, REF_DAYS, ROWS, SPEC, config,
-                                                      registry_state, synthetic)
+from tests.pipelines.validation.healthy_window import (
+    DAY,
+    FIRST,
+    HEALTHY,
+    MODEL,
+    REF_DAYS,
+    ROWS,
+    SPEC,
+    config,
+    registry_state,
+    synthetic,
+)
 
 
 @pytest.fixture(scope="package")

@@ -7,6 +7,7 @@ per slot once a slot has >= 500 rows) smaller days are too noisy: the splash slo
 healthy day in six at 20k rows and one in four at 12k. The data is seeded and the dates fixed, so the
 healthy days pass deterministically; at the CLI's default 100k rows/day no healthy day trips it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -31,8 +32,8 @@ MODEL = "ctr_lora_feed"
 ROWS = 20_000
 FIRST, REF_DAYS = "2026-06-01", 8
 HEALTHY = [(dt.date.fromisoformat(FIRST) + dt.timedelta(days=i)).isoformat() for i in range(REF_DAYS)]
-DAY = "2026-06-09"          # the run's day: the partition that gets corrupted
-WINDOW = REF_DAYS + 1       # validate_window covers the healthy days and the run's day
+DAY = "2026-06-09"  # the run's day: the partition that gets corrupted
+WINDOW = REF_DAYS + 1  # validate_window covers the healthy days and the run's day
 MARKER_JSON = f"_{MARKER}.json"
 ADDED_BY_VALIDATION = {MARKER_JSON, REPORT_HTML}
 SPEC = SyntheticSpec()
@@ -81,17 +82,21 @@ def objects(lk: Lake, day: str) -> dict[str, bytes]:
     """Every object under the partition: name relative to the partition -> bytes."""
     prefix = lk.partition_uri(day)
     if lk.is_s3:
-        bucket, key = prefix[len("s3://"):].split("/", 1)
+        bucket, key = prefix[len("s3://") :].split("/", 1)
         pages = lk.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
         keys = [o["Key"] for p in pages for o in p.get("Contents", [])]
-        return {k[len(key) + 1:]: lk.client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+        return {k[len(key) + 1 :]: lk.client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
     root = Path(prefix)
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
 
 
 def mtimes(root: Path, days: list[str]) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns
-            for d in days for p in (root / f"dt={d}").rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.stat().st_mtime_ns
+        for d in days
+        for p in (root / f"dt={d}").rglob("*")
+        if p.is_file()
+    }
 
 
 def failed_checks(exc: DataValidationError) -> list[str]:

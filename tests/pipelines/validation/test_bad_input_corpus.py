@@ -13,6 +13,7 @@ And the stage must not cry wolf: a clean next day, a mildly shifted day, a re-ru
 partition all pass (test_no_false_alarms.py). The healthy window, its sizes and the helpers are in
 healthy_window.py, the fixtures in conftest.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,24 @@ from pipelines.data import schema
 from pipelines.data.lake import Lake
 from pipelines.errors import DataValidationError
 from pipelines.validation.stage import REPORT_HTML, read_marker, validate_window
-from tests.pipelines.validation.healthy_window import (ADDED_BY_VALIDATION, DAY, HEALTHY, ROWS, SPEC, WINDOW,
-                                                      assign_some, config, failed_checks, objects, parquet_bytes,
-                                                      put_frame, put_parts, registry_state, rows_mask, synthetic)
+from tests.pipelines.validation.healthy_window import (
+    ADDED_BY_VALIDATION,
+    DAY,
+    HEALTHY,
+    ROWS,
+    SPEC,
+    WINDOW,
+    assign_some,
+    config,
+    failed_checks,
+    objects,
+    parquet_bytes,
+    put_frame,
+    put_parts,
+    registry_state,
+    rows_mask,
+    synthetic,
+)
 
 
 def tomorrow() -> str:
@@ -44,15 +60,17 @@ def tomorrow() -> str:
 class Case:
     id: str
     corrupt: Callable[[Lake, str, pd.DataFrame], None]  # (lake, day, healthy rows of the day) -> writes the day
-    expect: tuple[str, ...]                              # check names that must be among the day's failures
+    expect: tuple[str, ...]  # check names that must be among the day's failures
     readable: bool = True
     day: Callable[[], str] = lambda: DAY
 
 
 def frame_case(edit: Callable[[pd.DataFrame], pd.DataFrame]):
     """A corruption that edits a copy of the healthy rows and writes them as the day's only part file."""
+
     def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
         put_frame(lk, day, edit(healthy.copy()))
+
     return corrupt
 
 
@@ -80,6 +98,7 @@ def _label_const(value: int):
     def edit(f):
         f["label"] = np.int8(value)
         return f
+
     return edit
 
 
@@ -138,6 +157,7 @@ def _search_clicks_lost(f):
 def _volume(fraction: float):
     def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
         put_frame(lk, day, synthetic(day, rows=int(ROWS * fraction)))
+
     return corrupt
 
 
@@ -165,8 +185,10 @@ def _uncommitted(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
 
 def fault_case(name: str):
     """A fault of the backtest's fault suite (`bench.faults`: it keeps the contract), on the day's rows."""
+
     def corrupt(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
         put_frame(lk, day, schema.to_arrow(faults.inject(name, healthy.copy(), lk.read_partition(HEALTHY[-1]).frame)))
+
     return corrupt
 
 
@@ -180,32 +202,64 @@ def _mixed_schemas(lk: Lake, day: str, healthy: pd.DataFrame) -> None:
 CASES = [
     # -- structure and types
     Case("missing_column_label", frame_case(lambda f: f.drop(columns=["label"])), ("expect_column_to_exist(label)",)),
-    Case("missing_column_gender", frame_case(lambda f: f.drop(columns=["gender"])), ("expect_column_to_exist(gender)",)),
+    Case(
+        "missing_column_gender", frame_case(lambda f: f.drop(columns=["gender"])), ("expect_column_to_exist(gender)",)
+    ),
     Case("missing_column_hour", frame_case(lambda f: f.drop(columns=["hour"])), ("expect_column_to_exist(hour)",)),
-    Case("label_float_half", frame_case(_label_float),
-         ("expect_column_values_to_be_in_type_list(label)", "expect_column_values_to_be_in_set(label)")),
+    Case(
+        "label_float_half",
+        frame_case(_label_float),
+        ("expect_column_values_to_be_in_type_list(label)", "expect_column_values_to_be_in_set(label)"),
+    ),
     Case("hour_strings", frame_case(_hour_strings), ("expect_column_values_to_be_in_type_list(hour)",)),
     Case("event_ts_tz_naive", frame_case(_naive_ts), ("expect_column_values_to_be_of_type(event_ts)",)),
     Case("unexpected_extra_column", frame_case(_extra_column), ("expect_table_columns_to_match_set(table)",)),
     # -- nulls and domains
-    Case("null_user_id", frame_case(lambda f: assign_some(f, "user_id", 0.01, None)),
-         ("expect_column_values_to_not_be_null(user_id)",)),
-    Case("side_feature_nulls_over_max", frame_case(lambda f: assign_some(f, "gender", 0.2, None)),
-         ("expect_column_values_to_not_be_null(gender)",)),
-    Case("label_all_zero", frame_case(_label_const(0)),
-         ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
-    Case("label_all_one", frame_case(_label_const(1)),
-         ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)")),
-    Case("label_value_2", frame_case(lambda f: assign_some(f, "label", 0.01, 2)), ("expect_column_values_to_be_in_set(label)",)),
-    Case("unseen_slot", frame_case(lambda f: assign_some(f, "slot", 0.02, "banner")),
-         ("expect_column_values_to_be_in_set(slot)",)),
-    Case("hour_24", frame_case(lambda f: assign_some(f, "hour", 0.01, 24)), ("expect_column_values_to_be_between(hour)",)),
-    Case("negative_weekday", frame_case(lambda f: assign_some(f, "weekday", 0.01, -1)),
-         ("expect_column_values_to_be_between(weekday)",)),
+    Case(
+        "null_user_id",
+        frame_case(lambda f: assign_some(f, "user_id", 0.01, None)),
+        ("expect_column_values_to_not_be_null(user_id)",),
+    ),
+    Case(
+        "side_feature_nulls_over_max",
+        frame_case(lambda f: assign_some(f, "gender", 0.2, None)),
+        ("expect_column_values_to_not_be_null(gender)",),
+    ),
+    Case(
+        "label_all_zero",
+        frame_case(_label_const(0)),
+        ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)"),
+    ),
+    Case(
+        "label_all_one",
+        frame_case(_label_const(1)),
+        ("label_rate_vs_reference(all)", "expect_column_mean_to_be_between(label)"),
+    ),
+    Case(
+        "label_value_2",
+        frame_case(lambda f: assign_some(f, "label", 0.01, 2)),
+        ("expect_column_values_to_be_in_set(label)",),
+    ),
+    Case(
+        "unseen_slot",
+        frame_case(lambda f: assign_some(f, "slot", 0.02, "banner")),
+        ("expect_column_values_to_be_in_set(slot)",),
+    ),
+    Case(
+        "hour_24", frame_case(lambda f: assign_some(f, "hour", 0.01, 24)), ("expect_column_values_to_be_between(hour)",)
+    ),
+    Case(
+        "negative_weekday",
+        frame_case(lambda f: assign_some(f, "weekday", 0.01, -1)),
+        ("expect_column_values_to_be_between(weekday)",),
+    ),
     Case("nan_hour", frame_case(_nan_hour), ("expect_column_values_to_not_be_null(hour)",)),
     Case("ten_kb_user_ids", frame_case(_long_ids), ("expect_column_value_lengths_to_be_between(user_id)",)),
-    Case("empty_item_ids", frame_case(lambda f: assign_some(f, "item_id", 0.01, "")),
-         ("expect_column_value_lengths_to_be_between(item_id)",)),
+    Case(
+        "empty_item_ids",
+        frame_case(lambda f: assign_some(f, "item_id", 0.01, "")),
+        ("expect_column_value_lengths_to_be_between(item_id)",),
+    ),
     # -- rows, time and volume
     Case("duplicated_rows_flood", frame_case(_duplicated_flood), ("duplicate_impressions",)),
     Case("rows_from_another_day", _other_day, ("event_ts_in_partition_day",)),
@@ -292,8 +346,11 @@ def test_bad_input_is_quarantined_with_the_right_check(case, lake, healthy_next_
     runs = MlflowClient().search_runs([mlflow.get_experiment_by_name("ctr-data-validation").experiment_id])
     assert len(runs) == 1 and runs[0].data.tags["success"] == "False"
     if case.id == "ten_kb_user_ids":  # a 10 KB value is reported, not copied into the marker
-        sample = next(f for f in marker["report"]["failures"]
-                      if f["check"] == "expect_column_value_lengths_to_be_between(user_id)")["observed"]["sample"]
+        sample = next(
+            f
+            for f in marker["report"]["failures"]
+            if f["check"] == "expect_column_value_lengths_to_be_between(user_id)"
+        )["observed"]["sample"]
         assert sample and all(len(s) < 100 and s.endswith("(10000 chars)") for s in sample)
     if case.id == "uncommitted_partition":  # parts a killed writer left are never judged as data
         assert "is not committed (no _MANIFEST.json)" in marker["report"]["failures"][0]["observed"]

@@ -2,6 +2,7 @@
 quiet on real data (every MovieLens day, at the shipped thresholds) and must judge a one-valued column by
 how many independent draws made it, not by its row count. Which fault each check stops, through the real
 stage: test_bad_input_corpus.py; the faults themselves: tests/pipelines/bench/test_faults.py."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -13,9 +14,13 @@ from pipelines.validation.consistency import consistency_checks, reference
 
 CFG = load_pipeline_config()
 V = CFG.validation
-LIMITS = dict(max_item_category_mismatch=V.max_item_category_mismatch, max_replayed_fraction=V.max_replayed_fraction,
-              stuck_column_p=V.stuck_column_p, max_single_column_auc=V.max_single_column_auc,
-              leak_min_rows=V.label_leak_min_rows)
+LIMITS = dict(
+    max_item_category_mismatch=V.max_item_category_mismatch,
+    max_replayed_fraction=V.max_replayed_fraction,
+    stuck_column_p=V.stuck_column_p,
+    max_single_column_auc=V.max_single_column_auc,
+    leak_min_rows=V.label_leak_min_rows,
+)
 
 
 def checks(frame: pd.DataFrame, ref_frames: list[pd.DataFrame] | None, **limits) -> dict[str, dict]:
@@ -30,7 +35,7 @@ def test_no_movielens_day_fails_a_consistency_check_at_the_shipped_thresholds():
     order = list(days)
     failed = []
     for i, day in enumerate(order):
-        ref = [days[d] for d in order[max(0, i - V.reference_partitions):i]]
+        ref = [days[d] for d in order[max(0, i - V.reference_partitions) : i]]
         failed += [(day, c) for c in checks(days[day], ref).values() if not c["passed"]]
     assert len(order) == 213 and failed == []
 
@@ -38,13 +43,23 @@ def test_no_movielens_day_fails_a_consistency_check_at_the_shipped_thresholds():
 def rows(users: int, per_user: int = 3, gender=lambda u: "F", item=lambda u, k: f"i{u}-{k}", hour=10) -> pd.DataFrame:
     """`users` users with `per_user` rows each, at one hour of 1998-01-10, clicks on every other row."""
     n = users * per_user
-    return pd.DataFrame({
-        "event_ts": pd.Timestamp("1998-01-10", tz="UTC") + pd.to_timedelta(range(n), unit="s") + pd.Timedelta(hours=hour),
-        "user_id": [f"u{u}" for u in range(users) for _ in range(per_user)],
-        "item_id": [item(u, k) for u in range(users) for k in range(per_user)],
-        "slot": "morning", "label": [i % 2 for i in range(n)], "age_bucket": "25-34",
-        "gender": [gender(u) for u in range(users) for _ in range(per_user)], "occupation": "writer",
-        "category": "Drama", "hour": hour, "weekday": 5})
+    return pd.DataFrame(
+        {
+            "event_ts": pd.Timestamp("1998-01-10", tz="UTC")
+            + pd.to_timedelta(range(n), unit="s")
+            + pd.Timedelta(hours=hour),
+            "user_id": [f"u{u}" for u in range(users) for _ in range(per_user)],
+            "item_id": [item(u, k) for u in range(users) for k in range(per_user)],
+            "slot": "morning",
+            "label": [i % 2 for i in range(n)],
+            "age_bucket": "25-34",
+            "gender": [gender(u) for u in range(users) for _ in range(per_user)],
+            "occupation": "writer",
+            "category": "Drama",
+            "hour": hour,
+            "weekday": 5,
+        }
+    )
 
 
 def mixed_reference() -> list[pd.DataFrame]:
@@ -60,16 +75,16 @@ def mixed_reference() -> list[pd.DataFrame]:
 
 def test_one_gender_all_day_is_a_fault_only_when_many_users_make_it_improbable():
     one_user = checks(rows(1, per_user=300), mixed_reference())
-    assert one_user["stuck_column[gender]"]["passed"]            # P = 0.5 ** 1 + 0.5 ** 1 = 1: one rater's day
+    assert one_user["stuck_column[gender]"]["passed"]  # P = 0.5 ** 1 + 0.5 ** 1 = 1: one rater's day
     forty = checks(rows(40), mixed_reference())
-    assert not forty["stuck_column[gender]"]["passed"]           # P = 2 * 0.5 ** 40 = 1.8e-12
+    assert not forty["stuck_column[gender]"]["passed"]  # P = 2 * 0.5 ** 40 = 1.8e-12
     assert "1.8e-12" in forty["stuck_column[gender]"]["expected"]
 
 
 def test_a_missing_slot_is_judged_by_user_hours_and_the_slots_reference_share():
-    day = checks(rows(40), mixed_reference())                    # 40 user-hours, every one in the morning
+    day = checks(rows(40), mixed_reference())  # 40 user-hours, every one in the morning
     assert not day["missing_slot[afternoon]"]["passed"] and not day["missing_slot[night]"]["passed"]
-    few = checks(rows(5), mixed_reference())                     # (2/3) ** 5 = 0.13: a quiet day
+    few = checks(rows(5), mixed_reference())  # (2/3) ** 5 = 0.13: a quiet day
     assert few["missing_slot[night]"]["passed"]
 
 
@@ -95,7 +110,7 @@ def test_a_column_that_alone_separates_the_labels_is_a_leak(n, leaked, failed):
     if leaked:
         day["hour"] = 12 * day["label"] + 3
     found = checks(day, None).get("label_leak")
-    if failed is None:                                           # under label_leak_min_rows: not judged
+    if failed is None:  # under label_leak_min_rows: not judged
         assert found is None
     else:
         assert found["passed"] is not failed

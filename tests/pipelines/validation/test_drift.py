@@ -1,5 +1,6 @@
 """Drift of a click-log partition against a reference window: the statistics against hand-computed values,
 the reference profile (streaming, JSON), and synthetic scenarios that must pass or fail by the numbers."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,21 @@ import pandas as pd
 import pytest
 
 from pipelines.data.synthetic import SyntheticSpec, generate_day
-from pipelines.validation.drift import (CATEGORICAL, NULL, NUMERIC, ReferenceProfile, drift_checks, js_divergence,
-                                        numeric_drift, profile, psi)
+from pipelines.validation.drift import (
+    CATEGORICAL,
+    NULL,
+    NUMERIC,
+    ReferenceProfile,
+    drift_checks,
+    js_divergence,
+    numeric_drift,
+    profile,
+    psi,
+)
 
 SPEC = SyntheticSpec()
-REF_DAYS = ("2024-01-02", "2024-01-03", "2024-01-04")   # Tuesday .. Thursday
-NEXT_DAY = "2024-01-05"                                 # Friday
+REF_DAYS = ("2024-01-02", "2024-01-03", "2024-01-04")  # Tuesday .. Thursday
+NEXT_DAY = "2024-01-05"  # Friday
 ROWS = 100_000
 CHECKS = [f"drift_psi({c})" for c in CATEGORICAL + NUMERIC]
 
@@ -73,12 +83,12 @@ def test_psi_of_an_unseen_or_vanished_category_is_finite():
     v = psi({"a": 1.0}, {"a": 0.9, "b": 0.1})
     assert math.isfinite(v) and v == pytest.approx(0.1 * math.log(1 / 0.9) + 0.0999 * math.log(1000), abs=1e-12)
     assert v == pytest.approx(0.7006208, abs=1e-6)
-    assert psi({"a": 0.9, "b": 0.1}, {"a": 1.0}) == pytest.approx(v, abs=1e-12)   # vanished: same, PSI is symmetric
-    assert psi({"a": 1.0}, {"a": 0.9, "b": 0.1}, eps=1e-3) < v                     # larger eps, milder penalty
+    assert psi({"a": 0.9, "b": 0.1}, {"a": 1.0}) == pytest.approx(v, abs=1e-12)  # vanished: same, PSI is symmetric
+    assert psi({"a": 1.0}, {"a": 0.9, "b": 0.1}, eps=1e-3) < v  # larger eps, milder penalty
 
 
 def test_js_divergence_matches_hand_computed_values():
-    assert js_divergence({"a": 1.0}, {"b": 1.0}) == 1.0                          # disjoint: the base-2 maximum
+    assert js_divergence({"a": 1.0}, {"b": 1.0}) == 1.0  # disjoint: the base-2 maximum
     # m = (0.75, 0.25): KL(p||m) = .5 log2(2/3) + .5 log2(2) = 0.2075187, KL(q||m) = log2(4/3) = 0.4150375
     assert js_divergence({"a": 0.5, "b": 0.5}, {"a": 1.0}) == pytest.approx(0.31127812446, abs=1e-10)
     p = {"feed": 0.6, "search": 0.3, "splash": 0.1}
@@ -105,14 +115,14 @@ def test_empty_distribution_is_refused():
 
 
 def test_numeric_drift_matches_hand_computed_values():
-    uniform = [1 / 24] * 24 + [0.0]   # hour sketch: 24 values + the overflow bin
+    uniform = [1 / 24] * 24 + [0.0]  # hour sketch: 24 values + the overflow bin
     same = numeric_drift(uniform, np.repeat(np.arange(24, dtype=np.int8), 10))
     assert same["psi"] == pytest.approx(0.0, abs=1e-12) and same["statistic"] == pytest.approx(0.0, abs=1e-12)
     all3 = numeric_drift(uniform, np.full(1000, 3, dtype=np.int8))
     # bin 3: (1 - 1/24) ln 24; the 23 emptied bins: (1e-4 - 1/24) ln(1e-4 * 24); the overflow bin: 0.
     hand = (1 - 1 / 24) * math.log(24) + 23 * (1e-4 - 1 / 24) * math.log(1e-4 * 24)
     assert all3["psi"] == pytest.approx(hand, abs=1e-12) and all3["psi"] > 0.2
-    assert all3["statistic"] == pytest.approx(20 / 24, abs=1e-12)   # CDFs differ most just below 3: 0 vs 3/24 ...
+    assert all3["statistic"] == pytest.approx(20 / 24, abs=1e-12)  # CDFs differ most just below 3: 0 vs 3/24 ...
     # Out-of-domain, null and non-integral values all land in the overflow bin: finite PSI, all mass moved.
     odd = numeric_drift(uniform, np.array([99.0, np.nan, -1.0, 2.5]))
     assert math.isfinite(odd["psi"]) and odd["statistic"] == pytest.approx(1.0, abs=1e-12)
@@ -126,9 +136,9 @@ def test_profile_summarises_the_window(ref, ref_frames):
     assert set(ref.categorical["slot"]) == {"feed", "search", "splash"}
     assert ref.categorical["slot"]["feed"] == pytest.approx(0.6, abs=0.01)
     assert len(ref.numeric["hour"]) == 25 and len(ref.numeric["weekday"]) == 8
-    assert ref.numeric["weekday"] == [1.0] + [0.0] * 7   # weekday agrees with the event's UTC date on every row
+    assert ref.numeric["weekday"] == [1.0] + [0.0] * 7  # weekday agrees with the event's UTC date on every row
     users = pd.concat([f["user_id"] for f in ref_frames]).nunique()
-    assert len(ref.user_ids.array) == users and not ref.user_ids.sampled   # exact below the cap
+    assert len(ref.user_ids.array) == users and not ref.user_ids.sampled  # exact below the cap
 
 
 def test_profile_records_nulls_as_a_category(ref_frames):
@@ -139,7 +149,7 @@ def test_profile_records_nulls_as_a_category(ref_frames):
     assert sum(p.categorical["gender"].values()) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("max_ids", [1 << 18, 5_000])   # exact, then a bottom-k sample of the ids
+@pytest.mark.parametrize("max_ids", [1 << 18, 5_000])  # exact, then a bottom-k sample of the ids
 def test_streaming_profile_equals_profile_of_the_concatenation(ref_frames, max_ids):
     chunks = (c for d in REF_DAYS for c in generate_day(SPEC, d, ROWS, chunk_rows=30_000))
     streamed = profile(chunks, max_ids=max_ids)
@@ -196,7 +206,7 @@ def test_slot_mix_shift_fails_drift_psi_slot(ref):
     shifted = day(NEXT_DAY, spec=SyntheticSpec(slot_mix=(0.2, 0.3, 0.5)))
     report = drift_checks(shifted, ref)
     assert failed(report) == {"drift_psi(slot)"}
-    assert observed(report)["drift_psi(slot)"] == pytest.approx(1.08, abs=0.03)   # ~ the hand value 1.0832
+    assert observed(report)["drift_psi(slot)"] == pytest.approx(1.08, abs=0.03)  # ~ the hand value 1.0832
 
 
 def test_hour_collapse_fails_drift_psi_hour(ref, next_day):
@@ -221,7 +231,7 @@ def test_custom_thresholds(ref, next_day):
     f = next_day.copy()
     f["gender"] = pd.Series(np.where(np.random.default_rng(2).random(len(f)) < 0.6, "F", "M"), dtype="string")
     v = observed(drift_checks(f, ref))["drift_psi(gender)"]
-    assert 0.01 < v < 0.2   # 48 % -> 60 % F: a real but not "significant" move
+    assert 0.01 < v < 0.2  # 48 % -> 60 % F: a real but not "significant" move
     tight = drift_checks(f, ref, psi_max=0.01)
     assert failed(tight) == {"drift_psi(gender)"} and tight["checks"][1]["expected"] == "<= 0.01"
     assert failed(drift_checks(f.assign(hour=np.int8(3)), ref, numeric_psi_max=100.0)) == set()
@@ -240,7 +250,7 @@ def test_unseen_rates(ref, ref_frames, next_day):
 
 
 def test_unseen_rates_from_a_sampled_sketch(ref, ref_frames, next_day):
-    sampled = profile(ref_frames, max_ids=10_000)   # keeps ~7 % of the users, ~47 % of the items
+    sampled = profile(ref_frames, max_ids=10_000)  # keeps ~7 % of the users, ~47 % of the items
     assert sampled.user_ids.sampled and sampled.item_ids.sampled
     assert drift_checks(ref_frames[1], sampled)["unseen"] == {"user_rate": 0.0, "item_rate": 0.0, "rows": ROWS}
     all_new = ref_frames[1].assign(user_id="new-" + ref_frames[1]["user_id"], item_id="new-" + ref_frames[1]["item_id"])
@@ -252,8 +262,10 @@ def test_sampled_unseen_rate_is_unbiased_with_bounded_error(ref, ref_frames, nex
     exact = drift_checks(next_day, ref)["unseen"]
     err = {"user_rate": [], "item_rate": []}
     for salt in range(8):
+
         def salted(f):
             return f.assign(user_id=f"{salt}:" + f["user_id"], item_id=f"{salt}:" + f["item_id"])
+
         sampled = profile([salted(f) for f in ref_frames], max_ids=10_000)
         got = drift_checks(salted(next_day), sampled)["unseen"]
         for k in err:

@@ -5,6 +5,7 @@ partition all pass, and a quarantined day never becomes reference.
 
 The bad inputs themselves are test_bad_input_corpus.py; the window and helpers are healthy_window.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +19,21 @@ from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
 from pipelines.errors import DataValidationError
 from pipelines.validation.stage import REPORT_HTML, read_marker, validate_window
-from tests.pipelines.validation.healthy_window import (DAY, HEALTHY, ROWS, SPEC, WINDOW, assign_some, config,
-                                                      failed_checks, mtimes, objects, put_frame, registry_state,
-                                                      synthetic)
+from tests.pipelines.validation.healthy_window import (
+    DAY,
+    HEALTHY,
+    ROWS,
+    SPEC,
+    WINDOW,
+    assign_some,
+    config,
+    failed_checks,
+    mtimes,
+    objects,
+    put_frame,
+    registry_state,
+    synthetic,
+)
 
 
 def passes(lake_uri: str, day: str = DAY, days: int = WINDOW) -> dict:
@@ -40,10 +53,14 @@ def test_clean_next_day_passes(lake, registry):
     assert registry_state() == (["1"], "1", 1)
 
 
-@pytest.mark.parametrize("spec, slot_psi", [
-    (dataclasses.replace(SPEC, slot_mix=(0.55, 0.33, 0.12)), (0.001, 0.1)),  # a mild, healthy move of the slot mix
-    (dataclasses.replace(SPEC, slot_ctr=(0.038, 0.066, 0.016)), (0.0, 0.1)),  # CTRs moved by a few percent
-], ids=["slot_mix_0.55_0.33_0.12", "slot_ctr_nudged"])
+@pytest.mark.parametrize(
+    "spec, slot_psi",
+    [
+        (dataclasses.replace(SPEC, slot_mix=(0.55, 0.33, 0.12)), (0.001, 0.1)),  # a mild, healthy move of the slot mix
+        (dataclasses.replace(SPEC, slot_ctr=(0.038, 0.066, 0.016)), (0.0, 0.1)),  # CTRs moved by a few percent
+    ],
+    ids=["slot_mix_0.55_0.33_0.12", "slot_ctr_nudged"],
+)
 def test_mildly_shifted_healthy_day_passes(lake, spec, slot_psi):
     put_frame(Lake(str(lake)), DAY, schema.to_arrow(synthetic(DAY, spec=spec)))
     passes(str(lake))
@@ -101,7 +118,6 @@ def test_quarantined_day_is_not_used_as_reference(lake, healthy_next_day):
     assert read_marker(lk, DAY)["status"] == "quarantined"
 
 
-
 def test_no_false_alarms_over_a_month_of_small_healthy_days(tmp_path):
     """30 healthy days of 12,000 rows: the small splash slot (1.5% CTR on 10% of traffic) used to trip
     the relative label-rate band on a quarter of the days before the band was widened by its
@@ -112,6 +128,8 @@ def test_no_false_alarms_over_a_month_of_small_healthy_days(tmp_path):
 
     lake = Lake(str(tmp_path))
     synthetic.write_days(lake, synthetic.SyntheticSpec(seed=3), "2026-03-01", 30, 12_000)
-    cfg = load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": str(tmp_path)}})
+    cfg = load_pipeline_config(
+        REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": str(tmp_path)}}
+    )
     summary = validate_window(cfg, str(tmp_path), "2026-03-30", 30)
     assert summary["success"] and summary["partitions"] == 30 and summary["failed_partitions"] == []

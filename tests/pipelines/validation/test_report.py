@@ -1,4 +1,5 @@
 """The HTML validation page and the one-line summary (pure string building; no GX needed)."""
+
 from __future__ import annotations
 
 import copy
@@ -11,26 +12,40 @@ from pipelines.validation.report import render_html, summary_line
 EVIL = "<script>alert('x')</script>"
 
 FULL = {
-    "where": "s3://ctr-lake/clicks/dt=1998-03-02", "dt": "1998-03-02", "success": False, "rows": 12345,
-    "suite": "click_log_contract", "gx_version": "1.24.1", "evaluated": 42,
+    "where": "s3://ctr-lake/clicks/dt=1998-03-02",
+    "dt": "1998-03-02",
+    "success": False,
+    "rows": 12345,
+    "suite": "click_log_contract",
+    "gx_version": "1.24.1",
+    "evaluated": 42,
     "validated_at": "2026-11-29T23:00:00+00:00",
     "failures": [
-        {"check": "expect_column_values_to_be_in_set(slot)",
-         "observed": {"unexpected_count": 3, "unexpected_percent": 0.02, "sample": ["x", EVIL]},
-         "expected": "slot in ['feed', 'search']"},
-        {"check": "expect_column_values_to_not_be_null(user_id)", "observed": {"unexpected_count": 9},
-         "expected": "no nulls"},
+        {
+            "check": "expect_column_values_to_be_in_set(slot)",
+            "observed": {"unexpected_count": 3, "unexpected_percent": 0.02, "sample": ["x", EVIL]},
+            "expected": "slot in ['feed', 'search']",
+        },
+        {
+            "check": "expect_column_values_to_not_be_null(user_id)",
+            "observed": {"unexpected_count": 9},
+            "expected": "no nulls",
+        },
     ],
-    "warnings": [{"check": "expect_column_mean_to_be_between(label)", "observed": 0.0,
-                  "expected": "label rate in [0.01, 0.9]"}],
-    "drift": {"checks": [{"check": "drift_psi(slot)", "observed": 0.31, "expected": "<= 0.2", "passed": False},
-                         {"check": "drift_psi(hour)", "observed": 0.01, "expected": "<= 0.2", "passed": True}],
-              "unseen": {"user_rate": 0.12, "item_rate": 0.03, "rows": 12345}},
+    "warnings": [
+        {"check": "expect_column_mean_to_be_between(label)", "observed": 0.0, "expected": "label rate in [0.01, 0.9]"}
+    ],
+    "drift": {
+        "checks": [
+            {"check": "drift_psi(slot)", "observed": 0.31, "expected": "<= 0.2", "passed": False},
+            {"check": "drift_psi(hour)", "observed": 0.01, "expected": "<= 0.2", "passed": True},
+        ],
+        "unseen": {"user_rate": 0.12, "item_rate": 0.03, "rows": 12345},
+    },
     "reference": {"partitions": ["1998-02-23", "1998-02-24", "1998-03-01"], "rows": 50000},
     "quarantined": True,
 }
-PASSING = {"where": "s3://ctr-lake/clicks/dt=1998-03-03", "success": True, "rows": 500,
-           "failures": [], "warnings": []}
+PASSING = {"where": "s3://ctr-lake/clicks/dt=1998-03-03", "success": True, "rows": 500, "failures": [], "warnings": []}
 
 
 class _Collector(HTMLParser):
@@ -71,16 +86,21 @@ def test_full_report_renders_every_section():
     assert "http://" not in page and "https://" not in page
 
 
-@pytest.mark.parametrize("report, badge", [
-    (PASSING, "PASSED"),
-    (FULL, "FAILED"),
-    ({**PASSING, "warnings": FULL["warnings"]}, "PASSED WITH WARNINGS"),
-    ({**PASSING, "drift": {"checks": [{"check": "drift_psi(slot)", "observed": 0.5, "passed": False}]}},
-     "PASSED WITH WARNINGS"),
-])
+@pytest.mark.parametrize(
+    "report, badge",
+    [
+        (PASSING, "PASSED"),
+        (FULL, "FAILED"),
+        ({**PASSING, "warnings": FULL["warnings"]}, "PASSED WITH WARNINGS"),
+        (
+            {**PASSING, "drift": {"checks": [{"check": "drift_psi(slot)", "observed": 0.5, "passed": False}]}},
+            "PASSED WITH WARNINGS",
+        ),
+    ],
+)
 def test_badge(report, badge):
     p = parse(render_html(report))
-    h1 = p.text[p.text.index("Click-log validation "):]
+    h1 = p.text[p.text.index("Click-log validation ") :]
     assert h1[1] == badge
 
 
@@ -103,23 +123,52 @@ def test_user_controlled_values_are_escaped():
 
 
 def test_nested_observed_is_compact_and_truncated():
-    report = {**PASSING, "success": False,
-              "failures": [{"check": "c(x)", "observed": {"sample": ["y" * 30] * 20, "n": [1, {"a": None}]},
-                            "expected": "e"}]}
+    report = {
+        **PASSING,
+        "success": False,
+        "failures": [
+            {"check": "c(x)", "observed": {"sample": ["y" * 30] * 20, "n": [1, {"a": None}]}, "expected": "e"}
+        ],
+    }
     text = " ".join(parse(render_html(report)).text)
     assert '{"sample":["yyyy' in text
     assert "chars)" in text and "y" * 600 not in text
 
 
-@pytest.mark.parametrize("report", [
-    {"where": "w", "success": True, "rows": 0},
-    {"where": "w", "success": False, "rows": None, "failures": None, "warnings": None, "drift": None,
-     "reference": None, "quarantined": None, "suite": None, "gx_version": None, "validated_at": None},
-    {"where": "w", "success": True, "rows": 1, "drift": {"checks": None, "unseen": None},
-     "reference": {"partitions": [], "rows": None}},
-    {"where": "w", "success": True, "rows": 1, "drift": {"unseen": {"user_rate": None}},
-     "failures": [{"check": None}], "reference": {"partitions": ["1998-01-01"]}},
-])
+@pytest.mark.parametrize(
+    "report",
+    [
+        {"where": "w", "success": True, "rows": 0},
+        {
+            "where": "w",
+            "success": False,
+            "rows": None,
+            "failures": None,
+            "warnings": None,
+            "drift": None,
+            "reference": None,
+            "quarantined": None,
+            "suite": None,
+            "gx_version": None,
+            "validated_at": None,
+        },
+        {
+            "where": "w",
+            "success": True,
+            "rows": 1,
+            "drift": {"checks": None, "unseen": None},
+            "reference": {"partitions": [], "rows": None},
+        },
+        {
+            "where": "w",
+            "success": True,
+            "rows": 1,
+            "drift": {"unseen": {"user_rate": None}},
+            "failures": [{"check": None}],
+            "reference": {"partitions": ["1998-01-01"]},
+        },
+    ],
+)
 def test_missing_optional_keys(report):
     p = parse(render_html(report))
     assert p.tags.count("h1") == 1
@@ -128,15 +177,18 @@ def test_missing_optional_keys(report):
 
 
 def test_summary_line_fail():
-    assert summary_line(FULL) == ("FAILED s3://ctr-lake/clicks/dt=1998-03-02: 2 failed, 1 warning, 12,345 rows "
-                                  "(drift: slot psi 0.31) [quarantined]")
+    assert summary_line(FULL) == (
+        "FAILED s3://ctr-lake/clicks/dt=1998-03-02: 2 failed, 1 warning, 12,345 rows "
+        "(drift: slot psi 0.31) [quarantined]"
+    )
 
 
 def test_summary_line_pass():
     assert summary_line(PASSING) == "PASSED s3://ctr-lake/clicks/dt=1998-03-03: 0 failed, 0 warnings, 500 rows"
     warned = {**PASSING, "warnings": FULL["warnings"] * 2}
-    assert summary_line(warned).startswith("PASSED WITH WARNINGS s3://ctr-lake/clicks/dt=1998-03-03: 0 failed, "
-                                           "2 warnings, 500 rows")
+    assert summary_line(warned).startswith(
+        "PASSED WITH WARNINGS s3://ctr-lake/clicks/dt=1998-03-03: 0 failed, 2 warnings, 500 rows"
+    )
 
 
 def test_summary_line_is_one_line():

@@ -1,4 +1,5 @@
 """The click-log expectation suite, run with real Great Expectations on small pandas frames."""
+
 from __future__ import annotations
 
 import json
@@ -13,26 +14,29 @@ from pipelines.errors import DataValidationError
 from pipelines.validation.suite import assert_valid, build_suite, validate_frame
 
 SLOTS = ("feed", "search", "splash")
-CFG = ValidationConfig(label_rate_min=0.01, label_rate_max=0.9, min_rows=1, max_null_fraction_side=0.05,
-                       max_id_length=64)
+CFG = ValidationConfig(
+    label_rate_min=0.01, label_rate_max=0.9, min_rows=1, max_null_fraction_side=0.05, max_id_length=64
+)
 
 
 def make_frame(n: int = 500, seed: int = 0) -> pd.DataFrame:
     """A valid click log with pandas' default dtypes (pandas 3: `str` for strings)."""
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "event_ts": pd.date_range("2024-01-01", periods=n, freq="min", tz="UTC"),
-        "user_id": [f"u{i % 50}" for i in range(n)],
-        "item_id": [f"i{i % 70}" for i in range(n)],
-        "slot": rng.choice(SLOTS, n),
-        "label": (rng.random(n) < 0.2).astype("int8"),
-        "age_bucket": rng.choice(["18-24", "25-34", "35-44"], n),
-        "gender": rng.choice(["M", "F"], n),
-        "occupation": rng.choice(["student", "engineer"], n),
-        "category": rng.choice(["Drama", "Comedy"], n),
-        "hour": rng.integers(0, 24, n).astype("int8"),
-        "weekday": rng.integers(0, 7, n).astype("int8"),
-    })
+    return pd.DataFrame(
+        {
+            "event_ts": pd.date_range("2024-01-01", periods=n, freq="min", tz="UTC"),
+            "user_id": [f"u{i % 50}" for i in range(n)],
+            "item_id": [f"i{i % 70}" for i in range(n)],
+            "slot": rng.choice(SLOTS, n),
+            "label": (rng.random(n) < 0.2).astype("int8"),
+            "age_bucket": rng.choice(["18-24", "25-34", "35-44"], n),
+            "gender": rng.choice(["M", "F"], n),
+            "occupation": rng.choice(["student", "engineer"], n),
+            "category": rng.choice(["Drama", "Comedy"], n),
+            "hour": rng.integers(0, 24, n).astype("int8"),
+            "weekday": rng.integers(0, 7, n).astype("int8"),
+        }
+    )
 
 
 def checks(report: dict) -> list[str]:
@@ -129,15 +133,19 @@ def _huge_id(f):
     return f
 
 
-@pytest.mark.parametrize("mutate, check, observed_has", [
-    (_drop_label, "expect_column_to_exist(label)", "missing column label"),
-    (_bad_slot, "expect_column_values_to_be_in_set(slot)", "promo"),
-    (_hour_24, "expect_column_values_to_be_between(hour)", "24"),
-    (_no_clicks, "expect_column_mean_to_be_between(label)", "0.0"),
-    (_null_user, "expect_column_values_to_not_be_null(user_id)", "'unexpected_count': 1"),
-    (_extra_column, "expect_table_columns_to_match_set(table)", "debug_note"),
-    (_huge_id, "expect_column_value_lengths_to_be_between(item_id)", "(10000 chars)"),
-], ids=["missing_column", "bad_slot", "hour_24", "label_rate_zero", "null_user_id", "extra_column", "huge_id"])
+@pytest.mark.parametrize(
+    "mutate, check, observed_has",
+    [
+        (_drop_label, "expect_column_to_exist(label)", "missing column label"),
+        (_bad_slot, "expect_column_values_to_be_in_set(slot)", "promo"),
+        (_hour_24, "expect_column_values_to_be_between(hour)", "24"),
+        (_no_clicks, "expect_column_mean_to_be_between(label)", "0.0"),
+        (_null_user, "expect_column_values_to_not_be_null(user_id)", "'unexpected_count': 1"),
+        (_extra_column, "expect_table_columns_to_match_set(table)", "debug_note"),
+        (_huge_id, "expect_column_value_lengths_to_be_between(item_id)", "(10000 chars)"),
+    ],
+    ids=["missing_column", "bad_slot", "hour_24", "label_rate_zero", "null_user_id", "extra_column", "huge_id"],
+)
 def test_bad_frame_is_reported_and_raises(mutate, check, observed_has):
     frame = mutate(make_frame())
     report = validate_frame(frame, CFG, SLOTS, where="bad")

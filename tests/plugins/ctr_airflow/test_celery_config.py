@@ -1,5 +1,6 @@
 """The Celery settings module the stack's workers load: importable as Airflow imports it, Airflow's
 defaults untouched, and a preload that survives a broken library."""
+
 from __future__ import annotations
 
 import importlib

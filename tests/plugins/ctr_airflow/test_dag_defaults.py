@@ -1,5 +1,6 @@
 """The shared `@dag` header (ctr_airflow.dag_defaults): what every DAG gets, what stays each DAG's own,
 and the form fields several DAGs share. (Every file in dags/ uses it: tests/dags/test_dag_integrity.py.)"""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -8,16 +9,35 @@ import pytest
 from airflow.sdk import task
 from airflow.sdk.definitions.param import ParamValidationError
 
-from ctr_airflow.dag_defaults import (MAP_LABEL, MAX_RETRY_DELAY, OWNER, REGISTRY_POOL, RETRIES, RETRY_DELAY, START_DATE, TAG,
-                                      TaskRefused, ctr_dag, ctr_task, day_param, default_args, fail_fast,
-                                      lake_uri_param, map_label)
+from ctr_airflow.dag_defaults import (
+    MAP_LABEL,
+    MAX_RETRY_DELAY,
+    OWNER,
+    REGISTRY_POOL,
+    RETRIES,
+    RETRY_DELAY,
+    START_DATE,
+    TAG,
+    TaskRefused,
+    ctr_dag,
+    ctr_task,
+    day_param,
+    default_args,
+    fail_fast,
+    lake_uri_param,
+    map_label,
+)
 from pipelines.errors import DataValidationError, PromotionError
 
 
 def build(**kwargs):
     """A one-task DAG through the shared header."""
-    @ctr_dag("ctr_example", "### Example\n\nwhat this DAG does", **{"schedule": None, "tags": ["example"],
-                                                                    "retries": 2, "params": {}, **kwargs})
+
+    @ctr_dag(
+        "ctr_example",
+        "### Example\n\nwhat this DAG does",
+        **{"schedule": None, "tags": ["example"], "retries": 2, "params": {}, **kwargs},
+    )
     def ctr_example():
         @task
         def noop() -> None:
@@ -31,26 +51,36 @@ def build(**kwargs):
 def test_the_shared_header():
     dag = build(params={"day": day_param("a day"), "lake_uri": lake_uri_param()})
     assert dag.dag_id == "ctr_example" and dag.doc_md.startswith("### Example")
-    assert dag.start_date == START_DATE and START_DATE.year == 1997   # backtests run on MovieLens days
+    assert dag.start_date == START_DATE and START_DATE.year == 1997  # backtests run on MovieLens days
     assert dag.catchup is False and type(dag.timetable).__name__ == "NullTimetable"
     assert set(dag.tags) == {TAG, "example"}
-    assert dag.default_args == {"retries": 2, "retry_delay": RETRY_DELAY, "owner": OWNER,
-                                "retry_exponential_backoff": 2.0, "max_retry_delay": MAX_RETRY_DELAY,
-                                "map_index_template": MAP_LABEL}
+    assert dag.default_args == {
+        "retries": 2,
+        "retry_delay": RETRY_DELAY,
+        "owner": OWNER,
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": MAX_RETRY_DELAY,
+        "map_index_template": MAP_LABEL,
+    }
     assert dag.get_task("noop").map_index_template == MAP_LABEL and dag.user_defined_macros["map_label"] is map_label
     assert dag.get_task("noop").retries == 2 and dag.get_task("noop").owner == OWNER
     assert list(dag.params) == ["day", "lake_uri"]
-    assert dag.fileloc == __file__   # the caller's file, not the helper's: the DAG processor keys on it
+    assert dag.fileloc == __file__  # the caller's file, not the helper's: the DAG processor keys on it
 
 
 def test_what_stays_each_dags_own():
-    dag = build(schedule="0 2 * * *", retries=0, retry_delay=dt.timedelta(minutes=1), max_active_runs=3,
-                render_template_as_native_obj=True)
+    dag = build(
+        schedule="0 2 * * *",
+        retries=0,
+        retry_delay=dt.timedelta(minutes=1),
+        max_active_runs=3,
+        render_template_as_native_obj=True,
+    )
     assert type(dag.timetable).__name__ == "CronTriggerTimetable"
     assert dag.default_args["retries"] == 0 and dag.default_args["retry_delay"] == dt.timedelta(minutes=1)
     assert dag.max_active_runs == 3 and dag.render_template_as_native_obj is True
     assert default_args(1)["retries"] == 1 and default_args()["retries"] == RETRIES >= 2
-    assert default_args()["retry_exponential_backoff"] > 1   # 1, 2, 4 minutes: a server restart fits
+    assert default_args()["retry_exponential_backoff"] > 1  # 1, 2, 4 minutes: a server restart fits
 
 
 @pytest.mark.parametrize("value, ok", [(None, True), ("2024-01-05", True), ("yesterday", False), (20240105, False)])
@@ -72,9 +102,18 @@ def two_lakes(tmp_path, monkeypatch):
     monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(config))
 
 
-@pytest.mark.parametrize("value, ok", [(None, True), ("s3://ctr-lake/clicks", True), ("/data/lake", True),
-                                       ("s3://someone-elses-bucket/clicks", False), ("/etc", False),
-                                       ("http://bucket/clicks", False), ("lake", False)])
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        (None, True),
+        ("s3://ctr-lake/clicks", True),
+        ("/data/lake", True),
+        ("s3://someone-elses-bucket/clicks", False),
+        ("/etc", False),
+        ("http://bucket/clicks", False),
+        ("lake", False),
+    ],
+)
 def test_lake_uri_param_takes_only_the_configs_lakes(two_lakes, value, ok):
     """Checked when the run is triggered, before any task: the form's enum is the config's lakes."""
     param = lake_uri_param()
@@ -105,8 +144,13 @@ def test_an_unreadable_pipeline_config_fails_the_dag_import(tmp_path, monkeypatc
         lake_uri_param()
 
 
-@pytest.mark.parametrize("error", [DataValidationError("day 2024-01-02", [{"check": "rows", "observed": 0}]),
-                                   PromotionError("v3 never passed its gate")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        DataValidationError("day 2024-01-02", [{"check": "rows", "observed": 0}]),
+        PromotionError("v3 never passed its gate"),
+    ],
+)
 def test_a_pipeline_refusal_fails_without_retry(error):
     def stage():
         raise error
@@ -122,7 +166,7 @@ def test_a_transient_error_is_left_for_airflow_to_retry():
 
     with pytest.raises(ConnectionResetError):
         fail_fast(stage)(1)
-    assert fail_fast(stage).__wrapped__ is stage   # Airflow reads the signature (context kwargs) through it
+    assert fail_fast(stage).__wrapped__ is stage  # Airflow reads the signature (context kwargs) through it
 
 
 def test_ctr_task_is_airflows_task_over_fail_fast():
@@ -149,11 +193,21 @@ def test_each_dag_gets_its_own_param_objects():
 
 
 def test_the_pool_is_a_plain_name():
-    assert REGISTRY_POOL == "ctr_registry"   # scripts/stack.py, docker-compose.yml and tests/e2e create it
+    assert REGISTRY_POOL == "ctr_registry"  # scripts/stack.py, docker-compose.yml and tests/e2e create it
 
 
-@pytest.mark.parametrize("value, ok", [("12345", True), ("x" * 1000, True), ("x" * 1001, False), ("x" * 2000, False),
-                                       ("four", False), (12345, False), (None, False)])
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        ("12345", True),
+        ("x" * 1000, True),
+        ("x" * 1001, False),
+        ("x" * 2000, False),
+        ("four", False),
+        (12345, False),
+        (None, False),
+    ],
+)
 def test_reason_param_has_the_librarys_limits(value, ok):
     """The form refuses a reason the library would refuse (pipelines.promotion.aliases), before any task."""
     from ctr_airflow.dag_defaults import REASON_MAX_CHARS, reason_param
@@ -176,9 +230,9 @@ def test_a_mapped_instance_is_named_by_its_slot_or_by_the_model_it_moves():
     def taskflow(**op_kwargs):
         return SimpleNamespace(op_kwargs=op_kwargs, template_fields=("op_args", "op_kwargs"))
 
-    assert map_label(taskflow(slot="morning")) == "morning"                                    # train_adapter
-    assert map_label(taskflow(candidate={"model": "ctr_lora_night", "slot": "night"})) == "night"   # evaluate
-    assert map_label(taskflow(evaluated={"candidate": {"slot": "feed"}, "evaluation": {}})) == "feed"   # register
+    assert map_label(taskflow(slot="morning")) == "morning"  # train_adapter
+    assert map_label(taskflow(candidate={"model": "ctr_lora_night", "slot": "night"})) == "night"  # evaluate
+    assert map_label(taskflow(evaluated={"candidate": {"slot": "feed"}, "evaluation": {}})) == "feed"  # register
     revert = RevertModelVersionOperator(task_id="auto_revert", model="ctr_lora_feed", reason="monitor: AUC fell")
     assert map_label(revert) == "ctr_lora_feed"
 

@@ -1,5 +1,6 @@
 """Operators are thin: keyword-only, templated, no I/O at construction; refusals are typed; each
 calls one library entry function (checked here with the library replaced by recorders)."""
+
 from __future__ import annotations
 
 import inspect
@@ -8,22 +9,37 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from ctr_airflow import dag_defaults
-from ctr_airflow.operators import (MOVES, REGISTRY_POOL, CandidateRejected, GatedPromotionOperator,
-                                   ModelMoveRefused, OverrideGateOperator, PromoteCanaryOperator,
-                                   PromoteModelVersionOperator, ReleaseOperator, RevertModelVersionOperator,
-                                   WithdrawCanaryOperator, _version, asset_uri, registry_write)
+from ctr_airflow.operators import (
+    MOVES,
+    REGISTRY_POOL,
+    CandidateRejected,
+    GatedPromotionOperator,
+    ModelMoveRefused,
+    OverrideGateOperator,
+    PromoteCanaryOperator,
+    PromoteModelVersionOperator,
+    ReleaseOperator,
+    RevertModelVersionOperator,
+    WithdrawCanaryOperator,
+    _version,
+    asset_uri,
+    registry_write,
+)
 from pipelines.errors import PipelineError
 
 
-@pytest.mark.parametrize("cls, fields", [
-    (RevertModelVersionOperator, {"model", "to_version", "reason"}),
-    (PromoteModelVersionOperator, {"model", "version", "reason", "policy_path"}),
-    (GatedPromotionOperator, {"registered", "policy_path"}),
-    (OverrideGateOperator, {"model", "version", "reason"}),
-    (ReleaseOperator, {"decision", "policy_path"}),
-    (PromoteCanaryOperator, {"model", "reason"}),
-    (WithdrawCanaryOperator, {"model", "reason"}),
-])
+@pytest.mark.parametrize(
+    "cls, fields",
+    [
+        (RevertModelVersionOperator, {"model", "to_version", "reason"}),
+        (PromoteModelVersionOperator, {"model", "version", "reason", "policy_path"}),
+        (GatedPromotionOperator, {"registered", "policy_path"}),
+        (OverrideGateOperator, {"model", "version", "reason"}),
+        (ReleaseOperator, {"decision", "policy_path"}),
+        (PromoteCanaryOperator, {"model", "reason"}),
+        (WithdrawCanaryOperator, {"model", "reason"}),
+    ],
+)
 def test_keyword_only_and_templated(cls, fields):
     params = inspect.signature(cls.__init__).parameters
     own = [p for n, p in params.items() if n not in ("self", "kwargs")]
@@ -50,7 +66,7 @@ def test_version_param_normalisation(raw, expected):
 
 @pytest.mark.parametrize("raw", [0, -2, "two", "1.5", True])
 def test_a_version_that_is_not_a_positive_integer_is_refused_as_a_pipeline_error(raw):
-    with pytest.raises(PipelineError, match="positive integer"):   # inside move(): becomes ModelMoveRefused
+    with pytest.raises(PipelineError, match="positive integer"):  # inside move(): becomes ModelMoveRefused
         _version(raw)
 
 
@@ -75,9 +91,9 @@ def test_moves_run_in_the_registry_pool_and_announce_the_alias_asset():
 def test_release_without_a_recorded_answer_is_refused_before_touching_the_registry(monkeypatch, answer):
     """The approval task marked success by hand (no HITL answer in XCom) must not release anything.
     The real answer path (Approve / Reject through the HITL API) is tests/e2e/test_approval_dag.py."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")   # any registry call would hang, then fail
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # any registry call would hang, then fail
 
-    class AnsweredTI:   # the one TaskInstance method the check reads
+    class AnsweredTI:  # the one TaskInstance method the check reads
         map_index = 1
         dag_id, run_id, task_id = "ctr_lora_retrain", "manual__x", "approval.release"
 
@@ -85,8 +101,11 @@ def test_release_without_a_recorded_answer_is_refused_before_touching_the_regist
             assert (task_ids, map_indexes) == ("approval.approve_release", 1)
             return answer
 
-    op = ReleaseOperator(task_id="release", decision={"model": "ctr_lora_feed", "version": "3"},
-                         approval_task_id="approval.approve_release")
+    op = ReleaseOperator(
+        task_id="release",
+        decision={"model": "ctr_lora_feed", "version": "3"},
+        approval_task_id="approval.approve_release",
+    )
     op.model = "ctr_lora_feed"
     with pytest.raises(ModelMoveRefused, match="no recorded answer from approval.approve_release"):
         op._approver({"ti": AnsweredTI()})
@@ -125,8 +144,17 @@ def context(ti=None) -> dict:
 
 
 def move(model="ctr_lora_feed", alias="champion", to="2", kind="promote", moved=True, **extra) -> dict:
-    return {"moved": moved, "model": model, "alias": alias, "kind": kind, "from_version": "1", "to_version": to,
-            "reason": "r", "actor": "airflow", **extra}
+    return {
+        "moved": moved,
+        "model": model,
+        "alias": alias,
+        "kind": kind,
+        "from_version": "1",
+        "to_version": to,
+        "reason": "r",
+        "actor": "airflow",
+        **extra,
+    }
 
 
 OP_ID = "airflow:ctr_lora_retrain/manual__x/gate_and_promote[2]"
@@ -154,8 +182,11 @@ def test_gated_promotion_is_one_call_of_gate_and_release(monkeypatch, policy, re
 
     monkeypatch.setattr(library, "gate_and_release", gate_and_release)
     ctx = context()
-    op = GatedPromotionOperator(task_id="gate_and_promote", release=release,
-                                registered={"model": "ctr_lora_feed", "version": 2, "evaluation": {"e": 1}})
+    op = GatedPromotionOperator(
+        task_id="gate_and_promote",
+        release=release,
+        registered={"model": "ctr_lora_feed", "version": 2, "evaluation": {"e": 1}},
+    )
     out = op.execute(ctx)
     assert calls == [("the policy", "ctr_lora_feed", "2", {"e": 1}, "airflow", OP_ID, release)]
     assert out["promoted"] is release
@@ -169,8 +200,11 @@ def test_a_rejected_candidate_is_pushed_and_ends_the_task(monkeypatch, policy, f
     decision = {"passed": False, "champion_version": "1", "promoted": False}
     monkeypatch.setattr(library, "gate_and_release", lambda *a, **k: decision)
     ctx = context()
-    op = GatedPromotionOperator(task_id="gate_and_promote", fail_on_reject=fail_on_reject,
-                                registered={"model": "ctr_lora_feed", "version": "2", "evaluation": {}})
+    op = GatedPromotionOperator(
+        task_id="gate_and_promote",
+        fail_on_reject=fail_on_reject,
+        registered={"model": "ctr_lora_feed", "version": "2", "evaluation": {}},
+    )
     with pytest.raises(raised, match="@champion stays at v1"):
         op.execute(ctx)
     assert ctx["ti"].pushed == {"decision": decision} and ctx["outlet_events"].added == []
@@ -184,8 +218,11 @@ def test_release_records_the_answer_through_the_library(monkeypatch, policy, ans
     monkeypatch.setattr(library, "record_approval", lambda *a, **k: recorded.append((a, k)))
     monkeypatch.setattr(library, "release", lambda *a, **k: released.append((a, k)) or move())
     ti = FakeTI({"chosen_options": [answer], "responded_by_user": {"name": "alice"}, "responded_at": "2024-01-05"})
-    op = ReleaseOperator(task_id="release", decision={"model": "ctr_lora_feed", "version": "3"},
-                         approval_task_id="approval.approve_release")
+    op = ReleaseOperator(
+        task_id="release",
+        decision={"model": "ctr_lora_feed", "version": "3"},
+        approval_task_id="approval.approve_release",
+    )
     if answer == "Reject":
         with pytest.raises(AirflowSkipException, match="rejected by alice"):
             op.execute(context(ti))
@@ -210,11 +247,13 @@ def test_promote_canary_announces_both_moves(monkeypatch):
     ctx = context()
     out = PromoteCanaryOperator(task_id="promote_canary", model="ctr_lora_feed", reason="healthy").execute(ctx)
     assert out["withdrawn"]["kind"] == "withdraw" and calls == [("ctr_lora_feed", "healthy", "airflow", OP_ID)]
-    assert ctx["outlet_events"].added == [("mlflow://ctr_lora_feed/champion", "promote", "2"),
-                                          ("mlflow://ctr_lora_feed/canary", "withdraw", "")]
+    assert ctx["outlet_events"].added == [
+        ("mlflow://ctr_lora_feed/champion", "promote", "2"),
+        ("mlflow://ctr_lora_feed/canary", "withdraw", ""),
+    ]
     ctx = context()
     WithdrawCanaryOperator(task_id="withdraw_canary", model="ctr_lora_feed", reason="nothing there").execute(ctx)
-    assert ctx["outlet_events"].added == []   # nothing moved, nothing announced
+    assert ctx["outlet_events"].added == []  # nothing moved, nothing announced
 
 
 def test_a_refused_move_is_pushed_and_fails_without_retry(monkeypatch):
@@ -258,8 +297,11 @@ def test_an_approved_release_that_is_held_says_so_and_ends_skipped(monkeypatch):
     monkeypatch.setattr(library, "record_approval", lambda *a, **k: None)
     monkeypatch.setattr(library, "release", lambda *a, **k: held_move())
     ctx = context(FakeTI({"chosen_options": ["Approve"], "responded_by_user": {"name": "alice"}}))
-    op = ReleaseOperator(task_id="release", decision={"model": "ctr_lora_feed", "version": "4"},
-                         approval_task_id="approval.approve_release")
+    op = ReleaseOperator(
+        task_id="release",
+        decision={"model": "ctr_lora_feed", "version": "4"},
+        approval_task_id="approval.approve_release",
+    )
     log = Log()
     monkeypatch.setattr(ReleaseOperator, "log", log)
     with pytest.raises(AirflowSkipException, match="held: .*canary v2 is still being watched .*not queued"):
@@ -273,13 +315,17 @@ def test_a_gated_release_that_is_held_ends_skipped_with_its_decision(monkeypatch
 
     def gate_and_release(*a, on_move, **k):
         on_move(held_move())
-        return {"passed": True, "promoted": False, "release": {"alias": "canary", "moved": False, "held": True,
-                                                                "reason": HELD}}
+        return {
+            "passed": True,
+            "promoted": False,
+            "release": {"alias": "canary", "moved": False, "held": True, "reason": HELD},
+        }
 
     monkeypatch.setattr(library, "gate_and_release", gate_and_release)
     ctx = context()
-    op = GatedPromotionOperator(task_id="gate_and_promote",
-                                registered={"model": "ctr_lora_feed", "version": "4", "evaluation": {"e": 1}})
+    op = GatedPromotionOperator(
+        task_id="gate_and_promote", registered={"model": "ctr_lora_feed", "version": "4", "evaluation": {"e": 1}}
+    )
     with pytest.raises(AirflowSkipException, match="held: .*not queued"):
         op.execute(ctx)
     assert ctx["ti"].pushed["decision"]["release"]["held"] is True

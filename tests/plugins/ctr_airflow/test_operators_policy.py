@@ -2,6 +2,7 @@
 shape the DAG was parsed with (a gate task told to release under `approval: true` is refused), a
 version a person rejected is refused by a promote and released only by an override, and the form's
 text fields are coerced before use (a reason `12345` rendered to an int, one of 2,000 characters)."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,13 @@ import mlflow
 import pytest
 import yaml
 
-from ctr_airflow.operators import (GatedPromotionOperator, ModelMoveRefused, OverrideGateOperator,
-                                   PromoteModelVersionOperator, ReleaseOperator)
+from ctr_airflow.operators import (
+    GatedPromotionOperator,
+    ModelMoveRefused,
+    OverrideGateOperator,
+    PromoteModelVersionOperator,
+    ReleaseOperator,
+)
 from pipelines.promotion import aliases
 from pipelines.registry import mlflow_io
 from tests.conftest import use_store_copy
@@ -48,8 +54,11 @@ def promote(reason="a good reason", version=1, **kwargs) -> PromoteModelVersionO
 def test_a_gate_task_that_would_release_under_an_approval_policy_is_refused(store):
     """The DAG was parsed without the approval step (an old parse, a policy changed since): the library
     still refuses the release. The gate's decision is recorded; nothing moves, nothing is announced."""
-    op = GatedPromotionOperator(task_id="gate_and_promote", policy_path=policy_file(store, approval=True),
-                                registered={"model": MODEL, "version": 1, "evaluation": evaluation(champion=False)})
+    op = GatedPromotionOperator(
+        task_id="gate_and_promote",
+        policy_path=policy_file(store, approval=True),
+        registered={"model": MODEL, "version": 1, "evaluation": evaluation(champion=False)},
+    )
     ctx = context()
     with pytest.raises(ModelMoveRefused, match="needs a recorded approval"):
         op.execute(ctx)
@@ -68,20 +77,25 @@ def test_a_promote_by_hand_needs_the_approval_the_policy_asks_for(store):
 
 def test_a_rejected_version_is_refused_by_promote_and_released_by_an_override(store):
     ti = FakeTI({"chosen_options": ["Reject"], "responded_by_user": {"name": "bob"}, "responded_at": "2024-01-05"})
-    release = ReleaseOperator(task_id="release", decision={"model": MODEL, "version": "1"},
-                              policy_path=policy_file(store, approval=True), approval_task_id="approval.approve_release")
+    release = ReleaseOperator(
+        task_id="release",
+        decision={"model": MODEL, "version": "1"},
+        policy_path=policy_file(store, approval=True),
+        approval_task_id="approval.approve_release",
+    )
     from airflow.sdk.exceptions import AirflowSkipException
 
     with pytest.raises(AirflowSkipException, match="rejected by bob"):
         release.execute(context(ti))
     with pytest.raises(ModelMoveRefused, match="v1 was rejected by bob"):
-        promote().execute(context())   # the shipped policy: no approval asked for
+        promote().execute(context())  # the shipped policy: no approval asked for
     assert aliases.current(MODEL) is None
 
     ctx = context()
     OverrideGateOperator(task_id="override", model=MODEL, version=1, reason="bob's concern is fixed").execute(ctx)
     assert aliases.current(MODEL) == "1" and ctx["outlet_events"].added == [
-        ("mlflow://ctr_lora_feed/champion", "override", "1")]
+        ("mlflow://ctr_lora_feed/champion", "override", "1")
+    ]
     assert json.loads(mlflow_io.get_version(MODEL, "1").tags["gate.override"])["rejection"]["by"] == "bob"
 
 

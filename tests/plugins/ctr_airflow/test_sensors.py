@@ -5,6 +5,7 @@ failed), unlistable lake => a failure that soft_fail does not turn into a skip.
 
 The full Airflow run (reschedule through the metadata DB, the skipped run, the asset event) is
 tests/e2e/test_lake_arrival_dag.py."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -63,13 +64,13 @@ class FirstPokedAt:
 
 
 def context(first_poke: dt.datetime | None = None, **params) -> dict:
-    return {"ti": FirstPokedAt(first_poke), "params": params,
-            "task_reschedule_count": 0 if first_poke is None else 1}
+    return {"ti": FirstPokedAt(first_poke), "params": params, "task_reschedule_count": 0 if first_poke is None else 1}
 
 
 def test_keyword_only_templated_and_safe_by_default():
-    own = [p for n, p in inspect.signature(LakePartitionSensor.__init__).parameters.items()
-           if n not in ("self", "kwargs")]
+    own = [
+        p for n, p in inspect.signature(LakePartitionSensor.__init__).parameters.items() if n not in ("self", "kwargs")
+    ]
     assert own and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in own)
     assert set(LakePartitionSensor.template_fields) == {"day", "lake_uri", "wait_timeout_s"}
     s = LakePartitionSensor(task_id="w")
@@ -95,7 +96,7 @@ def test_poke_finds_a_partition_with_parquet_only(request, lake_fixture):
     assert found.is_done is True
     assert found.xcom_value == {"day": DAY, "lake_uri": lake.uri, "files": len(lake.parquet_files(DAY))}
     assert found.xcom_value["files"] >= 1
-    for day in (MISSING, "2024-02-01"):   # a marker only; nothing at all
+    for day in (MISSING, "2024-02-01"):  # a marker only; nothing at all
         assert LakePartitionSensor(task_id="w", lake_uri=lake.uri, day=day).poke({}).is_done is False
 
 
@@ -112,7 +113,7 @@ def test_execute_resolves_day_and_lake_from_params_and_returns_the_partition(s3_
 
 def test_execute_defaults_to_the_config_lake_and_the_logical_date(s3_lake, tmp_path, monkeypatch):
     config = tmp_path / "pipeline.yaml"
-    config.write_text(json.dumps({"data": {"lake_uri": s3_lake.uri}}))   # JSON is YAML
+    config.write_text(json.dumps({"data": {"lake_uri": s3_lake.uri}}))  # JSON is YAML
     monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(config))
     out = LakePartitionSensor(task_id="w").execute({**context(), "ds": DAY})
     assert (out["day"], out["lake_uri"]) == (DAY, s3_lake.uri) and out["files"] >= 1
@@ -138,14 +139,15 @@ def test_a_short_timeout_pokes_again_when_it_expires(local_lake):
 
 def test_missing_day_past_the_timeout_is_skipped_not_failed(local_lake):
     first = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=30)
-    s = LakePartitionSensor(task_id="w", wait_timeout_s="10")   # as rendered from params.wait_timeout_s
+    s = LakePartitionSensor(task_id="w", wait_timeout_s="10")  # as rendered from params.wait_timeout_s
     with pytest.raises(AirflowSkipException, match="timed out"):
         s.execute(context(first, day=MISSING, lake_uri=local_lake.uri))
     assert s.timeout == 10
     # The same wait with the default timeout (a day) keeps waiting.
     with pytest.raises(AirflowRescheduleException):
         LakePartitionSensor(task_id="w", wait_timeout_s="None").execute(
-            context(first, day=MISSING, lake_uri=local_lake.uri))
+            context(first, day=MISSING, lake_uri=local_lake.uri)
+        )
 
 
 def test_a_lake_outside_the_configs_list_is_refused_before_any_read(s3_lake):
@@ -166,8 +168,16 @@ def test_lake_endpoint_from_the_airflow_connection(s3_lake, s3_endpoint, monkeyp
     (here defined the Airflow way, as an AIRFLOW_CONN_ variable)."""
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.setenv("CTR_LAKE_AWS_CONN_ID", "ctr_lake")
-    monkeypatch.setenv("AIRFLOW_CONN_CTR_LAKE", json.dumps({
-        "conn_type": "aws", "login": "testing", "password": "testing",
-        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CTR_LAKE",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+            }
+        ),
+    )
     out = LakePartitionSensor(task_id="w").execute(context(day=DAY, lake_uri=s3_lake.uri))
     assert out["files"] >= 1
