@@ -74,6 +74,11 @@ class GatePolicy:
     # same slot, config and base, its window one day newer, gated on its predecessor's judgement plus its own
     # base check), so that what serves is as fresh as a release without a gate (docs/benchmarks.md).
     judge_release: Literal["judged", "successor"] = "judged"
+    # Who carries the burden of proof. `candidate`: a release needs evidence that the fresher model is no worse
+    # than the margin (the lower bound clears it; undecided waits). `champion`: a fresher model that passes the
+    # safety checks on at least judge_min_rows rows is released unless the evidence shows it worse beyond the
+    # margin (the upper bound below it): freshness is presumed to help, and harm must be shown.
+    judge_burden: Literal["candidate", "champion"] = "candidate"
 
     # The gate checks that can go unmeasured (promotion.gate): only these may be listed as optional.
     # Base compatibility, the AUC / logloss checks and DeLong superiority fail when unmeasured, always.
@@ -153,6 +158,14 @@ class GatePolicy:
         _check(
             self.judge_release in ("judged", "successor"),
             f"gate.judge_release must be judged or successor, got {self.judge_release!r}",
+        )
+        _check(
+            self.judge_burden in ("candidate", "champion"),
+            f"gate.judge_burden must be candidate or champion, got {self.judge_burden!r}",
+        )
+        _check(
+            self.judge_burden == "candidate" or self.judge_min_effect is None,
+            "gate.judge_min_effect (superiority) needs judge_burden: candidate (an effect is shown, not presumed)",
         )
         _check(
             self.judge_planned_rows >= 1 and self.judge_min_rows >= 2 and self.judge_max_wait_days >= 1,

@@ -247,10 +247,11 @@ def decide(policy: GatePolicy, evaluation: dict, base: dict | None = None) -> di
 
 def _sequential(seq: dict) -> dict:
     """The prequential verdict (promotion.sequential.decide over the days the candidate waited): passes on
-    `release` only; its value is the lower bound on the mean per-row logloss gain over the champion."""
+    `release` only; its value is the bound the verdict read (the lower bound on the mean per-row logloss gain over
+    the champion when the candidate carries the burden of proof, the upper one when the champion does)."""
     return _check(
         "sequential_non_inferiority",
-        seq.get("lower"),
+        seq.get(seq.get("tested", "lower")),
         seq.get("bar"),
         seq.get("verdict") == "release",
         f"{seq.get('verdict')} after {seq.get('n')} judged rows over {seq.get('days')} day(s): {seq.get('reason')}",

@@ -207,6 +207,7 @@ def verdict(policy: GatePolicy, evidence: sequential.Evidence | None, days: int)
         planned_rows=policy.judge_planned_rows,
         min_rows=policy.judge_min_rows,
         min_effect=policy.judge_min_effect,
+        burden=policy.judge_burden,
     )
     if seq["verdict"] == "wait" and days >= policy.judge_max_wait_days:
         return {**seq, "verdict": "reject", "reason": f"undecided after {days} judged day(s): {seq['reason']}"}

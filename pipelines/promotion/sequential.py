@@ -17,9 +17,11 @@ It covers the true mean at every t at once (asymptotically, with probability >= 
 a waiting candidate every day, and stop at any of them, without the repeated-looks inflation that a daily
 fixed-sample test has (tests/pipelines/promotion/test_sequential.py measures both).
 
-`decide` is pure: release when the lower bound clears `-margin` (non-inferior: a fresher model no worse than
-the margin serves) and, with `min_effect` set, also `min_effect` (superiority); reject when the upper bound is
-below `-margin` (worse beyond the margin, at any look); otherwise wait for more rows.
+`decide` is pure. Reject when the upper bound is below `-margin` (worse beyond the margin, at any look). With
+the burden on the candidate, release when the lower bound clears `-margin` (shown non-inferior: a fresher model
+no worse than the margin serves) and, with `min_effect` set, also `min_effect` (superiority); otherwise wait for
+more rows. With the burden on the champion, release whatever is not rejected once `min_rows` rows are in: a
+fresher model is presumed at least as good, and only evidence of harm holds it back.
 """
 
 from __future__ import annotations
@@ -93,10 +95,14 @@ def decide(
     planned_rows: int,
     min_rows: int = 100,
     min_effect: float | None = None,
+    burden: str = "candidate",
 ) -> dict:
-    """{"verdict": "release" | "reject" | "wait", "lower", "upper", "mean", "n", "reason"}."""
+    """{"verdict": "release" | "reject" | "wait", "lower", "upper", "mean", "n", "reason", "bar", "tested"}:
+    `tested` names the bound the verdict read ("lower" or "upper") and `bar` what it was held against."""
     if margin < 0 or (min_effect is not None and min_effect < -margin):
         raise ValueError(f"decide: margin must be >= 0 and min_effect >= -margin (got {margin}, {min_effect})")
+    if burden not in ("candidate", "champion") or (burden == "champion" and min_effect is not None):
+        raise ValueError(f"decide: burden must be candidate or champion, champion without min_effect (got {burden})")
     bounds = interval(ev, alpha, planned_rows) if ev.n >= min_rows else None
     out = {
         "n": ev.n,
@@ -106,19 +112,22 @@ def decide(
         "alpha": alpha,
         "margin": margin,
         "min_effect": min_effect,
+        "burden": burden,
     }
     if bounds is None:
         return {**out, "verdict": "wait", "reason": f"{ev.n} judged rows, fewer than {min_rows}"}
     lo, hi = bounds
     out.update(lower=lo, upper=hi)
     bar = -margin if min_effect is None else max(-margin, min_effect)
-    out["bar"] = bar
+    out.update(bar=bar, tested="lower" if burden == "candidate" else "upper")
     if hi < -margin:
         return {
             **out,
             "verdict": "reject",
             "reason": f"worse than the champion beyond the margin: upper bound {hi:.5f} < -{margin}",
         }
+    if burden == "champion":
+        return {**out, "verdict": "release", "reason": f"not shown worse: upper bound {hi:.5f} >= -{margin}"}
     if lo > bar:
         return {
             **out,

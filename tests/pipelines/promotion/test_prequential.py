@@ -37,6 +37,22 @@ def test_a_minimum_effect_asks_for_more_than_non_inferiority():
     assert verdict(replace(POLICY, judge_min_effect=0.01), small_gain, days=1)["verdict"] != "release"
 
 
+def test_with_the_burden_on_the_champion_noise_releases_harm_rejects_and_few_rows_wait():
+    policy = replace(POLICY, judge_burden="champion")
+    assert verdict(POLICY, NOISE, days=1)["verdict"] == "wait"  # the candidate's burden: it waits for evidence
+    released = verdict(policy, NOISE, days=1)
+    assert released["verdict"] == "release" and released["tested"] == "upper"
+    assert verdict(policy, WORSE, days=1)["verdict"] == "reject"
+    few = Evidence().add(rng.normal(0.0, 0.05, 50))
+    assert [verdict(policy, few, days=d)["verdict"] for d in (1, 2)] == ["wait", "reject"]
+
+
+def test_the_gate_reads_the_bound_the_verdict_tested():
+    ev = judged("release")
+    ev["sequential"].update(tested="upper", upper=0.004, bar=-0.01)
+    assert check(decide(POLICY, ev, base=SAME), "sequential_non_inferiority")["value"] == 0.004
+
+
 def test_with_no_champion_the_first_run_checks_decide():
     assert verdict(POLICY, None, days=1)["verdict"] == "release"
 

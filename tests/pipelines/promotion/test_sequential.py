@@ -105,3 +105,26 @@ def test_a_policy_that_cannot_be_met_is_refused():
         decide(Evidence(), alpha=ALPHA, margin=-0.1, planned_rows=10)
     with pytest.raises(ValueError, match="alpha"):
         interval(evidence(0, 1, 10), alpha=1.5, planned_rows=10)
+
+
+# ----------------------------------------------------------------------------- who carries the burden of proof
+def test_with_the_burden_on_the_champion_an_undecided_candidate_is_released_and_harm_still_rejects():
+    close = evidence(-0.005, 0.3, 1_000)  # the interval straddles -margin: the candidate's burden makes it wait
+    assert decide(close, alpha=ALPHA, margin=0.01, planned_rows=5_000)["verdict"] == "wait"
+    out = decide(close, alpha=ALPHA, margin=0.01, planned_rows=5_000, burden="champion")
+    assert out["verdict"] == "release" and out["tested"] == "upper" and out["upper"] >= -0.01
+    assert "not shown worse" in out["reason"]
+    worse = decide(evidence(-0.05, 0.2, 2_000), alpha=ALPHA, margin=0.01, planned_rows=5_000, burden="champion")
+    assert worse["verdict"] == "reject" and worse["upper"] < -0.01
+
+
+def test_with_the_burden_on_the_champion_too_few_rows_still_wait():
+    few = decide(evidence(0.5, 0.2, 50), alpha=ALPHA, margin=0.01, planned_rows=5_000, min_rows=100, burden="champion")
+    assert few["verdict"] == "wait" and "fewer than 100" in few["reason"]
+
+
+def test_a_minimum_effect_is_shown_by_the_candidate_never_presumed():
+    with pytest.raises(ValueError, match="burden"):
+        decide(evidence(0.02, 0.2, 100), alpha=ALPHA, margin=0.01, planned_rows=10, min_effect=0.0, burden="champion")
+    with pytest.raises(ValueError, match="burden"):
+        decide(evidence(0.02, 0.2, 100), alpha=ALPHA, margin=0.01, planned_rows=10, burden="nobody")
