@@ -14,7 +14,9 @@ version asked for is compared with a recorded one (`move_alias`, `revert`, `prom
 from __future__ import annotations
 
 from pipelines.errors import PromotionError
-from pipelines.promotion.gate import base_check, fingerprints, release_refusal
+from pipelines.promotion.eligibility import release_refusal
+from pipelines.promotion.gate import base_check
+from pipelines.promotion.gate_record import fingerprints
 from pipelines.registry import description
 from pipelines.registry import history as store
 from pipelines.registry import mlflow_io
@@ -150,7 +152,7 @@ def _champion_stack(entries: list[dict]) -> list[str]:
 
 def check_promotable(model: str, version: str, *, mv=None, require_approval: bool = False) -> None:
     """Refuse versions that do not exist, never passed a gate, were rejected by a person, lack the
-    approval their gate (or `require_approval`, the policy now) asks for (`gate.release_refusal`; an
+    approval their gate (or `require_approval`, the policy now) asks for (`eligibility.release_refusal`; an
     override lifts these), or, for an adapter, were not trained on the serving base (`gate.base_check`):
     an adapter version that records no base fingerprint is refused too (nobody can say what it computes
     on the serving base). A base version records its own `fingerprint` instead. `mv`: the version, already fetched."""

@@ -1,9 +1,8 @@
 """The promotion gate: a decision record of checks against the serving @champion.
 
-`decide` is a pure function of the policy and the evaluation; `run` stores the record on the
-version (tags + JSON artifact on its training run), prints it as a table and publishes the model
-card. Releasing a passing version (canary or champion) is a separate step (`promotion.release`),
-so a human approval can sit between the two.
+`decide` is a pure function of the policy and the evaluation, and this module imports no MLflow:
+`gate_record.run` stores the decision on the version and publishes it; who may then be released is
+`eligibility`'s (from the version's tags).
 
 Checks (each: name, value, threshold, passed, one-line reason):
 * always: base compatibility; fairness gaps (demographic parity, equalized odds) per attribute; the
@@ -21,22 +20,11 @@ logloss against the serving base on the same holdout rows (first base: floor and
 A check the evaluation could not measure (no fairness report, a fairness group too small, no clicks,
 no latency sample, a slot with too few rows) FAILS and says so, unless the policy lists it in
 `optional_checks`: silence is never a pass.
-
-Who may be released is decided here too, from the version's tags (`release_refusal`, pure): the gate
-passed, no person rejected it, the approval the policy asks for is recorded, the gate compared
-against the champion that serves now. Only an override (`override`) releases a rejected version.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import logging
-
 from pipelines.config import GatePolicy, to_dict
-from pipelines.errors import PromotionError
-
-log = logging.getLogger(__name__)
 
 
 def _check(name: str, value, threshold, passed: bool, reason: str) -> dict:
@@ -57,7 +45,7 @@ def _unmeasured(policy: GatePolicy, name: str, threshold, why: str) -> dict:
 
 def base_check(base: dict) -> dict:
     """Base compatibility, the one definition (the gate, overrides and every alias move use it): the
-    adapter's base fingerprint is recorded and equals the serving base's. `base` is `fingerprints(mv)`."""
+    adapter's base fingerprint is recorded and equals the serving base's. `base` is `gate_record.fingerprints(mv)`."""
     cand, serving = base.get("candidate") or "", base.get("serving") or ""
     return _check(
         "base_compatible",
@@ -66,6 +54,12 @@ def base_check(base: dict) -> dict:
         bool(cand) and cand == serving,
         "the adapter's base fingerprint must equal the serving base's",
     )
+
+
+def base_model_check() -> dict:
+    """Base compatibility of a base model (a version that records its own fingerprint): there is no base
+    under it to be compatible with, so it passes."""
+    return _check("base_compatible", None, None, True, "a base model")
 
 
 def _absolute(policy: GatePolicy, evaluation: dict) -> list[dict]:
@@ -334,206 +328,3 @@ def format_table(decision: dict) -> str:
         o = decision["override"]
         head += f" — OVERRIDDEN by {o['actor']}: {o['reason']}"
     return "\n".join([head, *lines])
-
-
-def fingerprints(mv) -> dict:
-    """{"candidate": the base fingerprint recorded on the ModelVersion `mv`, "serving": its base's
-    @champion's (ctr_base unless the version names another); None where there is none}."""
-    from pipelines.registry import mlflow_io
-
-    serving = mlflow_io.version_by_alias(mv.tags.get("base.name", "ctr_base"), "champion")
-    return {
-        "candidate": mv.tags.get("base.fingerprint"),
-        "serving": serving.tags.get("fingerprint") if serving else None,
-    }
-
-
-def record(model: str, version: str, decision: dict, evaluation: dict | None, mv=None) -> None:
-    """The decision on the version (tags), its training run (JSON artifact), the log and the card.
-    `mv`: the version as already fetched by the caller (fetched here otherwise)."""
-    from pipelines.registry import mlflow_io, model_card
-
-    c = mlflow_io.client()
-    mv = mlflow_io.get_version(model, version) if mv is None else mv
-    if decision.get("override"):  # the gate's own verdict stays as it was; the override sits beside it
-        c.set_model_version_tag(model, version, "gate.override", json.dumps(decision["override"]))
-    else:
-        # An approval answers one gate decision: a new decision needs a new one (a rejection stays).
-        if (approval_of(mv.tags) or {}).get("answer") == "Approve":
-            c.delete_model_version_tag(model, version, APPROVAL_TAG)
-        c.set_model_version_tag(model, version, "gate.passed", "true" if decision["passed"] else "false")
-        c.set_model_version_tag(model, version, "gate.first_run", str(decision["first_run"]).lower())
-        # What the release checks: the champion compared against (stale gate) and the approval rule then.
-        c.set_model_version_tag(model, version, GATE_CHAMPION_TAG, decision.get("champion_version") or "")
-        c.set_model_version_tag(
-            model, version, APPROVAL_REQUIRED_TAG, str(bool((decision.get("policy") or {}).get("approval"))).lower()
-        )
-        c.set_model_version_tag(
-            model,
-            version,
-            "gate.checks",
-            json.dumps([{k: ch[k] for k in ("name", "value", "passed")} for ch in decision["checks"]])[:5000],
-        )
-    if mv.run_id:
-        import tempfile
-        from pathlib import Path
-
-        from pipelines.evaluation.report import plot_gate
-
-        suffix = "_override" if decision.get("override") else ""
-        c.log_dict(mv.run_id, decision, f"gate/decision_v{version}{suffix}.json")
-        with tempfile.TemporaryDirectory() as tmp:  # the same record as a picture, for the MLflow UI
-            c.log_artifact(mv.run_id, plot_gate(decision, Path(tmp) / f"decision_v{version}{suffix}.png"), "gate")
-    log.info("%s v%s\n%s", model, version, format_table(decision))
-    model_card.publish(model, version, evaluation=evaluation, decision=decision)
-    _show_verdict(model, version, decision, mv)
-
-
-def _show_verdict(model: str, version: str, decision: dict, mv) -> None:
-    """On the registry's pages: a rejected version loses @candidate and carries tag `rejected`
-    (`mv`: the version as fetched before this decision's tags)."""
-    from pipelines.registry import description
-
-    if decision["passed"]:
-        description.clear_rejection(model, version, gate_only=not decision.get("override"), mv=mv)
-    else:
-        failed = [ch["name"] for ch in decision["checks"] if not ch.get("passed")]
-        against = decision.get("champion_version")
-        description.reject(
-            model,
-            version,
-            f"gate: {', '.join(failed) or 'failed'} failed" + (f" against v{against}" if against else ""),
-        )
-    description.publish(model)
-
-
-def run(policy: GatePolicy, model: str, version: str, evaluation: dict, actor: str = "cli") -> dict:
-    """Decide and record. Releasing a passing version is `promotion.release.release`."""
-    from pipelines.registry import mlflow_io
-
-    from pipelines.registry.integrity import FINGERPRINT_TAG
-
-    mv = mlflow_io.get_version(model, version)  # once: for its base fingerprint and its training run
-    # A base model records its own fingerprint; an adapter, the base's it was trained on.
-    decision = (
-        decide_base(policy, evaluation)
-        if mv.tags.get(FINGERPRINT_TAG)
-        else decide(policy, evaluation, base=fingerprints(mv))
-    )
-    decision.update(model=model, version=version, decided_by=actor)
-    record(model, version, decision, evaluation, mv=mv)
-    return decision
-
-
-def override(model: str, version: str, reason: str, actor: str) -> dict:
-    """Record a human override of a gate rejection. It can never skip base compatibility: an adapter
-    trained on another base computes garbage on the serving one, whatever a person decides."""
-    from pipelines.registry import mlflow_io
-
-    if not isinstance(reason, str) or len(reason.strip()) < 5:
-        raise PromotionError(f"an override of {model} v{version} needs a reason (at least 5 characters)")
-    from pipelines.registry.integrity import FINGERPRINT_TAG
-
-    mv = mlflow_io.get_version(model, version)
-    # A base model records its own fingerprint: there is no base under it to be compatible with.
-    base = (
-        _check("base_compatible", None, None, True, "a base model")
-        if mv.tags.get(FINGERPRINT_TAG)
-        else base_check(fingerprints(mv))
-    )
-    if not base["passed"]:
-        raise PromotionError(
-            f"override of {model} v{version} refused: base fingerprint {base['value']}... is not "
-            f"the serving base's {base['threshold'] or 'missing'}...; no override skips this check"
-        )
-    checks = json.loads(mv.tags.get("gate.checks") or "[]")
-    approval = approval_of(mv.tags)
-    decision = {
-        "passed": True,
-        "first_run": mv.tags.get("gate.first_run") == "true",
-        "champion_version": None,
-        "model": model,
-        "version": version,
-        "checks": [base]
-        + [
-            {**c, "threshold": None, "reason": "original gate result (overridden)"}
-            for c in checks
-            if c.get("name") != "base_compatible"
-        ],
-        "override": {
-            "actor": actor,
-            "reason": reason.strip(),
-            "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "failed_checks": [c["name"] for c in checks if not c.get("passed")],
-            # the person's "no" this override goes against, kept beside it
-            "rejection": approval if (approval or {}).get("answer") != "Approve" else None,
-        },
-    }
-    record(model, version, decision, None, mv=mv)
-    return decision
-
-
-# ----------------------------------------------------------------------------- who may be released
-APPROVAL_TAG = "release.approval"  # a person's answer, JSON: answer, by, at, task
-APPROVAL_REQUIRED_TAG = "gate.approval_required"  # the policy's `approval` when the gate decided
-GATE_CHAMPION_TAG = "gate.champion_version"  # the champion the gate compared against ("" = none)
-
-
-def approval_of(tags: dict) -> dict | None:
-    """The recorded answer on a version's tags; an unreadable record counts as no approval."""
-    raw = tags.get(APPROVAL_TAG)
-    if not raw:
-        return None
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or record.get("answer") not in ("Approve", "Reject"):
-        return {"answer": "unreadable", "by": "?", "at": "?", "raw": raw[:200]}
-    return record
-
-
-def release_refusal(tags: dict, *, require_approval: bool = False) -> str | None:
-    """Why the version with these tags may not serve (None: it may): never passed its gate, rejected by a
-    person, or no recorded "Approve" where approval is required (by the policy now, `require_approval`,
-    or when it was gated). An override lifts all three: a person released it, on the record."""
-    if tags.get("gate.override"):
-        return None
-    if tags.get("gate.passed") != "true":
-        return f"never passed its gate (gate.passed={tags.get('gate.passed', 'missing')}, no override)"
-    approval = approval_of(tags)
-    if approval and approval["answer"] == "Reject":
-        return (
-            f"was rejected by {approval['by']} at {approval['at']}: only an override (a named person and a "
-            "reason, recorded beside the rejection) can release it"
-        )
-    if (require_approval or tags.get(APPROVAL_REQUIRED_TAG) == "true") and not (
-        approval and approval["answer"] == "Approve"
-    ):
-        return (
-            "needs a recorded approval (gate policy `approval: true`) and has "
-            + ("an unreadable one" if approval else "none")
-            + ": answer its approve_release step (Airflow) "
-            "or `python -m pipelines approve`"
-        )
-    return None
-
-
-def stale_refusal(tags: dict, version: str, champion: str | None) -> str | None:
-    """ "stale gate" when the champion serving now is not the one the gate compared against (approval can
-    take hours; a gate against another champion says nothing about this one). None when it still is, or
-    when the version is the champion already (nothing moves)."""
-    if champion == version:
-        return None
-    if GATE_CHAMPION_TAG in tags:
-        gated = tags[GATE_CHAMPION_TAG]
-    else:  # gated before the tag existed: the evaluation's champion, which the gate compared against
-        gated = tags.get("eval.champion_version")
-    if gated is None:
-        return "stale gate: re-evaluate (the version does not record which champion its gate compared against)"
-    if (gated or None) != champion:
-        return (
-            f"stale gate: re-evaluate (the gate compared against champion {f'v{gated}' if gated else 'none'}, "
-            f"the champion is now {f'v{champion}' if champion else 'none'})"
-        )
-    return None

@@ -11,7 +11,7 @@ daily look, and the gate (`gate.decide`) puts that verdict next to the safety ch
 * a safety check fails on a day of at least `judge_min_rows` rows (AUC floor, calibration where the champion
   stays in the band on the same rows, fairness, latency, interference), or the sequential test
   says worse beyond the margin, or `judge_max_wait_days` judged days leave it undecided: the rejection is
-  recorded on the version (`gate.run`), which stays out of serving;
+  recorded on the version (`gate_record.run`), which stays out of serving;
 * the test says release and every check passes: the candidate is tagged `release` and its evaluation kept on
   its run (the newest one when several are ready; the older ready ones are `superseded`);
 * otherwise it keeps waiting, its evidence saved.
@@ -32,7 +32,7 @@ import json
 import logging
 
 from pipelines.config import GatePolicy, PipelineConfig
-from pipelines.promotion import gate, sequential
+from pipelines.promotion import gate, gate_record, sequential
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
         EVIDENCE_TAG,
         json.dumps({**evidence.to_json(), "against": against, "days": days, "last_day": day}),
     )
-    decision = gate.decide(policy, evaluation, base=gate.fingerprints(mv))
+    decision = gate.decide(policy, evaluation, base=gate_record.fingerprints(mv))
     unsafe = [
         ch["name"] for ch in decision["checks"] if not ch["passed"] and ch["name"] != "sequential_non_inferiority"
     ]
@@ -190,7 +190,7 @@ def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str,
         c.log_dict(mv.run_id, _json_safe(evaluation), f"judge/{day}/{READY_FILE}")
         c.set_model_version_tag(model, version, STATE_TAG, "release")
         return {**out, "verdict": "release", "reason": seq["reason"]}
-    gate.run(policy, model, version, evaluation, actor=actor)  # records the rejection on the version
+    gate_record.run(policy, model, version, evaluation, actor=actor)  # records the rejection on the version
     c.set_model_version_tag(model, version, STATE_TAG, "reject")
     return {**out, "verdict": "reject", "reason": f"failed {unsafe}" if unsafe else seq["reason"], "failed": unsafe}
 

@@ -27,8 +27,8 @@ from typing import Callable
 
 from pipelines.config import GatePolicy
 from pipelines.errors import PromotionError
-from pipelines.promotion import aliases, gate
-from pipelines.promotion.gate import APPROVAL_TAG, approval_of
+from pipelines.promotion import aliases, eligibility, gate_record
+from pipelines.promotion.eligibility import APPROVAL_TAG, approval_of
 from pipelines.registry import description
 from pipelines.registry.description import HELD_TAG
 from pipelines.registry.integrity import FINGERPRINT_TAG
@@ -52,7 +52,7 @@ def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str
         mv = mlflow_io.get_version(model, version)  # after the gate and the approval wrote their tags
         champion = aliases.current(model)
         aliases.check_promotable(model, version, mv=mv, require_approval=policy.approval)
-        stale = gate.stale_refusal(mv.tags, version, champion)
+        stale = eligibility.stale_refusal(mv.tags, version, champion)
         if stale:
             raise PromotionError(f"release of {model} v{version} refused: {stale}")
         approval = approval_of(mv.tags)
@@ -146,10 +146,10 @@ def _release_base(
 def override(model: str, version: str, reason: str, actor: str, op_id: str | None = None) -> dict:
     """A human releases a version the gate or a person rejected to @champion: recorded on the version
     (`gate.override`: who, why, when, the failed checks and the rejection it goes against) and in the
-    history as kind "override"; base compatibility is still enforced (gate.override refuses otherwise)."""
+    history as kind "override"; base compatibility is still enforced (gate_record.override refuses otherwise)."""
     reason = aliases.check_reason(reason, f"override the gate of {model} v{version}")
-    decision = gate.override(model, version, reason, actor)
-    # gate.override fetched the version (it exists) and checked its base: the move need not again.
+    decision = gate_record.override(model, version, reason, actor)
+    # gate_record.override fetched the version (it exists) and checked its base: the move need not again.
     move = aliases.move_alias(
         model, "champion", version, kind="override", reason=reason, actor=actor, op_id=op_id, checked=True
     )
@@ -172,7 +172,7 @@ def gate_and_release(
     release_on_pass: bool = True,
     on_move: Callable[[dict], None] | None = None,
 ) -> dict:
-    """gate.run, then (on a pass) `release`: the one place this sequence is written. Called in-process
+    """gate_record.run, then (on a pass) `release`: the one place this sequence is written. Called in-process
     (CLI, flows) and by GatedPromotionOperator, which names its task instance in `op_id` (a retried
     task finds its move instead of moving again) and announces the move through `on_move`.
 
@@ -181,7 +181,7 @@ def gate_and_release(
     A pass that may not be released (the policy asks for an approval, the champion changed meanwhile)
     raises `release`'s PromotionError, with the decision already recorded on the version.
     """
-    decision = gate.run(policy, model, version, evaluation, actor=actor)
+    decision = gate_record.run(policy, model, version, evaluation, actor=actor)
     decision["promoted"] = False
     if decision["passed"] and not release_on_pass:  # told before a person approves: the release would be held
         held = hold_reason(policy, model, version, aliases.current(model))
