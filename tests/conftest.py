@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.registry.mlflow_scope import preserved_env, temporary_env
 
 # The test files that take minutes, longest first (`make test` --durations). xdist's loadfile hands
 # files out in collection order, so a long file collected last runs alone at the end while the other
@@ -48,13 +49,8 @@ def _no_active_experiment_leaks():
     """mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID into os.environ, and monkeypatch.delenv of a variable
     that was absent restores nothing: without this, the next test of the worker would start its runs in an
     experiment its own store does not have (which test that is depends on xdist's file order)."""
-    saved = {k: os.environ.get(k) for k in _MLFLOW_ACTIVE}
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with preserved_env(_MLFLOW_ACTIVE):
+        yield
 
 
 def free_port() -> int:
@@ -72,32 +68,16 @@ def s3_endpoint():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    old = {
-        k: os.environ.get(k)
-        for k in (
-            "AWS_ENDPOINT_URL",
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_DEFAULT_REGION",
-            "MLFLOW_S3_ENDPOINT_URL",
-        )
+    s3_env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "MLFLOW_S3_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
     }
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "MLFLOW_S3_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-    )
-    yield endpoint
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with temporary_env(s3_env):
+        yield endpoint
+        server.stop()
 
 
 @pytest.fixture

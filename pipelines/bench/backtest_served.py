@@ -54,42 +54,22 @@ from pipelines.bench.backtest_protocol import Backtest, Day
 from pipelines.bench.backtest_verdicts import counts, fault_outcome, gate_precision, rejected_checks, trust
 from pipelines.config import GatePolicy, PipelineConfig
 from pipelines.errors import DataValidationError, PipelineError
+from pipelines.registry.mlflow_scope import temporary_mlflow
 
 log = logging.getLogger(__name__)
 
-_ENV_KEYS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_REGISTRY_URI",
-    "CTR_MLFLOW_ARTIFACT_ROOT",
-    "CTR_REGISTRY_LOCK_URL",
-    "MLFLOW_EXPERIMENT_ID",
-    "MLFLOW_EXPERIMENT_NAME",
-)
+# the caller's alias lock and active experiment, unset for the replay (its URIs and artifact root are its own)
+_CALLERS_ENV = ("CTR_REGISTRY_LOCK_URL", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
 
 
 @contextlib.contextmanager
 def replay_registry(workdir: Path):
     """MLflow (tracking, registry, artifacts, the alias lock) on `workdir`'s own SQLite store for the
-    duration; the environment and MLflow's tracking URI are put back afterwards."""
-    import mlflow
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
-    saved_uri = tracking_utils._tracking_uri  # None: MLflow reads MLFLOW_TRACKING_URI
+    duration; the environment and MLflow's URIs are put back afterwards."""
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
-    for k in _ENV_KEYS:
-        os.environ.pop(k, None)
-    os.environ.update({"MLFLOW_TRACKING_URI": uri, "CTR_MLFLOW_ARTIFACT_ROOT": str(workdir / "artifacts")})
-    mlflow.set_tracking_uri(uri)
-    try:
+    env = {**dict.fromkeys(_CALLERS_ENV), "CTR_MLFLOW_ARTIFACT_ROOT": str(workdir / "artifacts")}
+    with temporary_mlflow(uri, env=env):
         yield uri
-    finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        tracking_utils._tracking_uri = saved_uri
 
 
 class Served(Comparator):

@@ -45,10 +45,11 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.bench.serving_procs import CORES, SECRET, free_port, get_json, mlflow_server, request_frame, serving
+from pipelines.registry.mlflow_scope import temporary_mlflow
 
 CLIENTS = 8
 
@@ -178,23 +179,6 @@ def visible_ms(client: Client, body: bytes, move: Callable[[], None], done: Call
 # ----------------------------------------------------------------------------- the run
 
 
-@contextlib.contextmanager
-def _tracking(uri: str) -> Iterator[None]:
-    import mlflow
-
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(saved)
-        if saved is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved
-
-
 def _populate(frame) -> dict:
     """Base 1 with the 3 slot champions and a second feed version; base 2 (not champion yet) with two
     feed versions and one of each other slot. Returns the version numbers."""
@@ -204,7 +188,7 @@ def _populate(frame) -> dict:
     from pipelines.config import ModelConfig
     from pipelines.model.base import CTRModel
     from pipelines.registry import mlflow_io
-    from pipelines.serving import demo
+    from pipelines.bench import serving_demo as demo
 
     experiment = mlflow.create_experiment("bench-serving-http")
     example = mlflow_io.input_example(frame)
@@ -268,7 +252,7 @@ def _run(moves: int, steady_s: float, polls: int) -> dict:
     one_each = frame.groupby("slot").head(1)
     feed_row = frame[frame["slot"] == "feed"].head(1)
     out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp)) as tracking, _tracking(tracking):
+    with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp)) as tracking, temporary_mlflow(tracking):
         root, client = Path(tmp), mlflow.MlflowClient()
         v = _populate(frame)
         port = free_port()

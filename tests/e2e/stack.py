@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.registry.mlflow_scope import temporary_mlflow
+
 REPO = Path(__file__).resolve().parents[2]
 PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3)
 
@@ -117,20 +119,8 @@ class Stack:
 @contextlib.contextmanager
 def this_process_on(mlflow_uri: str, **env: str):
     """Point this test process at the stack too (set-up done in-process), restoring everything after."""
-    import mlflow
-
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", *env)}
-    os.environ.update(MLFLOW_TRACKING_URI=mlflow_uri, **env)
-    mlflow.set_tracking_uri(mlflow_uri)
-    try:
+    with temporary_mlflow(mlflow_uri, env=env):
         yield
-    finally:
-        mlflow.set_tracking_uri(None)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, artifact_root: str) -> dict:
@@ -223,8 +213,6 @@ def movielens_stack(tmp: Path, bucket: str, last_day: str, paths: bool | dict = 
     config's per-section `overrides`), fresh metadata stores with Airflow initialised, and this process's MLflow
     pointed at the stack's store. `paths`: the DAGs run under `paths_policy` instead of the shipped gate policy
     (a dict: with those policy overrides too)."""
-    import mlflow
-
     _, config_path = movielens_lake(tmp, bucket, last_day, **overrides)
     with metadata_stores(tmp) as (airflow_conn, mlflow_uri, kind):
         env = make_env(tmp, airflow_conn, mlflow_uri, config_path, f"s3://{bucket}/mlflow")
@@ -234,12 +222,8 @@ def movielens_stack(tmp: Path, bucket: str, last_day: str, paths: bool | dict = 
             )
         st = Stack(env, kind, tmp)
         st.init_airflow()
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(mlflow_uri)
-        try:
+        with temporary_mlflow(mlflow_uri):
             yield st
-        finally:
-            mlflow.set_tracking_uri(previous)
 
 
 @contextlib.contextmanager

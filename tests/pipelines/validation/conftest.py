@@ -9,7 +9,7 @@ the tests work on copies.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
 from pipelines.promotion import aliases
+from pipelines.registry.mlflow_scope import temporary_mlflow
 from pipelines.validation.stage import read_marker, validate_window
 from tests.conftest import adapter_tags, use_store_copy
 from tests.pipelines.validation.healthy_window import (
@@ -68,23 +69,13 @@ def champion_db(tmp_path_factory) -> Path:
     """An MLflow SQLite store holding ctr_lora_feed v1 (gate passed) promoted to @champion."""
     d = tmp_path_factory.mktemp("mlflow-template")
     uri = f"sqlite:///{d / 'mlflow.db'}"
-    old_cwd, old_env = Path.cwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(d)  # the promotion-history experiment's default artifact root lands here
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    mlflow.set_tracking_uri(uri)
-    try:
+    # cwd d: the promotion-history experiment's default artifact root lands there
+    with contextlib.chdir(d), temporary_mlflow(uri):
         c = MlflowClient()
         c.create_registered_model(MODEL)
         v = c.create_model_version(MODEL, source="file:///tmp/x", tags=adapter_tags(**{"gate.passed": "true"})).version
         assert str(v) == "1"
         aliases.promote(MODEL, "1", reason="initial champion", actor="test")
-    finally:
-        os.chdir(old_cwd)
-        if old_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old_env
-        mlflow.set_tracking_uri(None)
     return d / "mlflow.db"
 
 
