@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipelines.bench.serving_procs import request_frame
+from pipelines.registry.mlflow_scope import temporary_mlflow
 
 SLOTS = ("feed", "search", "splash")
 BATCH = 32
@@ -70,30 +71,13 @@ MODEL_SEED = 0
 
 @contextlib.contextmanager
 def _temporary_registry(root: Path) -> Iterator[str]:
-    """Point MLflow at a new SQLite store under `root`; yields the id of an experiment whose artifacts
-    go to root/mlruns. Restores the tracking URI afterwards."""
+    """Point MLflow (tracking and registry) at a new SQLite store under `root`; yields the id of an experiment
+    whose artifacts go to root/mlruns. Afterwards the URIs and their variables are what they were, or every
+    later MlflowClient of this process would keep using the deleted temporary store."""
     import mlflow
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
 
-    # set_tracking_uri / set_registry_uri also export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, and
-    # set_registry_uri(None) does not take the variable back: restore the globals and the environment
-    # exactly, or every later MlflowClient in this process keeps using the deleted temporary store.
-    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    try:
+    with temporary_mlflow(f"sqlite:///{root / 'mlflow.db'}"):
         yield mlflow.create_experiment("bench-serving", artifact_location=(root / "mlruns").as_uri())
-    finally:
-        mlflow.set_tracking_uri(saved[0])
-        registry_utils._registry_uri = saved[1]
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
@@ -103,7 +87,7 @@ def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
     from pipelines.config import ModelConfig
     from pipelines.model.base import CTRModel
     from pipelines.registry import mlflow_io
-    from pipelines.serving import demo
+    from pipelines.bench import serving_demo as demo
 
     torch.manual_seed(MODEL_SEED)
     base_model = CTRModel(ModelConfig()).eval()

@@ -1,58 +1,91 @@
-"""`AdapterServer`'s bases in memory: a base change (a new `<base_model>@champion` is loaded beside the
-serving base, its adapters as their aliases name them, and every slot switches in one table swap once
-`serving.base_switch.plan` says ready) and eviction across the stores (see `serving.router`'s
-docstring). A mixin, because it works on the server's tables, leases and stores under the server's
-locks; kept apart so each file reads as one idea.
+"""`AdapterServer`'s base changes: a new `<base_model>@champion` is loaded beside the serving base, its
+adapters as their aliases name them, and every slot switches in one table swap once
+`serving.base_switch.plan` says ready (see `serving.router`'s docstring).
+
+An object the server holds. It owns the *pending* base (loaded, waiting for its adapters) and the bases
+refused for good; it prepares a switch (`prepare`) and the server, which owns the routing tables, makes
+it (`AdapterServer._toward`) and then calls `switched`. It shares the server's lock, passed in, because
+eviction reads the pending base together with the tables (`serving.eviction`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass
 
 from pipelines.errors import RegistryError
-from pipelines.serving import base_switch
+from pipelines.serving import base_switch, loader
 from pipelines.serving.base_store import BaseStore
 from pipelines.serving.loader import RETRYABLE, RefusedVersion, Route, VersionRef
+from pipelines.serving.metrics import ServingMetrics
+from pipelines.serving.version_loads import VersionLoads, refusal
 
 log = logging.getLogger("pipelines.serving.router")
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """What a refresh made ready for base version `champion`: its store (None: it cannot serve, `why`
+    says why), the plan over what the aliases name, and this round's loads and refusals on it."""
+
+    champion: VersionRef
+    store: BaseStore | None
+    plan: base_switch.BasePlan | None = None
+    loaded: tuple[str, ...] = ()
+    refused: tuple[dict, ...] = ()
+    why: str | None = None
+
+    def waiting(self) -> dict:
+        """The refresh report's base "pending": the version and what it waits for."""
+        if self.store is None:
+            return {"version": self.champion.key, "dropped": [], "waiting_for": [f"{self.champion.key}: {self.why}"]}
+        return {
+            "version": self.champion.key,
+            "waiting_for": list(self.plan.waiting),
+            "dropped": list(self.plan.dropped),
+        }
+
+
 class BaseChanges:
-    def _toward(self, champion: VersionRef, resolved: dict[Route, VersionRef]) -> tuple[dict, dict]:
-        """A refresh while base@champion names another base than the serving one: prepare the new base
-        and its adapters, switch when `base_switch.plan` says ready, else keep serving the old pair."""
-        serving = self._table.base
-        pending, why = self._pending_store(champion)
-        if pending is None:  # the new base cannot serve (now, or at all): the old pair carries on, nothing held
-            return self._apply(resolved, serving), {
-                "version": champion.key,
-                "dropped": [],
-                "waiting_for": [f"{champion.key}: {why}"],
-            }
-        plan = base_switch.plan(resolved, pending.fingerprint)
-        loaded, refused = self._preload(pending, plan)
+    def __init__(self, registry: loader.Registry, metrics: ServingMetrics, lock: threading.Lock, loads: VersionLoads):
+        self.registry, self.metrics, self.loads = registry, metrics, loads
+        self._lock = lock  # the server's: eviction reads `pending` under it
+        self._pending: BaseStore | None = None  # a new base@champion waiting for its adapters
+        self._refused: dict[str, str] = {}  # base version key -> why it cannot serve
+
+    @property
+    def pending(self) -> BaseStore | None:
+        """The new base waiting for its adapters, if any."""
+        return self._pending
+
+    def prepare(self, champion: VersionRef, resolved: dict[Route, VersionRef]) -> Preparation:
+        """Load base version `champion` (once) and the versions of it that the aliases name, and plan the
+        switch: ready once every watched champion names a version loaded on it."""
+        store, why = self._pending_store(champion)
+        if store is None:  # the new base cannot serve (now, or at all): nothing is held
+            return Preparation(champion, None, why=why)
+        plan = base_switch.plan(resolved, store.fingerprint)
+        loaded, refused = self._preload(store, plan)
         # this round's refusals too: a download that failed (retried next time) has not loaded either
         unloadable = {
             **{f"{r['model']}:{r['version']}": r["reason"] for r in refused},
-            **{k: r["reason"] for k, r in pending.refused.items()},
+            **{k: r["reason"] for k, r in store.refused.items()},
         }
-        plan = base_switch.plan(resolved, pending.fingerprint, unloadable)
-        if plan.ready:
-            try:
-                self._install({r: ref.key for r, ref in plan.on_new.items()}, pending)
-            finally:
-                with self._lock:
-                    self._pinned.clear()
-            self._set_pending(None)
-            self.metrics.base_info.remove(serving.key, "serving")
-            self.metrics.base_info.labels(version=pending.key, state="serving").set(1)
-            self.metrics.base_switches.inc()
-            log.info("switched base %s -> %s with %s", serving.key, pending.key, self.routes())
-            return self._report(True, loaded, refused), None
-        report = self._apply(resolved, serving, held=plan.held)
-        report["loaded"] += loaded
-        report["refused"] += refused
-        return report, {"version": champion.key, "waiting_for": list(plan.waiting), "dropped": list(plan.dropped)}
+        plan = base_switch.plan(resolved, store.fingerprint, unloadable)
+        return Preparation(champion, store, plan, tuple(loaded), tuple(refused))
+
+    def switched(self, old: BaseStore) -> None:
+        """The pending base serves now in place of `old`."""
+        new = self._pending
+        self._set_pending(None)
+        self.metrics.base_info.remove(old.key, "serving")
+        self.metrics.base_info.labels(version=new.key, state="serving").set(1)
+        self.metrics.base_switches.inc()
+
+    def drop_pending(self) -> None:
+        """base@champion names the serving base again (or nothing): a pending base leaves memory."""
+        self._set_pending(None)
 
     def _pending_store(self, champion: VersionRef) -> tuple[BaseStore | None, str | None]:
         """(the store of base version `champion`, loaded once; None) or (None, why it cannot serve): refused
@@ -60,25 +93,25 @@ class BaseChanges:
         if self._pending is not None and self._pending.key == champion.key:
             return self._pending, None
         self._set_pending(None)  # another new base (or none loadable) replaces a pending one
-        if champion.key in self._refused_bases:
-            return None, self._refused_bases[champion.key]
+        if champion.key in self._refused:
+            return None, self._refused[champion.key]
         try:
             store = BaseStore.load(self.registry, champion)
         except RegistryError as exc:
             if isinstance(exc.__cause__, RefusedVersion) and exc.__cause__.reason in RETRYABLE:
                 log.warning("new base %s could not be downloaded (next refresh retries): %s", champion.key, exc)
                 return None, f"download failed, retrying: {exc}"
-            return None, self._refuse_base(champion, exc)
+            return None, self._refuse(champion, exc)
         except Exception as exc:  # a base that does not load or verify never serves; the old one carries on
-            return None, self._refuse_base(champion, exc)
+            return None, self._refuse(champion, exc)
         self._set_pending(store)
         return store, None
 
-    def _refuse_base(self, champion: VersionRef, exc: Exception) -> str:
-        self._refused_bases[champion.key] = f"{type(exc).__name__}: {exc}"
+    def _refuse(self, champion: VersionRef, exc: Exception) -> str:
+        self._refused[champion.key] = f"{type(exc).__name__}: {exc}"
         self.metrics.refused_loads.labels(reason="base").inc()
-        log.error("new base %s refused: %s", champion.key, self._refused_bases[champion.key])
-        return self._refused_bases[champion.key]
+        log.error("new base %s refused: %s", champion.key, self._refused[champion.key])
+        return self._refused[champion.key]
 
     def _preload(self, pending: BaseStore, plan: base_switch.BasePlan) -> tuple[list[str], list[dict]]:
         """Load the new base's versions as their aliases name them (so the switch itself only waits for
@@ -86,12 +119,10 @@ class BaseChanges:
         loaded, refused = [], []
         for (model, alias), ref in sorted(plan.on_new.items()):
             try:
-                if self._ensure_loaded(ref, pending):
+                if self.loads.ensure_loaded(ref, pending):
                     loaded.append(ref.key)
             except RefusedVersion as exc:
-                refused.append(
-                    {"model": model, "version": ref.version, "alias": alias, "reason": exc.reason, "error": exc.detail}
-                )
+                refused.append(refusal(model, alias, ref, exc))
         wanted = {ref.key for ref in plan.on_new.values()}
         with self._lock:
             stale = {k: pending.loaded.pop(k) for k in list(pending.loaded) if k not in wanted}
@@ -110,47 +141,3 @@ class BaseChanges:
         if store is not None:
             self.metrics.base_info.labels(version=store.key, state="pending").set(1)
         self.metrics.base_pending.set(0 if store is None else 1)
-
-    def _stores(self) -> list[BaseStore]:
-        """Every base in memory: the serving one, those old tables still being read hold, a pending one
-        (caller holds the lock)."""
-        stores = {id(t.base): t.base for t in self._live.values()}
-        stores[id(self._table.base)] = self._table.base
-        if self._pending is not None:
-            stores[id(self._pending)] = self._pending
-        return list(stores.values())
-
-    def _collect(self) -> list[str]:
-        """Evict what must go: every version of a base that left memory (an old base no live table
-        serves, a pending base dropped or replaced), and idle versions of the serving base past the cap
-        (least recently routed first). Returns the evicted keys."""
-        with self._lock:
-            serving, live_tables, stores = self._table.base, list(self._live.values()), self._stores()
-            doomed: dict[BaseStore, list[str]] = {
-                s: list(s.loaded) for s in self._known_stores if s not in stores and s.loaded
-            }
-            self._known_stores = stores
-            for store in stores:
-                if store is self._pending:
-                    continue
-                live = set(self._pinned).union(*(t.keys() for t in live_tables if t.base is store))
-                idle = [k for k in store.loaded if k not in live]
-                if store is serving:
-                    room = max(0, self.max_loaded_adapters - (len(store.loaded) - len(idle)))
-                    idle.sort(key=lambda k: self._last_routed.get(k, 0), reverse=True)
-                    idle = idle[room:]
-                    held = len(store.loaded) - len(idle)
-                    self.metrics.cap_exceeded.set(int(held > self.max_loaded_adapters))
-                if idle:
-                    doomed[store] = idle
-            names = {store: [store.loaded.pop(k) for k in keys] for store, keys in doomed.items()}
-            held = {k for s in stores for k in s.loaded}
-            self._last_routed = {k: t for k, t in self._last_routed.items() if k in held}
-            self.metrics.loaded_adapters.set(sum(len(s.loaded) for s in stores))
-        for store, batch in names.items():
-            store.delete(batch)
-        evicted = sorted(k for keys in doomed.values() for k in keys)
-        if evicted:
-            self.metrics.adapter_unloads.inc(len(evicted))
-            log.info("unloaded %s", evicted)
-        return evicted

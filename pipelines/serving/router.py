@@ -51,7 +51,6 @@ alone pass the cap, the cap is reported exceeded (metric and log), not enforced 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -67,9 +66,9 @@ from prometheus_client import CollectorRegistry
 from pipelines.errors import RegistryError, SchemaError
 from pipelines.model.family import encode
 from pipelines.model.inference import configure_threads
-from pipelines.serving import batched, loader, routing
-from pipelines.serving.base_store import BaseStore
+from pipelines.serving import batched, eviction, loader, routing
 from pipelines.serving.base_changes import BaseChanges
+from pipelines.serving.base_store import BaseStore
 from pipelines.serving.loader import CANARY, CHAMPION, Route, VersionRef
 from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import RoutingTable
@@ -89,7 +88,7 @@ DEFAULT_MAX_LOADED = 16
 DEFAULT_LOAD_BUDGET_MS = 100.0
 
 
-class AdapterServer(BaseChanges, VersionLoads):
+class AdapterServer:
     """Scores contract rows with `ctr_lora_<slot>@champion` (or @canary, or the cold-start adapter).
 
     Rows of a slot with no adapter get the base's output. `new_users` marks new users: a boolean
@@ -97,6 +96,9 @@ class AdapterServer(BaseChanges, VersionLoads):
     in [0, 1] is the share of users (stable hash of user_id) sent to a model's @canary when it has one.
     `max_loaded_adapters` caps the adapter versions held in memory; `load_budget_ms` bounds how long
     a refresh's loads may hold back the moves already loaded (None: no bound); see the module docstring.
+
+    It owns the routing tables and their leases, and holds `VersionLoads`, `BaseChanges` and `Eviction`,
+    each given the server's one lock so that a table swap, a load and an eviction see each other whole.
     """
 
     def __init__(
@@ -129,18 +131,15 @@ class AdapterServer(BaseChanges, VersionLoads):
         if ref is None:
             raise RegistryError(f"no serving base: {base_model}@{CHAMPION} is not set")
         base = BaseStore.load(self.registry, ref)
-        self._lock = threading.Lock()  # guards the table, leases, pinned and every store's loaded map
+        self._lock = threading.Lock()  # guards the tables, leases, pins, pending base and every store's loaded map
         self._refresh_lock = threading.Lock()  # one refresh at a time
         self._table = RoutingTable(0, base.key, {}, model=base.model, base=base)
         self._live: dict[int, RoutingTable] = {0: self._table}  # current + old tables still leased
         self._leases: dict[int, int] = {}
-        self._pinned: set[str] = set()  # loaded by a refresh whose table is not installed yet
-        self._pending: BaseStore | None = None  # a new base@champion waiting for its adapters
-        self._refused_bases: dict[str, str] = {}  # base version key -> why it cannot serve
-        self._tick = itertools.count(1)
-        self._last_routed: dict[str, int] = {}  # version key -> tick of the last table that routed it (LRU)
         self._last_read: tuple[dict, VersionRef | None] | None = None  # the last refresh's registry answer
-        self._known_stores: list[BaseStore] = [base]  # the stores _collect saw last: one that leaves is emptied
+        self._loads = VersionLoads(self.registry, self.metrics, self._lock)
+        self._bases = BaseChanges(self.registry, self.metrics, self._lock, self._loads)
+        self._eviction = eviction.Eviction(self.max_loaded_adapters, self.metrics, [base])
         self.metrics.base_info.labels(version=base.key, state="serving").set(1)
         if refresh_now:
             self.refresh()
@@ -184,7 +183,8 @@ class AdapterServer(BaseChanges, VersionLoads):
     def loaded_versions(self) -> list[str]:
         """Every adapter version in memory (serving, draining, idle, or loaded on a pending base)."""
         with self._lock:
-            return sorted({k for store in self._stores() for k in store.loaded})
+            stores = eviction.in_memory(self._table, self._live.values(), self._bases.pending)
+            return sorted({k for store in stores for k in store.loaded})
 
     def watched(self) -> list[tuple[str, str]]:
         """The (model, alias) routes a refresh resolves."""
@@ -271,7 +271,7 @@ class AdapterServer(BaseChanges, VersionLoads):
             resolved, champion = self._read(only)
             serving = self._table.base
             if champion is None or champion.key == serving.key:
-                self._set_pending(None)
+                self._bases.drop_pending()
                 report, pending = self._apply(resolved, serving), None
             else:
                 report, pending = self._toward(champion, resolved)
@@ -304,6 +304,26 @@ class AdapterServer(BaseChanges, VersionLoads):
                 champion = loader.resolve_alias(self.registry, self.base_model, CHAMPION)
         return resolved, champion
 
+    def _toward(self, champion: VersionRef, resolved: dict[Route, VersionRef]) -> tuple[dict, dict | None]:
+        """A refresh while base@champion names another base than the serving one: prepare the new base
+        and its adapters, switch when `base_switch.plan` says ready, else keep serving the old pair."""
+        serving = self._table.base
+        new = self._bases.prepare(champion, resolved)
+        if new.store is None:  # the new base cannot serve (now, or at all): the old pair carries on, nothing held
+            return self._apply(resolved, serving), new.waiting()
+        if not new.plan.ready:
+            report = self._apply(resolved, serving, held=new.plan.held)
+            report["loaded"] += new.loaded
+            report["refused"] += new.refused
+            return report, new.waiting()
+        try:
+            self._install({r: ref.key for r, ref in new.plan.on_new.items()}, new.store)
+        finally:
+            self._loads.unpin()
+        self._bases.switched(serving)
+        log.info("switched base %s -> %s with %s", serving.key, new.store.key, self.routes())
+        return self._report(True, list(new.loaded), list(new.refused)), None
+
     def apply(self, resolved: dict[Route, VersionRef]) -> dict:
         """Serve `resolved` ((model, alias) -> version) on the serving base: load what is missing, swap,
         evict idle versions past the cap.
@@ -320,7 +340,7 @@ class AdapterServer(BaseChanges, VersionLoads):
         current = self._table
         deadline = None if self.load_budget_ms is None else time.perf_counter() + self.load_budget_ms / 1000
         try:
-            routes, loaded, refused, late = self._load_routes(current, resolved, store, held, deadline)
+            routes, loaded, refused, late = self._loads.routes(current, resolved, store, held, deadline)
             swapped = routes != dict(current.routes)
             if swapped:
                 self._install(routes, store)
@@ -331,14 +351,13 @@ class AdapterServer(BaseChanges, VersionLoads):
                     self.load_budget_ms,
                     sorted(f"{m}@{a}" for m, a in late),
                 )
-                more, loaded_late, refused_late, _ = self._load_routes(self._table, late, store)
+                more, loaded_late, refused_late, _ = self._loads.routes(self._table, late, store)
                 loaded, refused, routes = loaded + loaded_late, refused + refused_late, {**routes, **more}
                 if routes != dict(self._table.routes):
                     self._install(routes, store)
                     swapped = True
         finally:
-            with self._lock:
-                self._pinned.clear()
+            self._loads.unpin()
         return self._report(swapped, loaded, refused)
 
     def _report(self, swapped: bool, loaded: list[str], refused: list[dict]) -> dict:
@@ -353,6 +372,14 @@ class AdapterServer(BaseChanges, VersionLoads):
             "draining": draining,
             "refused": refused,
         }
+
+    def _collect(self) -> list[str]:
+        """Evict what `Eviction` says must go, taken under the lock with the tables it was judged on;
+        returns the evicted keys."""
+        with self._lock:
+            live_tables, pinned = list(self._live.values()), self._loads.pinned()
+            taken = self._eviction.select(self._table, live_tables, pinned, self._bases.pending)
+        return self._eviction.evict(taken)
 
     def _install(self, routes: dict[Route, str], store: BaseStore) -> None:
         with self._lock:
@@ -369,9 +396,7 @@ class AdapterServer(BaseChanges, VersionLoads):
             self._live[table.generation] = table
             if not self._leases.get(old.generation):
                 self._live.pop(old.generation, None)
-            tick = next(self._tick)
-            for key in old.keys() | table.keys():  # both were routed until this moment
-                self._last_routed[key] = tick
+            self._eviction.routed(old.keys() | table.keys())  # both were routed until this moment
         self.metrics.active_adapters.set(len(table.keys()))
         self.metrics.swaps.inc()
         log.info("routing table %d on base %s: %s", table.generation, store.key, table.describe())

@@ -1,25 +1,45 @@
 """`AdapterServer`'s loads: which version each route serves after a refresh (loaded now, kept, held for
 a base switch, or late past the load budget), and loading one version into a base's store (download,
-verify, inject) with its refusals remembered per version and base (see `serving.router`'s docstring). A
-mixin, like `serving.base_changes`, because it works on the server's stores, pins and metrics under the
-server's lock; kept apart so each file reads as one idea.
+verify, inject) with its refusals remembered per version and base (see `serving.router`'s docstring).
+
+An object the server holds. It owns the *pinned* versions: those a refresh loaded or found in memory for
+a table it has not installed yet, which eviction must spare until the refresh ends (`unpin`). It shares
+the server's lock, passed in, because a store's `loaded` map, the pins and the routing tables must be
+read together by eviction (`serving.eviction`).
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 
+from pipelines.serving import loader
 from pipelines.serving.base_store import BaseStore
 from pipelines.serving.loader import RETRYABLE, RefusedVersion, Route, VersionRef
+from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import RoutingTable
 
 log = logging.getLogger("pipelines.serving.router")
 
 
 class VersionLoads:
-    def _load_routes(
+    def __init__(self, registry: loader.Registry, metrics: ServingMetrics, lock: threading.Lock):
+        self.registry, self.metrics = registry, metrics
+        self._lock = lock  # the server's: guards every store's `loaded` map and the pins
+        self._pinned: set[str] = set()  # loaded by a refresh whose table is not installed yet
+
+    def pinned(self) -> frozenset[str]:
+        """The version keys eviction must spare until the refresh that pinned them ends (caller holds the lock)."""
+        return frozenset(self._pinned)
+
+    def unpin(self) -> None:
+        """A refresh ended: its table is installed (or never will be), so what it loaded may be evicted."""
+        with self._lock:
+            self._pinned.clear()
+
+    def routes(
         self,
         current: RoutingTable,
         resolved: dict[Route, VersionRef],
@@ -48,13 +68,11 @@ class VersionLoads:
                     routes[(model, alias)] = keep
                 continue
             try:
-                if self._ensure_loaded(ref, store):
+                if self.ensure_loaded(ref, store):
                     loaded.append(ref.key)
                 routes[(model, alias)] = ref.key
             except RefusedVersion as exc:
-                refused.append(
-                    {"model": model, "version": ref.version, "alias": alias, "reason": exc.reason, "error": exc.detail}
-                )
+                refused.append(refusal(model, alias, ref, exc))
                 if keep is not None:
                     routes[(model, alias)] = keep
         return routes, loaded, refused, late
@@ -63,9 +81,9 @@ class VersionLoads:
         with self._lock:
             return ref.key in store.loaded
 
-    def _ensure_loaded(self, ref: VersionRef, store: BaseStore) -> bool:
-        """True when this call loaded `ref` into `store`; raises RefusedVersion (counted once per version
-        and base)."""
+    def ensure_loaded(self, ref: VersionRef, store: BaseStore) -> bool:
+        """True when this call loaded `ref` into `store`; either way `ref` is pinned. Raises RefusedVersion
+        (counted once per version and base)."""
         with self._lock:
             if ref.key in store.loaded:
                 self._pinned.add(ref.key)  # may be idle or draining: keep it from being collected before the swap
@@ -88,3 +106,8 @@ class VersionLoads:
         self.metrics.adapter_loads.inc()
         log.info("loaded %s on base %s as PEFT adapter %s", ref.key, store.key, name)
         return True
+
+
+def refusal(model: str, alias: str, ref: VersionRef, exc: RefusedVersion) -> dict:
+    """One entry of a refresh report's "refused" list."""
+    return {"model": model, "version": ref.version, "alias": alias, "reason": exc.reason, "error": exc.detail}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlflow import MlflowClient
 
-from pipelines.promotion import aliases, gate, release
+from pipelines.promotion import aliases, gate_record, release
 from pipelines.registry import description
 from tests.pipelines.promotion.test_aliases import MODEL, add_version
 from tests.pipelines.promotion.test_release import CANARY, FP, registry  # noqa: F401 (fixture)
@@ -74,7 +74,7 @@ def test_a_gate_rejection_takes_candidate_off_and_tags_the_version(tracking):
         "champion_version": None,
         "checks": [{"name": "auc_floor", "value": 0.4, "threshold": 0.55, "passed": False, "reason": "low"}],
     }
-    gate.record(MODEL, v1, failed, None)
+    gate_record.record(MODEL, v1, failed, None)
     mv = MlflowClient().get_model_version(MODEL, v1)
     assert "candidate" not in mv.aliases and mv.tags[description.REJECTED_TAG] == "gate: auc_floor failed"
     assert str(MlflowClient().search_model_versions(f"name = '{MODEL}' and tags.rejected != ''")[0].version) == v1
@@ -85,7 +85,7 @@ def test_a_persons_rejection_is_shown_and_outlives_a_new_passing_gate(tracking):
     v1 = add_version(MODEL)
     release.record_approval(MODEL, v1, answer="Reject", by="ana", at="now", task="approve_release")
     passed = {"passed": True, "first_run": True, "champion_version": None, "checks": []}
-    gate.record(MODEL, v1, passed, None)
+    gate_record.record(MODEL, v1, passed, None)
     assert MlflowClient().get_model_version(MODEL, v1).tags[description.REJECTED_TAG].startswith("rejected by ana")
     release.override(MODEL, v1, reason="reviewed offline: fine", actor="bob")
     assert description.REJECTED_TAG not in MlflowClient().get_model_version(MODEL, v1).tags

@@ -17,7 +17,7 @@ from pipelines.config import ModelConfig
 from pipelines.errors import RegistryError
 from pipelines.model import family
 from pipelines.registry import integrity, mlflow_io, pyfunc
-from pipelines.serving import demo
+from pipelines.bench import serving_demo as demo
 from pipelines.serving.router import AdapterServer
 from tests.pipelines.model.test_family import TinyFamily
 from tests.pipelines.registry.test_trusted_load import BOTH, stored

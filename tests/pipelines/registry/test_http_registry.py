@@ -31,7 +31,7 @@ from mlflow import MlflowClient
 from pipelines.config import GatePolicy, RegistryConfig
 from pipelines.data.lake import Lake, concat
 from pipelines.evaluation.compare import evaluate
-from pipelines.promotion import aliases, gate
+from pipelines.promotion import aliases, gate_record
 from pipelines.registry import history, mlflow_io, register as reg
 from pipelines.training import adapter, checkpoint
 from tests.conftest import any_base_policy
@@ -170,7 +170,7 @@ def _candidate(cfg, lake: str, seed: int) -> dict:
     c = replace(cfg, lora=replace(cfg.lora, seed=seed))
     cand = adapter.train(c, lake, END_DAY, "feed")
     out = reg.register(c, cand, evaluate(c, lake, cand))
-    assert gate.run(LENIENT, out["model"], out["version"], out["evaluation"], actor="test")["passed"]
+    assert gate_record.run(LENIENT, out["model"], out["version"], out["evaluation"], actor="test")["passed"]
     return {**out, "model_uri": cand["model_uri"], "run_id": cand["run_id"]}
 
 

@@ -23,7 +23,7 @@ from pipelines.data.lake import Lake, concat
 from pipelines.errors import RegistryError
 from pipelines.evaluation.compare import evaluate
 from pipelines.model import features, store
-from pipelines.promotion import gate
+from pipelines.promotion import gate_record
 from pipelines.registry import integrity, mlflow_io, pyfunc, register as reg
 from pipelines.model import adapters
 from pipelines.training import adapter
@@ -148,7 +148,7 @@ def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, 
         latency_budget_ms=1e6,
         optional_checks=("fairness_dp", "fairness_eo"),
     )
-    decision = gate.run(lenient, out["model"], out["version"], ev, actor="test")  # the record, not the bar
+    decision = gate_record.run(lenient, out["model"], out["version"], ev, actor="test")  # the record, not the bar
     card = mlflow_io.get_version(out["model"], out["version"]).description
     assert decision["passed"] and "**passed** (first run" in card and "auc_floor" in card
     assert f"{cand['data']['first']} .. {END_DAY}" in card

@@ -31,7 +31,7 @@ from pipelines.errors import RegistryError
 from pipelines.model import adapters
 from pipelines.model.base import CTRModel
 from pipelines.registry import integrity, mlflow_io, pyfunc
-from pipelines.serving import demo
+from pipelines.bench import serving_demo as demo
 from pipelines.serving.router import AdapterServer
 from tests.pipelines.serving import fixtures
 

@@ -19,7 +19,7 @@ from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SLOTS, SyntheticSpec, generate_day
 from pipelines.model.base import CTRModel
 from pipelines.registry import mlflow_io
-from pipelines.serving import demo
+from pipelines.bench import serving_demo as demo
 
 CFG = ModelConfig(id_buckets=64, small_buckets=8, embed_dim=8, n_heads=2, n_blocks=1)
 SPEC = SyntheticSpec(n_users=400, n_items=80, n_advertisers=10, new_users_per_day=20, new_items_per_day=5, seed=3)

@@ -9,7 +9,8 @@ import torch
 
 from pipelines.config import LoraTrainConfig
 from pipelines.model.base import CTRModel
-from pipelines.serving import batched, demo
+from pipelines.bench import serving_demo as demo
+from pipelines.serving import batched
 from pipelines.model import adapters
 from tests.pipelines.serving import fixtures
 

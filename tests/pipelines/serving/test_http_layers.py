@@ -19,7 +19,7 @@ import yaml
 from pipelines.config import LoraTrainConfig
 from pipelines.model.base import CTRModel
 from pipelines.registry import mlflow_io, pyfunc
-from pipelines.serving import demo
+from pipelines.bench import serving_demo as demo
 from tests.pipelines.serving import fixtures
 from tests.pipelines.serving.http_server import REPO, serve
 

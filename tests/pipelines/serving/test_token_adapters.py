@@ -15,7 +15,8 @@ from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.model import adapters
 from pipelines.model.base import CTRModel
 from pipelines.model.features import encode, field_sizes
-from pipelines.serving import batched, demo
+from pipelines.bench import serving_demo as demo
+from pipelines.serving import batched
 from pipelines.serving.router import AdapterServer
 from tests.pipelines.serving import fixtures
 

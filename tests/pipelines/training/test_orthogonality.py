@@ -12,7 +12,7 @@ from pipelines.config import LoraTrainConfig
 from pipelines.errors import PipelineError
 from pipelines.evaluation.interference import adapter_interference
 from pipelines.model import adapters
-from pipelines.serving import demo
+from pipelines.bench import serving_demo as demo
 from pipelines.training import orthogonality as ortho
 from pipelines.training.loop import LoopSettings, train
 from tests.pipelines.training import helpers

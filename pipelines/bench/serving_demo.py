@@ -1,6 +1,8 @@
 """Fill the active MLflow registry with a base and LoRA adapter versions, as the pipeline registers them.
 
-For the serving tests (tests/pipelines/serving/fixtures.py) and `pipelines.bench.serving`: the models
+For the serving benchmarks (`pipelines.bench.serving`, `serving_http`, `families`) and the tests that need
+registered versions (tests/pipelines/serving/fixtures.py): it sits with the benchmarks, the layer that
+uses it, not in `serving`, which never registers anything. The models
 are untrained, but every adapter gets random non-zero LoRA matrices (PEFT initialises lora_B to zero,
 which would make every adapter equal the base), so adapters differ from the base and each other.
 Logging and tags follow `training.base_model` / `training.adapter` + `registry.register`.
