@@ -213,15 +213,6 @@ def cmd_bench(a) -> int:
         from pipelines.bench import training as bench_training
 
         print(json.dumps(bench_training.run(quick=a.quick)))
-    elif a.which == "quality":
-        from pipelines.bench import quality as bench_quality
-        from pipelines.bench.quality_distill import make_distilled
-
-        print(json.dumps(bench_quality.run(distilled=make_distilled())))
-    elif a.which == "headroom":
-        from pipelines.bench import quality_headroom as bench_quality_headroom
-
-        print(json.dumps(bench_quality_headroom.run()))
     elif a.which == "serving":
         from pipelines.bench import serving as bench_serving
 
@@ -346,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_status)
 
     bn = sub.add_parser("bench", help="one benchmark, printed as one JSON object (make bench runs them all)")
-    bn.add_argument("which", choices=["training", "quality", "headroom", "validation", "serving", "families"])
+    bn.add_argument("which", choices=["training", "validation", "serving", "families"])
     bn.add_argument("--quick", action="store_true", help="a short run (training: under a minute, serving: about 2)")
     bn.set_defaults(fn=cmd_bench)
 

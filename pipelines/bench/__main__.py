@@ -8,13 +8,12 @@ Runs, in this order, and prints one JSON line each (plus the process's peak RSS 
    (samples/s, trainable fraction);
 3. serving, quick: adapter switch and load times, routed vs merged vs base latency, and over HTTP
    (`pipelines.bench.serving`);
-4. training, quick: LoRA vs dense AdamW vs SparseAdam on 2^20-row id tables (`pipelines.bench.training`);
-5. headroom: how far above the one-hot LR any variant gets on MovieLens-100K
-   (`pipelines.bench.quality_headroom`).
+4. training, quick: LoRA vs dense AdamW vs SparseAdam on 2^20-row id tables (`pipelines.bench.training`).
 
 With --write, the results replace the generated section of the benchmarks document (between the
-BEGIN/END markers), stamped with the date, the machine and the command. The quality comparison is
-not one of them; run it alone: `python -m pipelines bench quality`.
+BEGIN/END markers), stamped with the date, the machine and the command. The model-quality figures are
+the backtest's (`python -m pipelines backtest`); the retired static protocol and its headroom probe are
+research (`python -m research.quality`, `python -m research.quality_headroom`; research/README.md).
 """
 
 from __future__ import annotations
@@ -95,23 +94,6 @@ def bench_training_quick() -> dict:
     return {"benchmark": "LoRA vs full fine-tuning, quick", **{k: r[k] for k in keys}}
 
 
-def bench_headroom() -> dict:
-    """`python -m pipelines bench headroom`: the best any variant gets above the one-hot LR (static protocol)."""
-    from pipelines.bench import quality_headroom as bench_quality_headroom
-
-    r = bench_quality_headroom.run()
-    fs = r["few_shot_reference"]
-    return {
-        "benchmark": "MovieLens-100K headroom above the one-hot LR (goal margin 0.01)",
-        "variants": len(r["rows"]),
-        "max_delta_auc": r["max_delta_auc"],
-        "max_delta_auc_cold": r["max_delta_auc_cold"],
-        "chosen_on_validation": r["chosen_on_validation"],
-        "few_shot_k": fs["k_shot"],
-        "few_shot_delta_auc_cold": round(fs["lr_with_support"]["auc_cold"] - fs["lr_static"]["auc_cold"], 4),
-    }
-
-
 def machine() -> str:
     cpu = (
         next(
@@ -151,13 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the synthetic validation benchmark")
     a = p.parse_args(argv)
     results = []
-    for fn in (
-        lambda: bench_validation(a.rows),
-        bench_lora_step,
-        bench_serving_quick,
-        bench_training_quick,
-        bench_headroom,
-    ):
+    for fn in (lambda: bench_validation(a.rows), bench_lora_step, bench_serving_quick, bench_training_quick):
         r = fn()
         r["peak_rss_mib"] = round(_rss_mib())
         print(json.dumps(r), flush=True)

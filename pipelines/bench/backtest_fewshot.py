@@ -1,11 +1,11 @@
 """`python -m pipelines backtest --few-shot K`: new users after their first K labelled rows (issue 14).
 
 The protocol of the issue's reference figure. The log is cut where the static benchmark cuts it
-(`quality_protocol.temporal_split`); a *new* user has no row before the cut. Each new user's first K
+(`backtest_protocol.temporal_split`); a *new* user has no row before the cut. Each new user's first K
 rows after the cut are *revealed*: labelled rows the models may learn from. That user's later rows are
 *scored*. Rows of users seen before the cut are neither. Every comparator scores exactly the scored rows:
 
-* `lr_static`: the one-hot LR of `bench quality` fitted on the rows before the cut (C tuned as there);
+* `lr_static`: the one-hot LR of the backtest (`backtest_lr`) fitted on the rows before the cut (C tuned as there);
 * `lr_few_shot`: the same LR refitted on the rows before the cut plus the revealed rows (the issue's
   reference: 0.6932 -> 0.7174 for K = 10);
 * `static`: the base trained on the rows before the cut (`base_training`, the config's `model`);
@@ -31,8 +31,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from pipelines.bench import quality_protocol as qp
+from pipelines.bench.backtest_lr import fit_lr, predict_lr, tune_lr
 from pipelines.bench.backtest_models import fit_base, score
+from pipelines.bench.backtest_protocol import TRAIN_FRACTION, VAL_FRACTION, temporal_split
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError
 from pipelines.metrics import auc
@@ -46,7 +47,7 @@ def split(frame: pd.DataFrame, shots: int) -> tuple[pd.DataFrame, pd.DataFrame, 
     """(rows before the cut, the revealed rows, the scored rows) for `shots` revealed rows per new user."""
     if shots < 1:
         raise ConfigError(f"backtest --few-shot: the number of revealed rows per new user must be >= 1, got {shots}")
-    before, after = qp.temporal_split(frame, qp.TRAIN_FRACTION)
+    before, after = temporal_split(frame, TRAIN_FRACTION)
     new = after[~after["user_id"].isin(set(before["user_id"]))]
     rank = new.groupby("user_id", sort=False).cumcount()  # rows are in event order: 0 = the user's first
     return before, new[rank < shots], new[rank >= shots]
@@ -64,7 +65,7 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, shots: int = 
 
         frame = movielens.load()
     if cut == "validation":  # the rows before the test period only
-        frame = qp.temporal_split(frame, qp.TRAIN_FRACTION)[0]
+        frame = temporal_split(frame, TRAIN_FRACTION)[0]
     before, revealed, scored = split(frame, shots)
     log.info(
         "backtest --few-shot %d: %d rows before the cut, %d new users, %d revealed rows, %d scored rows",
@@ -87,10 +88,10 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, shots: int = 
     preds, cpu = {}, {}
 
     t = time.process_time()
-    fit, val = qp.temporal_split(before, 1.0 - qp.VAL_FRACTION)
-    C, _ = qp.tune_lr(fit, val)
-    preds["lr_static"] = qp.predict_lr(qp.fit_lr(before, C), scored)
-    preds["lr_few_shot"] = qp.predict_lr(qp.fit_lr(pd.concat([before, revealed]), C), scored)
+    fit, val = temporal_split(before, 1.0 - VAL_FRACTION)
+    C, _ = tune_lr(fit, val)
+    preds["lr_static"] = predict_lr(fit_lr(before, C), scored)
+    preds["lr_few_shot"] = predict_lr(fit_lr(pd.concat([before, revealed]), C), scored)
     cpu["lr"] = time.process_time() - t
 
     t = time.process_time()

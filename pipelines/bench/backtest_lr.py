@@ -1,6 +1,7 @@
 """The logistic-regression comparators of the backtest: the references a daily network must beat.
 
-* ``lr_static``: the one-hot LR of `quality_protocol` fitted once, on the history of the first scored day;
+* ``lr_static``: the one-hot LR (`fit_lr`: one-hot `LR_FEATURES`, L2 strength 1 / C) fitted once, on the
+  history of the first scored day;
 * ``lr_daily``: the same LR refitted every day on all earlier rows;
 * ``lr_delta``: ``lr_static`` plus a per-id additive delta retrained every morning on the trailing
   `DELTA_WINDOW_DAYS`: one weight per user, per item and per (user, slot), fitted with the frozen LR's
@@ -8,8 +9,9 @@
   lives in the per-id weights" (FTRL at Google, Monolith at ByteDance) means for an LR, and the reference
   our `delta` adapter kind must beat.
 
-C is chosen once for all three, on the latest 10% of the first day's history, as the static benchmark
-chooses it. The delta's L2 (`DELTA_L2`) was chosen on the validation days (docs/benchmarks.md).
+C is chosen once for all three (`tune_lr` over `LR_C_GRID`), on the latest `VAL_FRACTION` of the first day's
+history, as the retired static benchmark chose it. The delta's L2 (`DELTA_L2`) was chosen on the validation
+days (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,13 +20,44 @@ import numpy as np
 import pandas as pd
 
 from pipelines.bench.backtest_models import Comparator
-from pipelines.bench.backtest_protocol import Backtest, Day
+from pipelines.bench.backtest_protocol import VAL_FRACTION, Backtest, Day, temporal_split
+from pipelines.metrics import auc
+
+LR_FEATURES = ("user_id", "item_id", "gender", "age_bucket", "occupation", "category", "slot")
+LR_C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
 
 DELTA_WINDOW_DAYS = 7
 # The L2 strength of the delta (penalty DELTA_L2 / 2 * ||delta||^2 added to the *sum* of the window's
 # log-losses, so 1 / DELTA_L2 is sklearn's C), chosen on the validation days over (1, 3, 10, 30).
 DELTA_L2 = 10.0
 DELTA_KEYS = ("user", "item")
+
+
+def _lr_pipeline(C: float):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    return make_pipeline(OneHotEncoder(handle_unknown="ignore"), LogisticRegression(C=C, max_iter=3000))
+
+
+def _lr_x(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[list(LR_FEATURES)].astype(str)
+
+
+def fit_lr(train: pd.DataFrame, C: float):
+    return _lr_pipeline(C).fit(_lr_x(train), train["label"].to_numpy())
+
+
+def predict_lr(model, frame: pd.DataFrame) -> np.ndarray:
+    return model.predict_proba(_lr_x(frame))[:, 1]
+
+
+def tune_lr(fit: pd.DataFrame, val: pd.DataFrame, grid=LR_C_GRID) -> tuple[float, dict]:
+    """(the C of `grid` with the best AUC on `val` when fitted on `fit`, {str(C): val AUC})."""
+    yv = val["label"].to_numpy()
+    val_auc = {C: auc(yv, predict_lr(fit_lr(fit, C), val)) for C in grid}
+    return max(val_auc, key=val_auc.get), {str(C): round(a, 4) for C, a in val_auc.items()}
 
 
 class _LrBase(Comparator):
@@ -37,19 +70,15 @@ class _LrBase(Comparator):
         self.at_cut = None
 
     def _choose_c(self, history: pd.DataFrame) -> None:
-        from pipelines.bench import quality_protocol as qp
-
         if self.C is None:
-            fit, val = qp.temporal_split(history, 1.0 - qp.VAL_FRACTION)
-            self.C, self.val_auc = qp.tune_lr(fit, val)
+            fit, val = temporal_split(history, 1.0 - VAL_FRACTION)
+            self.C, self.val_auc = tune_lr(fit, val)
 
     def _static(self, bt: Backtest):
-        from pipelines.bench import quality_protocol as qp
-
         if self.at_cut is None:
             history = bt.history(bt.days[0])
             self._choose_c(history)
-            self.at_cut = self._timed(qp.fit_lr, history, self.C)
+            self.at_cut = self._timed(fit_lr, history, self.C)
         return self.at_cut
 
     def info(self) -> dict:
@@ -60,21 +89,17 @@ class LrStatic(_LrBase):
     name = "lr_static"
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
-        from pipelines.bench import quality_protocol as qp
-
-        return qp.predict_lr(self._static(bt), bt.scored(day))
+        return predict_lr(self._static(bt), bt.scored(day))
 
 
 class LrDaily(_LrBase):
     name = "lr_daily"
 
     def predict_day(self, bt: Backtest, day: Day) -> np.ndarray:
-        from pipelines.bench import quality_protocol as qp
-
         history = bt.history(day)
         self._choose_c(history)
-        model = self._timed(qp.fit_lr, history, self.C)
-        return qp.predict_lr(model, bt.scored(day))
+        model = self._timed(fit_lr, history, self.C)
+        return predict_lr(model, bt.scored(day))
 
 
 class LrDelta(_LrBase):
@@ -103,12 +128,6 @@ class LrDelta(_LrBase):
             "window_days": self.window_days,
             "deltas_mean": int(np.mean(self.deltas)) if self.deltas else None,
         }
-
-
-def _lr_x(frame: pd.DataFrame):
-    from pipelines.bench.quality_protocol import LR_FEATURES
-
-    return frame[list(LR_FEATURES)].astype(str)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

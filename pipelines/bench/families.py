@@ -70,7 +70,7 @@ def measure(name: str, frame, quick: bool) -> dict:
     from pipelines.config import REPO_ROOT, load_pipeline_config
     from pipelines.model import family
     from pipelines.registry import mlflow_io, pyfunc
-    from pipelines.serving import demo
+    from pipelines.bench import serving_demo as demo
 
     cfg = load_pipeline_config(REPO_ROOT / CONFIGS[name])
     if quick:

@@ -11,7 +11,7 @@ import mlflow
 import numpy as np
 import pytest
 
-from pipelines.bench import backtest, backtest_report, quality_protocol as qp
+from pipelines.bench import backtest, backtest_lr, backtest_protocol, backtest_report
 from pipelines.config import load_pipeline_config
 from pipelines.data import movielens
 from pipelines.metrics import auc
@@ -56,7 +56,7 @@ def test_two_days_of_every_comparator_and_the_report_on_an_mlflow_server(frame, 
     # the LR fitted at the cut is the daily LR of the first day; the delta moves it from the first day on
     assert r["per_day"][0]["lr_static"] == r["per_day"][0]["lr_daily"] != r["per_day"][0]["lr_delta"]
     assert 0 < r["adapter_ids_cost_share"] < 1 and 0 < r["adapter_cost_share"] < 1
-    assert set(r["comparators"]["lr_daily"]["val_auc_by_C"]) == {str(c) for c in qp.LR_C_GRID}
+    assert set(r["comparators"]["lr_daily"]["val_auc_by_C"]) == {str(c) for c in backtest_lr.LR_C_GRID}
     assert r["per_day"][-1]["cum_lr_daily"] == r["lr_daily_auc"]  # cumulative up to the last day = overall
 
     files = backtest_report.write(r, tmp_path / "report")
@@ -89,11 +89,11 @@ def test_the_cli_scores_the_static_benchmarks_test_rows_by_the_lr_refitted_on_wh
     assert "backtest day 1/1 1998-03-07" in out.stderr  # progress, a line per day
 
     # by hand: the first day's rows of the static benchmark's test part, the LR fitted on its train part
-    train, test = qp.temporal_split(frame, qp.TRAIN_FRACTION)
+    train, test = backtest_protocol.temporal_split(frame, backtest_protocol.TRAIN_FRACTION)
     day = test[test["event_ts"].dt.strftime("%Y-%m-%d") == "1998-03-07"]
     assert r["rows"] == len(day) and r["days"] == 1
     C = r["comparators"]["lr_daily"]["C"]
-    y, p = day["label"].to_numpy(), qp.predict_lr(qp.fit_lr(train, C), day)
+    y, p = day["label"].to_numpy(), backtest_lr.predict_lr(backtest_lr.fit_lr(train, C), day)
     assert r["lr_daily_auc"] == round(auc(y, p), 4)
     warm = day["user_id"].isin(set(train["user_id"])).to_numpy()
     assert r["warm_rows"] == int(warm.sum())

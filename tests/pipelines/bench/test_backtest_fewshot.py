@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.bench import backtest_fewshot as fs, quality_protocol as qp
+from pipelines.bench import backtest_fewshot as fs, backtest_lr, backtest_protocol
 from pipelines.bench.backtest_models import fit_base, score
 from pipelines.config import load_pipeline_config
 from pipelines.data import movielens
@@ -56,14 +56,16 @@ def test_movielens_few_shot_rows_match_the_issue_and_the_shipped_delta_moves_onl
 @pytest.mark.slow
 def test_the_validation_cut_asks_the_same_question_of_the_rows_before_the_test_period():
     frame = movielens.load()
-    test_cut = qp.temporal_split(frame, qp.TRAIN_FRACTION)[1]["event_ts"].min()
+    test_cut = backtest_protocol.temporal_split(frame, backtest_protocol.TRAIN_FRACTION)[1]["event_ts"].min()
     r = fs.run(
         load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}}),
         frame,
         shots=10,
         cut="validation",
     )
-    before, revealed, scored = fs.split(qp.temporal_split(frame, qp.TRAIN_FRACTION)[0], shots=10)
+    before, revealed, scored = fs.split(
+        backtest_protocol.temporal_split(frame, backtest_protocol.TRAIN_FRACTION)[0], shots=10
+    )
     assert scored["event_ts"].max() <= test_cut and r["rows"] == len(scored) > 1000 and r["cut"] == "validation"
     assert r["adapter_kind"] == "delta" and all(0.5 < r[f"{n}_auc"] < 0.85 for n in fs.COMPARATORS)
     with pytest.raises(ConfigError, match="--cut must be one of"):
@@ -74,6 +76,6 @@ def test_the_validation_cut_asks_the_same_question_of_the_rows_before_the_test_p
 def test_the_refitted_lr_reproduces_the_issues_few_shot_reference():
     r = fs.run(load_pipeline_config(overrides={"base_training": {"epochs": 1}, "lora": {"epochs": 1}}), shots=10)
     assert r["rows"] == 15_128 and r["shots"] == 10
-    assert r["lr_C"] in qp.LR_C_GRID
+    assert r["lr_C"] in backtest_lr.LR_C_GRID
     assert r["lr_few_shot_auc"] > r["lr_static_auc"] + 0.01  # ten rows a user are worth a lot to the LR
     assert all(0.5 < r[f"{n}_auc"] < 0.8 for n in fs.COMPARATORS)

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.bench.backtest_protocol import auc_within, build, summary
+from pipelines.bench.backtest_protocol import auc_within, build, summary, temporal_split
 from pipelines.errors import ConfigError
 
 
@@ -41,6 +41,13 @@ def test_the_default_cut_is_the_static_benchmarks_and_splits_a_day():
     bt = build(frame)  # 11 rows: the cut (row 9) falls inside 2024-01-05, whose first row stays history
     assert [(d.date, d.start, d.stop) for d in bt.days] == [("2024-01-05", 9, 11)]
     assert bt.history(bt.days[0])["event_ts"].max() == pd.Timestamp("2024-01-05 09:00", tz="UTC")
+
+
+def test_temporal_split_cuts_at_the_fraction_by_event_time_not_by_row_order():
+    ts = pd.to_datetime([3, 1, 2, 5, 4], unit="s", utc=True)
+    f = pd.DataFrame({"event_ts": ts, "user_id": ["a", "b", "a", "c", "b"]})
+    tr, te = temporal_split(f, 0.6)
+    assert list(tr["event_ts"]) == sorted(ts)[:3] and list(te["event_ts"]) == sorted(ts)[3:]
 
 
 def test_days_history_window_and_warm_rows():

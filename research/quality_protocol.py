@@ -1,16 +1,18 @@
-"""The protocol every row of the quality benchmarks is measured under (`pipelines.bench.quality`,
-`pipelines.bench.quality_headroom`, `pipelines.bench.quality_distill`), and its reference row.
+"""The protocol every row of the retired quality benchmarks is measured under (`research.quality`,
+`research.quality_headroom`, `research.quality_distill`), and its reference row.
 
 * the split: `temporal_split` by event time (train = earliest `TRAIN_FRACTION`; validation = the
-  latest `VAL_FRACTION` of the train part, "fit" = the rest) and `cold_mask` (rows whose user has
-  no event in the training part);
+  latest `VAL_FRACTION` of the train part, "fit" = the rest), which the backtest still cuts its log
+  with and so owns (`pipelines.bench.backtest_protocol`), and `cold_mask` (rows whose user has no
+  event in the training part);
 * the metrics of one row: `scores` (AUC overall, on cold-user rows, on warm-user rows; logloss);
-* the reference every row is compared with: a one-hot logistic regression (`fit_lr` / `predict_lr`,
-  C chosen on validation by `tune_lr`), and `GOAL_MARGIN`, the AUC a row must gain over it;
+* the reference every row is compared with: the backtest's one-hot logistic regression
+  (`pipelines.bench.backtest_lr`: `fit_lr` / `predict_lr`, C chosen on validation by `tune_lr`), and
+  `GOAL_MARGIN`, the AUC a row must gain over it;
 * how rows become CTRModel inputs (`tokens`), and what an optional "distilled" row gets to work
   with (`QualityContext`).
 
-It imports no other benchmark module, so the quality modules can all share it without a cycle.
+It imports no other research module, so the quality modules can all share it without a cycle.
 """
 
 from __future__ import annotations
@@ -27,22 +29,11 @@ from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.metrics import auc, logloss
 
-TRAIN_FRACTION = 0.8
-VAL_FRACTION = 0.1  # of the train part, its latest rows
-LR_FEATURES = ("user_id", "item_id", "gender", "age_bucket", "occupation", "category", "slot")
-LR_C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
 GOAL_MARGIN = 0.01
 SEED = 7
 
 
-# ------------------------------------------------------------------------------------ splits
-def temporal_split(frame: pd.DataFrame, fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(earliest `fraction` of the rows by event time, the rest); stable for equal timestamps."""
-    f = frame.sort_values("event_ts", kind="stable").reset_index(drop=True)
-    cut = int(round(fraction * len(f)))
-    return f.iloc[:cut].reset_index(drop=True), f.iloc[cut:].reset_index(drop=True)
-
-
+# ------------------------------------------------------------------------------- cold rows
 def cold_mask(train: pd.DataFrame, frame: pd.DataFrame) -> np.ndarray:
     """True for rows of `frame` whose user has no event in `train`."""
     return ~frame["user_id"].isin(set(train["user_id"])).to_numpy()
@@ -60,34 +51,6 @@ def scores(y: np.ndarray, p: np.ndarray, cold: np.ndarray) -> dict:
         "auc_warm": clean(auc(y[~cold], p[~cold])),
         "logloss": clean(logloss(y, p)),
     }
-
-
-# ---------------------------------------------------------------------------------------- LR
-def _lr_pipeline(C: float):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import OneHotEncoder
-
-    return make_pipeline(OneHotEncoder(handle_unknown="ignore"), LogisticRegression(C=C, max_iter=3000))
-
-
-def _lr_x(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[list(LR_FEATURES)].astype(str)
-
-
-def fit_lr(train: pd.DataFrame, C: float):
-    return _lr_pipeline(C).fit(_lr_x(train), train["label"].to_numpy())
-
-
-def predict_lr(model, frame: pd.DataFrame) -> np.ndarray:
-    return model.predict_proba(_lr_x(frame))[:, 1]
-
-
-def tune_lr(fit: pd.DataFrame, val: pd.DataFrame, grid=LR_C_GRID) -> tuple[float, dict]:
-    """(the C of `grid` with the best AUC on `val` when fitted on `fit`, {str(C): val AUC})."""
-    yv = val["label"].to_numpy()
-    val_auc = {C: auc(yv, predict_lr(fit_lr(fit, C), val)) for C in grid}
-    return max(val_auc, key=val_auc.get), {str(C): round(a, 4) for C, a in val_auc.items()}
 
 
 # ---------------------------------------------------------------------------------- CTRModel

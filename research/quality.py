@@ -1,4 +1,4 @@
-"""`python -m pipelines.bench.quality`: model quality on MovieLens-100K, temporal split, side by side.
+"""`python -m research.quality`: model quality on MovieLens-100K, temporal split, side by side.
 
 Protocol (nothing below looks at the test rows until the final scoring):
 
@@ -20,13 +20,14 @@ Rows of the comparison:
    with ``store.save_base``/``load_base``), trained on that slot's train rows and scoring that slot's
    test rows; adapter epochs chosen on validation;
 4. ``distilled`` (optional): a callable supplied by the cold-start module, see ``QualityContext``;
-   the CLI uses ``pipelines.bench.quality_distill.make_distilled()`` (its protocol is in that module).
+   the CLI uses ``research.quality_distill.make_distilled()`` (its protocol is in that module).
 
 "Our best model" is the one of rows 2-4 with the best *validation* AUC (row 4 only if it reports one).
 
-Where the pieces live: the split, the metrics, the LR row and the distilled hook's contract in
-``pipelines.bench.quality_protocol``; rows 2 and 3 in ``pipelines.bench.quality_models``; this module
-runs the rows in order and reports them.
+Where the pieces live: the metrics and the distilled hook's contract in ``research.quality_protocol``;
+the split and the LR row in the backtest that still uses them (``pipelines.bench.backtest_protocol``,
+``pipelines.bench.backtest_lr``); rows 2 and 3 in ``research.quality_models``; this module runs the rows
+in order and reports them.
 
 Output: one flat JSON object; per row ``<row>_auc``, ``_auc_cold``, ``_auc_warm``, ``_logloss``,
 ``_val_auc``, ``<row>_minus_lr_auc[_cold]``; ``best_model`` and the goal booleans
@@ -48,7 +49,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality_models import (
+from pipelines.bench.backtest_lr import LR_C_GRID, fit_lr, predict_lr, tune_lr
+from pipelines.bench.backtest_protocol import TRAIN_FRACTION, VAL_FRACTION, temporal_split
+from pipelines.config import LoraTrainConfig
+from pipelines.metrics import auc
+from research.quality_models import (
     BASE_GRID,
     LORA_MAX_EPOCHS,
     BaseCandidate,
@@ -57,23 +62,7 @@ from pipelines.bench.quality_models import (
     train_base,
     tune_base,
 )
-from pipelines.bench.quality_protocol import (
-    GOAL_MARGIN,
-    LR_C_GRID,
-    SEED,
-    TRAIN_FRACTION,
-    VAL_FRACTION,
-    DistilledFn,
-    QualityContext,
-    cold_mask,
-    fit_lr,
-    predict_lr,
-    scores,
-    temporal_split,
-    tune_lr,
-)
-from pipelines.config import LoraTrainConfig
-from pipelines.metrics import auc
+from research.quality_protocol import GOAL_MARGIN, SEED, DistilledFn, QualityContext, cold_mask, scores
 
 SCORE_KEYS = ("auc", "auc_cold", "auc_warm", "logloss")
 
@@ -208,7 +197,7 @@ def _distilled_row(t: _Table, distilled: DistilledFn, ctx: QualityContext) -> No
     except RuntimeError as exc:
         # The optional row cannot be built for this base (reported, the other rows stand).
         t.out["distilled_error"] = str(exc)
-        print(f"pipelines.bench.quality: distilled row skipped: {exc}", file=sys.stderr)
+        print(f"research.quality: distilled row skipped: {exc}", file=sys.stderr)
     else:
         if pt.shape != (len(t.test),):
             raise ValueError(f"distilled(stage='test') must return {len(t.test)} pCTRs, got shape {pt.shape}")
@@ -304,12 +293,10 @@ def markdown_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from pipelines.bench.quality_distill import make_distilled
+    from research.quality_distill import make_distilled
 
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.bench.quality",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m research.quality", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--table", action="store_true", help="also print a markdown table (to stderr)")
     a = p.parse_args(argv)

@@ -1,5 +1,5 @@
-"""`bench quality` on a small synthetic frame (the protocol's plumbing, the wide candidates, the distilled row,
-the verdict) and a tiny run on MovieLens rows."""
+"""`research.quality` (the retired `bench quality`) on a small synthetic frame (the protocol's plumbing, the wide
+candidates, the distilled row, the verdict) and a tiny run on MovieLens rows."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.bench import quality as bq
-from pipelines.bench import quality_distill as bqd
-from pipelines.bench import quality_models as qm
-from pipelines.bench import quality_protocol as qp
+from pipelines.bench import backtest_protocol as bp
 from pipelines.config import ColdStartConfig, LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SyntheticSpec, generate_day
+from research import quality as bq
+from research import quality_distill as bqd
+from research import quality_models as qm
+from research import quality_protocol as qp
 
 SPEC = SyntheticSpec(
     n_users=400,
@@ -89,8 +90,8 @@ def test_recent_user_rows_are_the_newest_users_first_rows(frame):
 def _ctx(frame, tmp_path, cfg: ModelConfig, drop=(), test_part=True):
     from pipelines.model import store
 
-    train, test = qp.temporal_split(frame, qp.TRAIN_FRACTION)
-    fit, val = qp.temporal_split(train, 1.0 - qp.VAL_FRACTION)
+    train, test = bp.temporal_split(frame, bp.TRAIN_FRACTION)
+    fit, val = bp.temporal_split(train, 1.0 - bp.VAL_FRACTION)
     cand = qm.BaseCandidate(model=cfg, max_epochs=1, batch_size=256, drop_fields=drop)
     model, _ = qm.train_base(cand, fit, stop_epoch=1)
     store.save_base(model, tmp_path / "fit_base")
@@ -204,9 +205,8 @@ def test_bench_quality_tiny_run():
     assert bq.markdown_table(r).count("\n") == 5
 
 
-def test_temporal_split_and_cold_mask():
+def test_cold_mask_marks_the_rows_whose_user_has_no_train_row():
     ts = pd.to_datetime([3, 1, 2, 5, 4], unit="s", utc=True)
     f = pd.DataFrame({"event_ts": ts, "user_id": ["a", "b", "a", "c", "b"]})
-    tr, te = qp.temporal_split(f, 0.6)
-    assert list(tr["event_ts"]) == sorted(ts)[:3] and list(te["event_ts"]) == sorted(ts)[3:]
+    tr, te = bp.temporal_split(f, 0.6)  # the cut: tests/pipelines/bench/test_backtest_protocol.py
     assert qp.cold_mask(tr, te).tolist() == [False, True]  # b (t=4) seen in train, c (t=5) not

@@ -1,5 +1,5 @@
 """The headroom probe: its features are causal and label-free where they claim to be, the few-shot
-reference reveals only what it says, and the run agrees with `bench quality`'s own LR."""
+reference reveals only what it says, and the run agrees with `research.quality`'s own LR (the backtest's)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.bench import quality_headroom as hr
-from pipelines.bench import quality_protocol as qp
+from pipelines.bench import backtest_lr as lr
+from pipelines.bench import backtest_protocol as bp
 from pipelines.data.synthetic import SyntheticSpec, generate_day
+from research import quality_headroom as hr
+from research import quality_protocol as qp
 
 SPEC = SyntheticSpec(
     n_users=300,
@@ -83,7 +85,7 @@ def test_crosses_and_recency_weights():
 
 
 def test_few_shot_reveals_the_first_k_rows_of_cold_users_only(frame):
-    train, test = qp.temporal_split(frame, qp.TRAIN_FRACTION)
+    train, test = bp.temporal_split(frame, bp.TRAIN_FRACTION)
     out = hr.few_shot(train, test, C=1.0, k=3)
     cold_users = set(test["user_id"]) - set(train["user_id"])
     expected = sum(min(3, n) for n in test[test["user_id"].isin(cold_users)].groupby("user_id").size())
@@ -107,11 +109,11 @@ def test_run_reports_every_variant_against_bench_quality_own_lr(frame):
     ref = out["rows"]["lr_one_hot"]
     assert ref["delta_auc"] == 0.0
     # The reference row is exactly bench quality's LR row on the same split and grid.
-    train, test = qp.temporal_split(frame, qp.TRAIN_FRACTION)
-    fit, val = qp.temporal_split(train, 1.0 - qp.VAL_FRACTION)
-    C, _ = qp.tune_lr(fit, val, (0.3, 1.0))
+    train, test = bp.temporal_split(frame, bp.TRAIN_FRACTION)
+    fit, val = bp.temporal_split(train, 1.0 - bp.VAL_FRACTION)
+    C, _ = lr.tune_lr(fit, val, (0.3, 1.0))
     assert ref["C"] == C
-    expected = qp.scores(test["label"].to_numpy(), qp.predict_lr(qp.fit_lr(train, C), test), qp.cold_mask(train, test))
+    expected = qp.scores(test["label"].to_numpy(), lr.predict_lr(lr.fit_lr(train, C), test), qp.cold_mask(train, test))
     assert {k: ref[k] for k in expected} == expected
     assert out["max_delta_auc"] == max(r["delta_auc"] for r in out["rows"].values())
     assert out["chosen_on_validation"] in out["rows"]

@@ -1,10 +1,10 @@
-"""`python -m pipelines bench headroom`: how far above the one-hot LR can *any* model get under the
+"""`python -m research.quality_headroom`: how far above the one-hot LR can *any* model get under the
 quality benchmark's protocol (MovieLens-100K, temporal split 80/20, no test-period labels)?
 
-`bench quality` asks our models to beat a one-hot logistic regression by 0.01 AUC overall and on
-cold users. Our models do not (docs/benchmarks.md). This probe asks whether the protocol leaves that
-much room at all, by giving a *well-regularised linear model and a gradient-boosted tree model*
-everything a CTR engineer would reach for on this data:
+`research.quality` (once `bench quality`) asks our models to beat a one-hot logistic regression by
+0.01 AUC overall and on cold users. Our models do not (docs/history.md). This probe asks whether the
+protocol leaves that much room at all, by giving a *well-regularised linear model and a gradient-boosted
+tree model* everything a CTR engineer would reach for on this data:
 
 * side information MovieLens has but the benchmark's LR does not use: the movie's release year
   (5-year bucket), all of its genres (multi-hot, not only the first), the user's zip-code prefix;
@@ -16,7 +16,7 @@ everything a CTR engineer would reach for on this data:
 * recency: training rows weighted by exp(-age / 120 days);
 * gradient boosting (scikit-learn HistGradientBoosting) on out-of-fold target-encoded ids.
 
-Every variant's regularisation is chosen on the same validation split as `bench quality` (latest
+Every variant's regularisation is chosen on the same validation split as `research.quality` (latest
 10 % of the train part), then refit on the whole train part and scored once on test.
 
 And, as a *different* protocol for reference, the few-shot cold start that our cold-start stage
@@ -28,24 +28,17 @@ has no such rows by construction.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality_protocol import (
-    GOAL_MARGIN,
-    LR_C_GRID,
-    LR_FEATURES,
-    TRAIN_FRACTION,
-    VAL_FRACTION,
-    cold_mask,
-    fit_lr,
-    predict_lr,
-    scores,
-    temporal_split,
-)
+from pipelines.bench.backtest_lr import LR_C_GRID, LR_FEATURES, fit_lr, predict_lr
+from pipelines.bench.backtest_protocol import TRAIN_FRACTION, VAL_FRACTION, temporal_split
 from pipelines.metrics import auc
+from research.quality_protocol import GOAL_MARGIN, cold_mask, scores
 
 CROSSES = (
     ("gender", "item_id"),
@@ -262,3 +255,12 @@ def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID)
         "few_shot_reference": few_shot(train, test, ref["C"], k_shot),
         "secs": round(time.perf_counter() - t0, 1),
     }
+
+
+def main() -> int:
+    print(json.dumps(run()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

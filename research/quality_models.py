@@ -1,11 +1,11 @@
-"""The two CTRModel rows of `pipelines.bench.quality`: how they are trained and selected.
+"""The two CTRModel rows of `research.quality`: how they are trained and selected.
 
 * ``base``: a CTRModel trained on every parameter (`train_base`), its configuration and stopping
   epoch chosen on the validation split over `BASE_GRID` (`tune_base`);
 * ``lora``: that base + one LoRA adapter per slot (`slot_adapters`), each trained on its slot's rows
   and scoring its slot's rows, its number of epochs chosen on validation.
 
-What is measured of them (the split, the metrics) is in `pipelines.bench.quality_protocol`.
+What is measured of them (the split, the metrics) is in `research.quality_protocol`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality_protocol import SEED, tokens
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.metrics import auc
+from research.quality_protocol import SEED, tokens
 
 
 @dataclass(frozen=True)

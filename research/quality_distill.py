@@ -1,4 +1,4 @@
-"""The "distilled" row of `pipelines.bench.quality`: a cold-start student built like the product's
+"""The "distilled" row of `research.quality`: a cold-start student built like the product's
 (pipelines.training.cold_start / distill), under the benchmark's static temporal protocol.
 
 Protocol (`distilled(ctx, stage)`; stage "val" reads only `ctx.fit` + `ctx.fit_base_dir` and scores
@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.bench.quality_protocol import cold_mask, tokens
 from pipelines.config import ColdStartConfig
+from research.quality_protocol import cold_mask, tokens
 
 RECENT_FRACTION = 0.2
 
@@ -60,7 +60,7 @@ def recent_user_rows(
 
 
 def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = RECENT_FRACTION):
-    """The `distilled=` callable for `pipelines.bench.quality.run` (see the module docstring)."""
+    """The `distilled=` callable for `research.quality.run` (see the module docstring)."""
     cs = cs or ColdStartConfig()
 
     def distilled(ctx, stage: str) -> np.ndarray:
