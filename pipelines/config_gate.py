@@ -38,7 +38,7 @@ class GatePolicy:
     latency_budget_ms: float = 250.0  # p99 of the pyfunc at batch 32
     # Largest |cos| between a candidate adapter's update and the other slots' champions' (evaluation
     # interference); None: not checked. The replay measured 0.29-0.97 without the orthogonality penalty
-    # (docs/benchmarks.md), so a bound needs lora.orthogonality_lambda too.
+    # (docs/history.md), so a bound needs lora.orthogonality_lambda too.
     max_interference_cos: float | None = None
     # Checks that pass when the evaluation could not measure them; any other unmeasured check FAILS.
     # An entry is a check's family (`slot_auc`: every slot) or one check (`slot_auc[night]`).

@@ -5,7 +5,7 @@ Every candidate is the `adapter` comparator (a daily LoRA adapter per slot on th
 some `lora` settings changed; all candidates of a choice replay the same days in one pass, on one static
 base. The rule, on the validation days only:
 * `best` = the highest validation AUC; every candidate within `MARGIN` of it is as good (the spread of
-  one configuration between seeds is about that, docs/benchmarks.md);
+  one configuration between seeds is about that, docs/history.md);
 * of those, the one with the fewest adapter bytes; at equal bytes, the earlier in the list (the
   default comes first). So a smaller candidate within the margin is taken even a little below the
   default, and among equal-sized ones (the penalty's lambdas) an option stays off unless it beats the
@@ -38,7 +38,9 @@ from pipelines.bench import backtest_models as bm
 from pipelines.bench.backtest import replay
 from pipelines.bench.backtest_protocol import auc_within, build, summary
 from pipelines.config import PipelineConfig
+from pipelines.data import movielens
 from pipelines.errors import ConfigError
+from pipelines.model import adapters, family
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,6 @@ def top_layer(cfg: PipelineConfig) -> int | None:
     """`lora.layers`' name of the top layer (-1), or None where the family's model has no one numbered layer
     list holding `lora.target_modules` (dcn). Asked of a built model (no weights loaded), so a family of the
     user's (`model.family: pkg.mod:Factory`) gets the top-layer candidates when its layers are one list."""
-    from pipelines.model import adapters, family
 
     model = family.resolve(cfg.model.family).build(cfg.model)
     try:
@@ -225,8 +226,6 @@ def run(
     at most this many days of each range (a smoke run); `val_days`: at most this many validation days (the
     first ones; a choice for a slow family); `base_cache`: as `backtest.run`'s."""
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     every = candidates(cfg, choice)
     unknown = sorted(set(only or ()) - set(every))
