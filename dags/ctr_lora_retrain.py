@@ -87,7 +87,7 @@ def ctr_lora_retrain():
         from pipelines.training.adapter import train
 
         cfg = pipeline_config(context)
-        return train(cfg, cfg.data.lake_uri, run_day(context), slot)
+        return train(cfg, cfg.data.lake_uri, run_day(context), slot).to_dict()  # XCom holds JSON
 
     @ctr_task
     def evaluate(candidate: dict, **context) -> dict:

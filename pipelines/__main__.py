@@ -95,7 +95,7 @@ def cmd_train_adapter(a) -> int:
     lake = a.data or cfg.data.lake_uri
     windows.validate_first(cfg, lake, a.end_day, windows.adapter_days(cfg))
     if not a.register:
-        _print(adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty()))
+        _print(adapter.train(cfg, lake, a.end_day, a.slot, progress=sys.stderr.isatty()).to_dict())
         return 0
     decision = retrain.run(cfg, load_gate_policy(a.policy), lake, a.end_day, a.slot, progress=sys.stderr.isatty())
     if decision.get("judged_on") == "next_day":  # judged the waiting ones, then trained one that waits

@@ -23,6 +23,11 @@ import pandas as pd
 
 from pipelines.config import PipelineConfig
 from pipelines.errors import PipelineError
+from pipelines.evaluation import report
+from pipelines.evaluation.judge import judge
+from pipelines.model.stream import holdout_streams
+from pipelines.registry import mlflow_io, pyfunc
+from pipelines.registry.model_input import predict_pctr
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +43,8 @@ def score_holdout(
     A holdout row is *cold* when its user has fewer than `cold_start.min_impressions` impressions
     among the window's rows before the holdout (the rows this adapter learned from).
     """
-    from pipelines.registry.model_input import predict_pctr
-    from pipelines.model.stream import holdout_streams
-
     streams = holdout_streams(cfg, lake_uri, candidate["end_day"], candidate["slot"], cfg.model)
-    sha = streams["index"].lineage()["sha256"]
+    sha = streams.index.lineage()["sha256"]
     if sha != candidate["data"]["sha256"]:
         raise PipelineError(
             f"the data under {lake_uri} changed between training and evaluation of "
@@ -50,10 +52,10 @@ def score_holdout(
             f"{sha[:12]}); re-run training"
         )
     seen: Counter = Counter()
-    for frame in streams["index"].frames(0, streams["holdout"].lo, 262_144, columns=["user_id"]):
+    for frame in streams.index.frames(0, streams.holdout.lo, 262_144, columns=["user_id"]):
         seen.update(_user_keys(frame["user_id"]).tolist())
     parts, preds, sample = [], {k: [] for k in models}, None
-    for frame in streams["holdout"].frames():
+    for frame in streams.holdout.frames():
         sample = frame.head(64) if sample is None else sample
         parts.append(_compact(frame))
         for k, m in models.items():
@@ -91,10 +93,6 @@ def evaluate(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
             "champion": None,
             "champion_version": None,
         }
-    from pipelines.evaluation import report
-    from pipelines.evaluation.judge import judge
-    from pipelines.registry import mlflow_io, pyfunc
-
     models = {"candidate": pyfunc.load(candidate["model_uri"])}
     champion_mv = mlflow_io.version_by_alias(candidate["model_name"], "champion")
     if champion_mv is not None:

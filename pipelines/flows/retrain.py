@@ -36,7 +36,7 @@ def run(
     (`python -m pipelines approve`, or the DAG's approval step)."""
     if cfg.lora.judged_on == "next_day":
         return judge_then_train(cfg, policy, lake_uri, end_day, slot, actor=actor, progress=progress)
-    candidate = adapter.train(cfg, lake_uri, end_day, slot, progress=progress)
+    candidate = adapter.train(cfg, lake_uri, end_day, slot, progress=progress).to_dict()
     registered = register(cfg, candidate, evaluate(cfg, lake_uri, candidate))
     return gate_and_release(policy, registered["model"], registered["version"], registered["evaluation"], actor=actor)
 
@@ -57,7 +57,7 @@ def judge_then_train(
     "decision": the gate's decision of the released one or None, "release_refused": why a passing one could not
     go out (an approval is due) or None, "version": the day's candidate}."""
     judged = prequential.judge_slot(cfg, policy, lake_uri, day, slot, actor=actor)
-    candidate = adapter.train(cfg, lake_uri, day, slot, progress=progress)
+    candidate = adapter.train(cfg, lake_uri, day, slot, progress=progress).to_dict()
     registered = register(cfg, candidate, evaluate(cfg, lake_uri, candidate))
     ready = prequential.hand_over(policy, registered)
     decision, refused = None, None

@@ -298,6 +298,17 @@ def _split(x: np.ndarray, y: np.ndarray, batch_size: int) -> Iterator[tuple[torc
         yield torch.from_numpy(np.ascontiguousarray(x[i : i + batch_size])), torch.from_numpy(y[i : i + batch_size])
 
 
+@dataclass(frozen=True)
+class StreamSplit:
+    """A window's rows as consecutive ranges of the lake order, the newest last: train, val, holdout.
+    `index` is the whole window (its lineage, and reads across ranges such as "every row before the holdout")."""
+
+    index: LakeIndex
+    train: LakeStream
+    val: LakeStream
+    holdout: LakeStream
+
+
 def stream_split(
     lake_uri: str,
     end_day: str,
@@ -311,7 +322,7 @@ def stream_split(
     min_rows: int = 1,
     read_rows: int = 65_536,
     buffer_rows: int = 262_144,
-) -> dict:
+) -> StreamSplit:
     """train / val / holdout LakeStreams over a window: the newest `holdout_fraction` of the rows hold
     out, the newest `val_fraction` of the rest validate (rounded as time_split rounds)."""
     index = LakeIndex(lake_uri, end_day, days=days, start_day=start_day, slot=slot)
@@ -322,12 +333,14 @@ def stream_split(
         )
     cut_h = int(round(index.rows * (1.0 - holdout_fraction)))
     cut_v = int(round(cut_h * (1.0 - val_fraction)))
-    bounds = {"train": (0, cut_v), "val": (cut_v, cut_h), "holdout": (cut_h, index.rows)}
-    streams = {k: LakeStream(index, lo, hi, cfg, read_rows, buffer_rows) for k, (lo, hi) in bounds.items()}
-    return {"index": index, **streams}
+
+    def stream(lo: int, hi: int) -> LakeStream:
+        return LakeStream(index, lo, hi, cfg, read_rows, buffer_rows)
+
+    return StreamSplit(index, train=stream(0, cut_v), val=stream(cut_v, cut_h), holdout=stream(cut_h, index.rows))
 
 
-def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, model_cfg) -> dict:
+def holdout_streams(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str, model_cfg) -> StreamSplit:
     """train / val / holdout streams of a slot's window (every slot's rows with `lora.train_rows: all`): the one
     definition that training and the evaluation stage share, so both see exactly the same holdout rows. A candidate
     judged on the next day (`lora.judged_on: next_day`) holds nothing out: its holdout is empty."""

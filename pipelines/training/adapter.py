@@ -1,20 +1,65 @@
 """Stage: train one LoRA adapter (one slot) on the frozen serving base, log it to MLflow.
 
 Input: config, the lake URI, the run's logical date (end of the trailing window) and the slot.
-Output: a JSON-safe dict with the run id, the logged model URI, the base it was trained on, the
-data lineage and the metrics. Nothing is registered here (see pipelines.registry.register).
+Output: a `TrainedAdapter`: the run id, the logged model URI, the base it was trained on, the data
+lineage and the metrics; its `to_dict()` is the JSON-safe candidate record the evaluation and
+registration stages read (and an Airflow XCom carries). Nothing is registered here (see
+pipelines.registry.register).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
+from dataclasses import dataclass
+
+import mlflow
+import torch
 
 from pipelines.config import LoraTrainConfig, PipelineConfig, config_hash, to_dict
 from pipelines.errors import PipelineError
-from pipelines.registry.models import serving_base
+from pipelines.metrics import summary
+from pipelines.model import adapters, features
+from pipelines.model.inference import evaluate_arrays
+from pipelines.model.stream import StreamSplit, holdout_streams
+from pipelines.registry import mlflow_io, runs
+from pipelines.registry.models import serving_base, sibling_champions
+from pipelines.registry.pyfunc import load_base_from_registry
+from pipelines.training import checkpoint, delta
+from pipelines.training.delta import loop_settings
+from pipelines.training.loop import fit, seed_everything
+from pipelines.training.orthogonality import Regularizer, saved_factors
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainedAdapter:
+    """A slot's candidate adapter as its training run logged it."""
+
+    run_id: str
+    model_uri: str
+    model_name: str
+    slot: str
+    end_day: str
+    base: dict  # the serving base it was trained on (registry.models.serving_base: name, version, fingerprint)
+    metrics: dict  # on the holdout (metrics.summary); empty when the days after the window judge it
+    trainable_fraction: float
+    data: dict  # the window's lineage: first, last, count, sha256
+    config_hash: str
+    judged_on: str  # lora.judged_on: holdout or next_day
+    effective_lr: float  # after the stability rule (model.adapters.stable_lr)
+    stability: float
+    lr_rescaled: bool
+    epochs_run: int
+    best_epoch: int
+    resumed_from_epoch: int | None  # the checkpoint's epoch this run resumed after; None for a fresh run
+    orthogonality: dict | None  # the penalty's report against the sibling champions; None without a penalty
+
+    def to_dict(self) -> dict:
+        """The candidate record: what evaluation and registration read, JSON-safe for XCom and the CLI."""
+        return dataclasses.asdict(self)
 
 
 def train(
@@ -25,7 +70,7 @@ def train(
     *,
     checkpoint_uri: str | None = None,
     progress: bool = False,
-) -> dict:
+) -> TrainedAdapter:
     """Train, log and return the candidate adapter of `slot` for the window ending `end_day`.
 
     Rows stream from the lake's partitions (`model.stream`): memory is bounded by the read chunk
@@ -39,15 +84,6 @@ def train(
     killed task resumes it with the same final weights; it is deleted once the model is logged.
     `progress` shows a tqdm bar per epoch.
     """
-    import mlflow
-
-    from pipelines.model import adapters
-    from pipelines.model.stream import holdout_streams
-    from pipelines.training import delta
-    from pipelines.registry import mlflow_io, runs
-    from pipelines.training import checkpoint
-    from pipelines.training.delta import loop_settings
-
     if slot not in cfg.data.slots:
         raise PipelineError(f"slot {slot!r} is not configured (data.slots = {list(cfg.data.slots)})")
     lc = cfg.lora
@@ -57,7 +93,7 @@ def train(
     streams = holdout_streams(cfg, lake_uri, end_day, slot, base.cfg)
     model = _fresh_adapter(lc, base, token_rows(lc, streams, base.cfg))
     regularizer = sibling_regularizer(cfg, slot, base_ref)
-    data_lineage = streams["index"].lineage()
+    data_lineage = streams.index.lineage()
     sizes = adapters.trainable_fraction(model)
     settings = loop_settings(lc)
     model_name = cfg.adapter_model_name(slot)
@@ -83,37 +119,35 @@ def train(
             run_key,
             model_name,
             progress,
-            delta.regularizer(lc, streams["train"].rows, regularizer),
+            delta.regularizer(lc, streams.train.rows, regularizer),
         )
         ortho = _log_orthogonality(model, regularizer)
         # judged_on next_day: nothing is held out; the days after the window judge it (promotion.prequential)
-        metrics = score_stream(model, streams["holdout"]) if streams["holdout"].rows else {}
+        metrics = score_stream(model, streams.holdout) if streams.holdout.rows else {}
         mlflow.log_metrics({f"holdout_{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         mlflow.log_dict(data_lineage, "lineage/data.json")
-        info = _log_adapter(
-            model, slot, base_ref, lc, streams["holdout"] if streams["holdout"].rows else streams["train"]
-        )
+        info = _log_adapter(model, slot, base_ref, lc, streams.holdout if streams.holdout.rows else streams.train)
     store.delete()  # the logged model is the durable result; a re-run retrains deterministically
-    return {
-        "run_id": run.info.run_id,
-        "model_uri": info.model_uri,
-        "model_name": model_name,
-        "slot": slot,
-        "end_day": end_day,
-        "base": base_ref,
-        "metrics": metrics,
-        "trainable_fraction": sizes["trainable_fraction"],
-        "data": {k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
-        "config_hash": chash,
-        "judged_on": lc.judged_on,
-        "effective_lr": stab["effective_lr"],
-        "stability": stab["stability"],
-        "lr_rescaled": stab["lr_rescaled"],
-        "epochs_run": result["epochs_run"],
-        "best_epoch": result["best_epoch"],
-        "resumed_from_epoch": result["resumed_from_epoch"],
-        "orthogonality": ortho,
-    }
+    return TrainedAdapter(
+        run_id=run.info.run_id,
+        model_uri=info.model_uri,
+        model_name=model_name,
+        slot=slot,
+        end_day=end_day,
+        base=base_ref,
+        metrics=metrics,
+        trainable_fraction=sizes["trainable_fraction"],
+        data={k: data_lineage[k] for k in ("first", "last", "count", "sha256")},
+        config_hash=chash,
+        judged_on=lc.judged_on,
+        effective_lr=stab["effective_lr"],
+        stability=stab["stability"],
+        lr_rescaled=stab["lr_rescaled"],
+        epochs_run=result["epochs_run"],
+        best_epoch=result["best_epoch"],
+        resumed_from_epoch=result["resumed_from_epoch"],
+        orthogonality=ortho,
+    )
 
 
 def sibling_regularizer(cfg: PipelineConfig, slot: str, base_ref: dict):
@@ -121,9 +155,6 @@ def sibling_regularizer(cfg: PipelineConfig, slot: str, base_ref: dict):
     this base (training.orthogonality), else None. None too when no sibling has a champion yet."""
     if cfg.lora.orthogonality_lambda <= 0:
         return None
-    from pipelines.registry.models import sibling_champions
-    from pipelines.training.orthogonality import Regularizer, saved_factors
-
     with tempfile.TemporaryDirectory() as tmp:
         dirs = sibling_champions(cfg, cfg.adapter_model_name(slot), tmp, base_fingerprint=base_ref["fingerprint"])
         siblings = {who: saved_factors(d) for who, d in dirs.items()}
@@ -137,8 +168,6 @@ def _log_orthogonality(model, regularizer) -> dict | None:
     """The penalty's final value and |cos| against the siblings, logged to the active run."""
     if regularizer is None:
         return None
-    import mlflow
-
     report = regularizer.report(model)
     mlflow.set_tag("orthogonality.siblings", ",".join(report["siblings"]))
     mlflow.log_metrics(
@@ -153,23 +182,19 @@ def _log_orthogonality(model, regularizer) -> dict | None:
 
 def _serving_base_model(base_ref: dict):
     """The serving base as a torch module, checked against its registry fingerprint."""
-    from pipelines.registry.pyfunc import load_base_from_registry
-
     return load_base_from_registry(base_ref["name"], base_ref["version"], base_ref["fingerprint"])
 
 
-def token_rows(lc: LoraTrainConfig, streams: dict, model_cfg) -> dict[str, list[int]] | None:
+def token_rows(lc: LoraTrainConfig, streams: StreamSplit, model_cfg) -> dict[str, list[int]] | None:
     """The id rows an adapter with `lora.trainable_tokens` trains: those of every id in its train and val
     rows. The holdout's own new ids are left out, so the gate scores them as tomorrow's unseen ids
     (they keep the base's rows). None when the option is off."""
     if not lc.trainable_tokens:
         return None
-    from pipelines.model import features
-
     tables = list(lc.trainable_tokens)
     found: dict[str, set[int]] = {t: set() for t in tables}
-    end = max(streams["train"].hi, streams["val"].hi)  # the holdout starts where both end
-    for frame in streams["index"].frames(0, end, 262_144, columns=tables):
+    end = max(streams.train.hi, streams.val.hi)  # the holdout starts where both end
+    for frame in streams.index.frames(0, end, 262_144, columns=tables):
         for t in tables:
             found[t].update(features.id_buckets(frame[t], t, model_cfg))
     return {t: sorted(v) for t, v in found.items()}
@@ -177,9 +202,6 @@ def token_rows(lc: LoraTrainConfig, streams: dict, model_cfg) -> dict[str, list[
 
 def _fresh_adapter(lc: LoraTrainConfig, base, rows: dict[str, list[int]] | None):
     """`base` with a new adapter attached (and the id rows `rows` training, see `token_rows`)."""
-    from pipelines.model import adapters
-    from pipelines.training.loop import seed_everything
-
     seed_everything(lc.seed)  # LoRA A matrices are drawn at attach time: same seed => same adapter
     return adapters.attach(base, lc, token_rows=rows)
 
@@ -190,17 +212,13 @@ def _log_inputs(
     end_day: str,
     base_ref: dict,
     stab: dict,
-    streams: dict,
+    streams: StreamSplit,
     store,
     sizes: dict,
     model_name: str,
 ) -> None:
     """Tags, params and sizes of the run, before training."""
-    import mlflow
-
-    from pipelines.registry import mlflow_io
-
-    fit_rows, val_rows, holdout = streams["train"], streams["val"], streams["holdout"]
+    fit_rows, val_rows, holdout = streams.train, streams.val, streams.holdout
     mlflow.set_tags(
         {
             "stage": "lora_adapter",
@@ -238,19 +256,14 @@ def _log_inputs(
 
 
 def _fit_logged(
-    model, streams: dict, settings, store, run_key: dict, model_name: str, progress: bool, regularizer=None
+    model, streams: StreamSplit, settings, store, run_key: dict, model_name: str, progress: bool, regularizer=None
 ) -> dict:
     """`fit` on the train stream (validating on the val stream, if it has rows), every epoch's metrics
     logged to the active run; refuses a model whose trainable weights are no longer finite."""
-    import mlflow
-    import torch
-
-    from pipelines.training.loop import fit
-
-    val_rows = streams["val"]
+    val_rows = streams.val
     result = fit(
         model,
-        streams["train"],
+        streams.train,
         settings,
         val=val_rows if val_rows.rows else None,
         desc=model_name,
@@ -279,9 +292,6 @@ def _fit_logged(
 
 def _log_adapter(model, slot: str, base_ref: dict, lc: LoraTrainConfig, holdout):
     """Log the adapter (and its base reference) as the run's CTR pyfunc model; returns MLflow's ModelInfo."""
-    from pipelines.model import adapters
-    from pipelines.registry import mlflow_io
-
     with tempfile.TemporaryDirectory() as tmp:
         adapters.save(model, tmp)
         return mlflow_io.log_ctr_model(
@@ -293,8 +303,5 @@ def _log_adapter(model, slot: str, base_ref: dict, lc: LoraTrainConfig, holdout)
 
 def score_stream(model, stream) -> dict:
     """Metric summary of `model` over a stream's rows (in order, under no_grad)."""
-    from pipelines.metrics import summary
-    from pipelines.model.inference import evaluate_arrays
-
     y, p = evaluate_arrays(model, stream)
     return summary(y, p)

@@ -55,7 +55,7 @@ def stack(tmp_path_factory, s3_endpoint):
             # every day the set-up and the run read is validated first, as the DAGs' validate tasks do
             assert validate_window(cfg, lake_uri, DAY, lake_days(lake_uri))["success"]
             register_base(cfg, base_model.train(cfg, lake_uri, CUTOFF), actor="e2e", policy=any_base_policy())
-            cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning")
+            cand = adapter.train(cfg, lake_uri, TEACHER_DAY, "morning").to_dict()
             reg = register(cfg, cand, evaluate(cfg, lake_uri, cand))
             aliases.move_alias(
                 reg["model"],

@@ -27,7 +27,7 @@ END_DAY = "2024-01-05"
 
 def champion_of(cfg, lake, slot: str, **lora) -> dict:
     c = cfg if not lora else cfg.__class__(**{**cfg.__dict__, "lora": LoraTrainConfig(**{**cfg.lora.__dict__, **lora})})
-    cand = adapter.train(c, lake, END_DAY, slot)
+    cand = adapter.train(c, lake, END_DAY, slot).to_dict()
     reg = register(c, cand, evaluate(c, lake, cand))
     aliases.move_alias(reg["model"], "champion", reg["version"], kind="promote", reason="test", actor="test")
     return cand
@@ -48,7 +48,7 @@ def assert_clean_log(records: list[logging.LogRecord]) -> None:
 
 def test_first_candidate_is_judged_on_every_slice_and_logged_with_a_report(cfg, lake):
     champion_of(cfg, lake, "search")  # serves next to feed: the interference partner
-    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    cand = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
     ev = evaluate(cfg, lake, cand)
     json.dumps(ev)
     assert ev["champion"] is None and ev["delong"] is None and ev["holdout_rows"] > 100
@@ -88,7 +88,7 @@ def test_candidate_vs_champion_on_the_same_rows_with_delong(cfg, lake, caplog):
         lake,
         END_DAY,
         "feed",
-    )
+    ).to_dict()
     caplog.set_level(logging.WARNING)
     caplog.clear()
     ev = evaluate(cfg, lake, cand)  # candidate and champion scored, latency measured
@@ -108,7 +108,7 @@ def test_candidate_vs_champion_on_the_same_rows_with_delong(cfg, lake, caplog):
 
 
 def test_evaluation_refuses_data_that_changed_since_training(cfg, lake, tmp_path):
-    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    cand = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
     changed = {**cand, "data": {**cand["data"], "sha256": "0" * 64}}
     with pytest.raises(PipelineError, match="changed between training and evaluation"):
         evaluate(cfg, lake, changed)

@@ -121,7 +121,7 @@ def test_a_delta_adapter_is_trained_on_every_slots_rows_registered_released_and_
         base_training=BaseTrainConfig(train_start="2024-01-02", epochs=1, batch_size=256, wide_l2=3.0),
     )
     streams = holdout_streams(cfg, lake, END_DAY, SLOTS[0], cfg.model)
-    slots = {s for f in streams["index"].frames(0, streams["holdout"].hi, 65_536, columns=["slot"]) for s in f["slot"]}
+    slots = {s for f in streams.index.frames(0, streams.holdout.hi, 65_536, columns=["slot"]) for s in f["slot"]}
     assert slots == set(SLOTS)  # train_rows: all
     decision = retrain.run(cfg, lenient_policy(), lake, END_DAY, SLOTS[0], actor="test")
     assert decision["passed"], [c for c in decision["checks"] if not c["passed"]]

@@ -282,7 +282,7 @@ def test_evaluation_rides_out_a_20s_tracking_server_outage(on_mlflow_server, lak
         cfg = server_config(lake)
         name = cfg.adapter_model_name("feed")
         champion = crowned_first_champion(cfg, lake)
-        candidate = adapter.train(cfg, lake, END_DAY, "feed")
+        candidate = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
 
         server.arm()  # the evaluation's first request (loading the candidate) starts the outage
         started = time.monotonic()

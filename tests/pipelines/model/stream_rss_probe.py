@@ -111,7 +111,7 @@ def stage(lake_dir: str, end: str, days: int) -> dict:
     )
     before = rss_mib()
     t0 = time.perf_counter()
-    cand = adapter.train(cfg, lake_dir, end, "feed")
+    cand = adapter.train(cfg, lake_dir, end, "feed").to_dict()
     after_train, t_train = rss_mib(), time.perf_counter() - t0
     ev = evaluate(cfg, lake_dir, cand)
     params = mlflow.get_run(cand["run_id"]).data.params

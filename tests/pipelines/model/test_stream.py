@@ -87,9 +87,9 @@ def test_stream_split_ranges_follow_lake_order(lake):
     n = len(frame)
     cut_h = int(round(n * 0.8))
     cut_v = int(round(cut_h * 0.9))
-    assert (parts["train"].rows, parts["val"].rows, parts["holdout"].rows) == (cut_v, cut_h - cut_v, n - cut_h)
+    assert (parts.train.rows, parts.val.rows, parts.holdout.rows) == (cut_v, cut_h - cut_v, n - cut_h)
     for name, (lo, hi) in {"train": (0, cut_v), "val": (cut_v, cut_h), "holdout": (cut_h, n)}.items():
-        _, x, y = collect(parts[name], 50, seed=None)
+        _, x, y = collect(getattr(parts, name), 50, seed=None)
         np.testing.assert_array_equal(x, features.encode(frame.iloc[lo:hi], CFG))
     assert frame["event_ts"].iloc[cut_h:].min() >= frame["event_ts"].iloc[:cut_h].max()  # holdout is the newest
 
@@ -119,7 +119,7 @@ def test_training_on_a_stream_is_deterministic_and_resumes_exactly(lake, tmp_pat
     def run(**kw):
         seed_everything(7)
         model = adapters.attach(copy.deepcopy(init), lcfg)
-        res = fit(model, parts["train"], settings, val=parts["val"], **kw)
+        res = fit(model, parts.train, settings, val=parts.val, **kw)
         return res, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
     ref, wa = run()
@@ -177,4 +177,4 @@ def test_training_streams_refuse_days_not_validated_as_they_are_now(tmp_path):
     write_days(lake, SPEC, DAYS[1], 1, 2000, overwrite=True)  # the upstream fix, re-exported
     validate_lake(uri)
     streams = holdout_streams(cfg, uri, DAYS[2], "feed", CFG)
-    assert streams["index"].lineage()["partitions"] == {d: lake.read_partition(d).sha256 for d in DAYS}
+    assert streams.index.lineage()["partitions"] == {d: lake.read_partition(d).sha256 for d in DAYS}

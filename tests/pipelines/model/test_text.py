@@ -199,7 +199,7 @@ def test_the_token_cache_is_written_once_per_part_and_read_back(lake, text_sourc
 
     cfg = cfg_of(text_source)
     streams = _stream(lake, cfg)
-    train = streams["train"]
+    train = streams.train
     first = [(x.numpy(), y.numpy()) for x, y in train.batches(97)]
     x_all = np.concatenate([x for x, _ in first])
     direct = np.concatenate([family.encode(f, cfg) for f in train.frames()])
@@ -208,10 +208,10 @@ def test_the_token_cache_is_written_once_per_part_and_read_back(lake, text_sourc
     key = family.encoding_key(cfg)
     lk = Lake(lake)
     cached = sorted(p for p in lk._list(f"{lake}/{TOKEN_CACHE}/{key}"))
-    assert len(cached) == len(streams["index"].files)  # one per part, named by its content hash
-    assert {c.rsplit("/", 1)[1][:-4] for c in cached} == {f.sha256 for f in streams["index"].files}
+    assert len(cached) == len(streams.index.files)  # one per part, named by its content hash
+    assert {c.rsplit("/", 1)[1][:-4] for c in cached} == {f.sha256 for f in streams.index.files}
     # the next read takes the cache: a mark on a middle row (its ends are checked) shows up in the batches
-    f0 = streams["index"].files[0]
+    f0 = streams.index.files[0]
     rel = f"{TOKEN_CACHE}/{key}/{f0.sha256}.npy"
 
     def rewrite(tokens):
@@ -223,13 +223,13 @@ def test_the_token_cache_is_written_once_per_part_and_read_back(lake, text_sourc
     marked = cached.copy()
     marked[1:-1, -1] = 7
     rewrite(marked)
-    again = np.concatenate([x.numpy() for x, _ in _stream(lake, cfg)["train"].batches(97)])
+    again = np.concatenate([x.numpy() for x, _ in _stream(lake, cfg).train.batches(97)])
     assert (again[: f0.rows, -1] == 7).sum() >= f0.rows - 2
     # a cache that is not the part's encoding (other rows, another width, another type) is a miss: re-encoded
     for bad in (cached[:-1], cached[:, :16], cached.astype(np.int64), np.roll(cached, 1, axis=0)):
         rewrite(bad)
         np.testing.assert_array_equal(
-            np.concatenate([x.numpy() for x, _ in _stream(lake, cfg)["train"].batches(97)]), direct
+            np.concatenate([x.numpy() for x, _ in _stream(lake, cfg).train.batches(97)]), direct
         )
         np.testing.assert_array_equal(np.load(io.BytesIO(lk.get_bytes(rel))), cached)  # and rewritten
     # another tokenizer, length or choice of fields is another key, never the stale tokens
@@ -256,10 +256,10 @@ def test_parts_without_the_text_columns_still_stream(tmp_path, text_source):
         Lake(old).write_partition(frame, day)
     validate_lake(old)
     streams = _stream(old, cfg_of(text_source))
-    frame = next(streams["train"].frames())
+    frame = next(streams.train.frames())
     assert "item_title" not in frame.columns and set(schema.FEATURE_FIELDS) <= set(frame.columns)
-    x = np.concatenate([x.numpy() for x, _ in streams["train"].batches(64)])
-    assert len(x) == streams["train"].rows and x.shape[1] == 32
+    x = np.concatenate([x.numpy() for x, _ in streams.train.batches(64)])
+    assert len(x) == streams.train.rows and x.shape[1] == 32
 
 
 @pytest.mark.slow

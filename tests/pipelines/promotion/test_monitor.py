@@ -68,7 +68,7 @@ def register_adapter(cfg: PipelineConfig, lake: str, end_day: str, slot: str = "
     from pipelines.registry.register import register
     from pipelines.training import adapter
 
-    cand = adapter.train(cfg, lake, end_day, slot)
+    cand = adapter.train(cfg, lake, end_day, slot).to_dict()
     reg = register(cfg, cand, {"candidate": cand["metrics"], "champion": None, "champion_version": None})
     MlflowClient().set_model_version_tag(reg["model"], reg["version"], "gate.passed", "true")
     return reg["version"]

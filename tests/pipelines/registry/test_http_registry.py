@@ -168,7 +168,7 @@ def own_names(on_mlflow_server, lake, tmp_path, monkeypatch):
 def _candidate(cfg, lake: str, seed: int) -> dict:
     """Train, evaluate, register (alias candidate) and gate one adapter of slot feed; returns the registration."""
     c = replace(cfg, lora=replace(cfg.lora, seed=seed))
-    cand = adapter.train(c, lake, END_DAY, "feed")
+    cand = adapter.train(c, lake, END_DAY, "feed").to_dict()
     out = reg.register(c, cand, evaluate(c, lake, cand))
     assert gate_record.run(LENIENT, out["model"], out["version"], out["evaluation"], actor="test")["passed"]
     return {**out, "model_uri": cand["model_uri"], "run_id": cand["run_id"]}

@@ -112,7 +112,7 @@ def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake,
 # over HTTP too: the session's mlflow server (tests/pipelines/registry/conftest.py)
 @pytest.mark.parametrize("serving_store", ["sqlite", pytest.param("http", marks=pytest.mark.slow)], indirect=True)
 def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, tmp_path):
-    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    cand = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
     ev = evaluate(cfg, lake, cand)
     out = reg.register(cfg, cand, ev)
     mv = mlflow_io.get_version(out["model"], out["version"])
@@ -157,11 +157,11 @@ def test_adapter_versions_carry_lineage_file_hashes_and_a_model_card(cfg, lake, 
 
 
 def test_registration_is_idempotent_for_the_same_data_config_and_code(cfg, lake):
-    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    cand = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
     ev = evaluate(cfg, lake, cand)
     first = reg.register(cfg, cand, ev)
     again = reg.register(cfg, cand, ev)  # the task re-run
-    retrained = adapter.train(cfg, lake, END_DAY, "feed")  # the whole training re-run
+    retrained = adapter.train(cfg, lake, END_DAY, "feed").to_dict()  # the whole training re-run
     third = reg.register(cfg, retrained, evaluate(cfg, lake, retrained))
     assert first["existing"] is False and again["existing"] is True and third["existing"] is True
     assert first["version"] == again["version"] == third["version"]
@@ -172,12 +172,12 @@ def test_registration_is_idempotent_for_the_same_data_config_and_code(cfg, lake)
         lake,
         END_DAY,
         "feed",
-    )  # another config: a new version
+    ).to_dict()  # another config: a new version
     assert reg.register(cfg, other, evaluate(cfg, lake, other))["version"] != first["version"]
 
 
 def test_a_tampered_adapter_file_is_refused(cfg, lake, tmp_path):
-    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    cand = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
     out = reg.register(cfg, cand, evaluate(cfg, lake, cand))
     uri = f"models:/{out['model']}/{out['version']}"
     mlflow.pyfunc.load_model(uri)  # loads while intact
@@ -194,7 +194,7 @@ def test_a_tampered_adapter_file_is_refused(cfg, lake, tmp_path):
 
 
 def test_an_adapter_whose_base_changed_is_refused(cfg, lake, tmp_path):
-    cand = adapter.train(cfg, lake, END_DAY, "feed")
+    cand = adapter.train(cfg, lake, END_DAY, "feed").to_dict()
     out = reg.register(cfg, cand, evaluate(cfg, lake, cand))
     weights = _stored(tmp_path, store.WEIGHTS)  # the base's weights in the store
     assert weights

@@ -86,7 +86,7 @@ def promote_teacher(cfg: PipelineConfig, lake: str, slot: str) -> None:
     from pipelines.registry.register import register
     from pipelines.training import adapter
 
-    cand = adapter.train(cfg, lake, "2024-01-07", slot)
+    cand = adapter.train(cfg, lake, "2024-01-07", slot).to_dict()
     reg = register(cfg, cand, evaluate(cfg, lake, cand))
     make_champion(reg["model"], reg["version"])
 

@@ -37,17 +37,17 @@ def test_adapter_records_the_effective_lr_and_resumes_after_a_crash(cfg, lake, t
     assert checkpoint.CheckpointStore(where).load()["epoch"] == 2
 
     resumed = adapter.train(cfg, lake, END_DAY, "feed")
-    assert resumed["resumed_from_epoch"] == 2 and resumed["epochs_run"] == 2
-    assert resumed["effective_lr"] == pytest.approx(0.02) and resumed["lr_rescaled"] is True
-    assert resumed["stability"] == pytest.approx(0.025)
-    assert resumed["best_epoch"] in (1, 2)
+    assert resumed.resumed_from_epoch == 2 and resumed.epochs_run == 2
+    assert resumed.effective_lr == pytest.approx(0.02) and resumed.lr_rescaled is True
+    assert resumed.stability == pytest.approx(0.025)
+    assert resumed.best_epoch in (1, 2)
     assert not (tmp_path / "ckpt" / name / END_DAY).joinpath(config_hash(cfg.lora)[:16], checkpoint.FILENAME).exists()
-    params = MlflowClient().get_run(resumed["run_id"]).data.params
+    params = MlflowClient().get_run(resumed.run_id).data.params
     assert float(params["train.effective_lr"]) == pytest.approx(0.02) and params["lora.lr"] == "0.05"
 
     fresh = adapter.train(cfg, lake, END_DAY, "feed", checkpoint_uri=str(tmp_path / "elsewhere"))
-    assert fresh["resumed_from_epoch"] is None
-    assert fresh["metrics"] == resumed["metrics"]  # same seed, same data: the resumed run is the same model
+    assert fresh.resumed_from_epoch is None
+    assert fresh.metrics == resumed.metrics  # same seed, same data: the resumed run is the same model
 
 
 def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(serving_store, lake):
@@ -64,11 +64,9 @@ def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(s
     cfg = registered_base_config(lake, epochs=1, lr=0.05, trainable_tokens=("user_id",))
     out = adapter.train(cfg, lake, END_DAY, "feed")
     streams = holdout_streams(cfg, lake, END_DAY, "feed", cfg.model)
-    seen = {
-        u for f in streams["index"].frames(0, streams["holdout"].lo, 65_536, columns=["user_id"]) for u in f["user_id"]
-    }
-    later = {u for f in streams["holdout"].frames(columns=["user_id"]) for u in f["user_id"]} - seen
-    local = mlflow.artifacts.download_artifacts(artifact_uri=out["model_uri"]) + "/artifacts/adapter"
+    seen = {u for f in streams.index.frames(0, streams.holdout.lo, 65_536, columns=["user_id"]) for u in f["user_id"]}
+    later = {u for f in streams.holdout.frames(columns=["user_id"]) for u in f["user_id"]} - seen
+    local = mlflow.artifacts.download_artifacts(artifact_uri=out.model_uri) + "/artifacts/adapter"
     indices = json.loads(open(f"{local}/adapter_config.json").read())["trainable_token_indices"]
     assert sorted(indices["embeddings.user_id"]) == features.id_buckets(pd.Series(sorted(seen)), "user_id", cfg.model)
     only_later = set(features.id_buckets(pd.Series(sorted(later)), "user_id", cfg.model)) - set(
@@ -80,7 +78,7 @@ def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(s
 
     model = adapters.load(CTRModel(cfg.model), local)  # the logged adapter's files carry the rows
     assert any("trainable_tokens_delta" in n for n, _ in model.named_parameters())
-    assert out["trainable_fraction"] > lora_only_fraction(cfg)
+    assert out.trainable_fraction > lora_only_fraction(cfg)
 
 
 def lora_only_fraction(cfg) -> float:
@@ -106,27 +104,27 @@ def test_the_orthogonality_penalty_trains_against_the_other_slots_champions(serv
 
     cfg = registered_base_config(lake, epochs=2, orthogonality_lambda=1.0)
     first = adapter.train(cfg, lake, END_DAY, SLOTS[0])
-    assert first["orthogonality"] is None  # no sibling champion yet: nothing to penalise
+    assert first.orthogonality is None  # no sibling champion yet: nothing to penalise
     mlflow_io.register(
-        first["model_uri"],
-        first["model_name"],
-        {"base.fingerprint": first["base"]["fingerprint"]},
+        first.model_uri,
+        first.model_name,
+        {"base.fingerprint": first.base["fingerprint"]},
         alias="champion",
-        run_id=first["run_id"],
+        run_id=first.run_id,
     )
     plain = adapter.train(replace(cfg, lora=replace(cfg.lora, orthogonality_lambda=0.0)), lake, END_DAY, SLOTS[1])
     penalised = adapter.train(cfg, lake, END_DAY, SLOTS[1])
 
-    report = penalised["orthogonality"]
-    assert report["siblings"] == [f"{first['model_name']}:1"] and report["lambda"] == 1.0
+    report = penalised.orthogonality
+    assert report["siblings"] == [f"{first.model_name}:1"] and report["lambda"] == 1.0
     with tempfile.TemporaryDirectory() as tmp:
-        sibling = {k: ortho.saved_factors(d) for k, d in sibling_champions(cfg, plain["model_name"], tmp).items()}
-        plain_files = mlflow_io.download_artifacts(artifact_uri=plain["model_uri"], dst_path=f"{tmp}/p")
+        sibling = {k: ortho.saved_factors(d) for k, d in sibling_champions(cfg, plain.model_name, tmp).items()}
+        plain_files = mlflow_io.download_artifacts(artifact_uri=plain.model_uri, dst_path=f"{tmp}/p")
         plain_cos = ortho.max_abs_cos(ortho.saved_factors(f"{plain_files}/artifacts/adapter"), sibling)
     assert report["max_abs_cos"] < plain_cos, (report, plain_cos)
-    metrics = MlflowClient().get_run(penalised["run_id"]).data.metrics
+    metrics = MlflowClient().get_run(penalised.run_id).data.metrics
     assert metrics["orthogonality_max_abs_cos"] == pytest.approx(report["max_abs_cos"])
-    assert MlflowClient().get_run(penalised["run_id"]).data.tags["orthogonality.siblings"] == report["siblings"][0]
+    assert MlflowClient().get_run(penalised.run_id).data.tags["orthogonality.siblings"] == report["siblings"][0]
 
 
 def test_an_adapter_whose_every_epoch_is_worse_than_its_base_is_logged_as_the_base(serving_store, lake):
@@ -144,11 +142,11 @@ def test_an_adapter_whose_every_epoch_is_worse_than_its_base_is_logged_as_the_ba
     )
     kept = adapter.train(cfg, lake, END_DAY, "feed")
     plain = adapter.train(replace(cfg, lora=replace(cfg.lora, keep_base_if_no_gain=False)), lake, END_DAY, "feed")
-    assert kept["effective_lr"] == 3.0 and kept["lr_rescaled"] is False
-    assert kept["best_epoch"] == 0 and plain["best_epoch"] in (1, 2)
+    assert kept.effective_lr == 3.0 and kept.lr_rescaled is False
+    assert kept.best_epoch == 0 and plain.best_epoch in (1, 2)
     with tempfile.TemporaryDirectory() as tmp:
-        files = mlflow_io.download_artifacts(artifact_uri=kept["model_uri"], dst_path=tmp)
+        files = mlflow_io.download_artifacts(artifact_uri=kept.model_uri, dst_path=tmp)
         weights = load_file(f"{files}/artifacts/adapter/adapter_model.safetensors")
     b = [w for k, w in weights.items() if "lora_B" in k]
     assert b and all(not np.any(w) for w in b)
-    assert kept["metrics"]["logloss"] < plain["metrics"]["logloss"]
+    assert kept.metrics["logloss"] < plain.metrics["logloss"]
