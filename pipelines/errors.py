@@ -33,14 +33,5 @@ class RegistryError(PipelineError):
     """A registry operation is impossible (missing model/version/alias, integrity mismatch)."""
 
 
-class GateFailedError(PipelineError):
-    """A candidate did not pass the promotion gate; `decision` is the full record."""
-
-    def __init__(self, model: str, version: str, decision: dict):
-        self.model, self.version, self.decision = model, version, decision
-        failed = [c["name"] for c in decision.get("checks", []) if not c["passed"]]
-        super().__init__(f"{model} v{version} failed the gate: {', '.join(failed) or 'no passing checks'}")
-
-
 class PromotionError(PipelineError):
     """A promote or revert was refused (e.g. version never passed its gate, incompatible base)."""

@@ -116,15 +116,6 @@ def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
     }
 
 
-def _median_ms(fn: Callable[[], object], n: int) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000.0 * statistics.median(times)
-
-
 def _switch_ms(server, n: int) -> float:
     routes = server.resolve()
     a, b = routes[("ctr_lora_feed", "champion")], routes[("ctr_lora_feed", "canary")]

@@ -21,7 +21,6 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Protocol, runtime_checkable
 
 from pipelines.config import GatePolicy
 from pipelines.errors import ConfigError, PipelineError
@@ -44,13 +43,6 @@ class LiveMetricsError(PipelineError):
     def __init__(self, url: str, query: str, problem: str):
         self.url, self.query, self.problem = url, query, problem
         super().__init__(f"live metrics query failed at {url}: {problem} (query: {query})")
-
-
-@runtime_checkable
-class LiveMetricsSource(Protocol):
-    def window_metrics(self, model: str, version: str, day: str) -> dict[str, float] | None:
-        """{metric name: value} of model version `version` over UTC day `day`, None when nothing is known."""
-        ...
 
 
 def end_of_day_unix(day: str) -> float:

@@ -235,18 +235,6 @@ def psi(expected: dict[str, float], actual: dict[str, float], eps: float = 1e-4)
     return _psi(*_aligned(expected, actual), eps)
 
 
-def js_divergence(p: dict, q: dict) -> float:
-    """Jensen-Shannon divergence, base 2 (0 = identical, 1 = disjoint supports); symmetric, always finite."""
-    p, q = _aligned(p, q)
-    m = (p + q) / 2
-
-    def kl(x: np.ndarray) -> float:
-        nz = x > 0  # 0 log 0 = 0; m > 0 wherever x > 0
-        return float(np.sum(x[nz] * np.log2(x[nz] / m[nz])))
-
-    return min(max(0.5 * kl(p) + 0.5 * kl(q), 0.0), 1.0)
-
-
 def numeric_drift(ref_sketch: list[float], values: np.ndarray, eps: float = 1e-4) -> dict:
     """PSI over the reference histogram's bins, and the KS statistic max |CDF_ref - CDF_new| on them."""
     e = np.asarray(ref_sketch, dtype=np.float64)

@@ -1,7 +1,7 @@
 """The click-log expectation suite, generated from the contract (`pipelines.data.schema`) and config.
 
 Only GX's own expectations are used; this module turns their results into a short JSON-safe report
-(the task log / XCom carries it) and raises DataValidationError on failure.
+(the task log / XCom carries it); the validation stage raises DataValidationError from its failures.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ _quiet_gx_logs()
 
 from pipelines.config import ValidationConfig  # noqa: E402
 from pipelines.data import schema  # noqa: E402
-from pipelines.errors import DataValidationError  # noqa: E402
 
 SUITE_NAME = "click_log_contract"
 # The column-set check is parameterised: optional contract columns (advertiser_id) may be absent,
@@ -388,11 +387,3 @@ def validate_frame(
         "failures": failures,
         "warnings": warnings,
     }
-
-
-def assert_valid(frame: pd.DataFrame, cfg: ValidationConfig, slots: Sequence[str], where: str = "frame") -> dict:
-    """validate_frame, raising DataValidationError (listing every failed check) when the frame fails."""
-    report = validate_frame(frame, cfg, slots, where)
-    if not report["success"]:
-        raise DataValidationError(where, report["failures"])
-    return report

@@ -16,7 +16,6 @@ from pipelines.config import GatePolicy
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.promotion.live_metrics import (
     LiveMetricsError,
-    LiveMetricsSource,
     PrometheusSource,
     end_of_day_unix,
     from_policy,
@@ -90,7 +89,6 @@ def rendered(name: str) -> str:
 def test_window_metrics_query_each_metric_at_the_end_of_the_day(prom):
     prom.replies = {rendered("live_ctr"): (200, vector("0.042")), rendered("live_impressions"): (200, vector("1200"))}
     src = PrometheusSource(url(prom) + "/", QUERIES, timeout_s=5)
-    assert isinstance(src, LiveMetricsSource)
     assert src.window_metrics("ctr_lora_feed", "3", "2024-01-06") == {"live_ctr": 0.042, "live_impressions": 1200.0}
     assert [s["path"] for s in prom.seen] == ["/api/v1/query"] * 2
     # PromQL's label braces survive the templating; the placeholders do not

@@ -17,7 +17,6 @@ from pipelines.validation.drift import (
     NUMERIC,
     ReferenceProfile,
     drift_checks,
-    js_divergence,
     numeric_drift,
     profile,
     psi,
@@ -87,31 +86,9 @@ def test_psi_of_an_unseen_or_vanished_category_is_finite():
     assert psi({"a": 1.0}, {"a": 0.9, "b": 0.1}, eps=1e-3) < v  # larger eps, milder penalty
 
 
-def test_js_divergence_matches_hand_computed_values():
-    assert js_divergence({"a": 1.0}, {"b": 1.0}) == 1.0  # disjoint: the base-2 maximum
-    # m = (0.75, 0.25): KL(p||m) = .5 log2(2/3) + .5 log2(2) = 0.2075187, KL(q||m) = log2(4/3) = 0.4150375
-    assert js_divergence({"a": 0.5, "b": 0.5}, {"a": 1.0}) == pytest.approx(0.31127812446, abs=1e-10)
-    p = {"feed": 0.6, "search": 0.3, "splash": 0.1}
-    assert js_divergence(p, dict(p)) == pytest.approx(0.0, abs=1e-15)
-
-
-def test_js_divergence_is_symmetric_and_bounded():
-    rng = np.random.default_rng(7)
-    for _ in range(50):
-        keys = list("abcdefg")
-        p = {k: float(x) for k, x in zip(keys, rng.random(7)) if x > 0.3}
-        q = {k: float(x) for k, x in zip(keys[2:], rng.random(5)) if x > 0.3}
-        if not p or not q:
-            continue
-        assert js_divergence(p, q) == pytest.approx(js_divergence(q, p), abs=1e-12)
-        assert 0.0 <= js_divergence(p, q) <= 1.0
-
-
 def test_empty_distribution_is_refused():
     with pytest.raises(ValueError, match="empty distribution"):
         psi({"a": 1.0}, {})
-    with pytest.raises(ValueError, match="empty distribution"):
-        js_divergence({}, {"a": 1.0})
 
 
 def test_numeric_drift_matches_hand_computed_values():
