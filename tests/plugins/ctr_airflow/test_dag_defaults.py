@@ -4,6 +4,8 @@ and the form fields several DAGs share. (Every file in dags/ uses it: tests/dags
 from __future__ import annotations
 
 import datetime as dt
+import re
+from pathlib import Path
 
 import pytest
 from airflow.sdk import task
@@ -135,7 +137,7 @@ def test_a_lake_outside_the_list_is_refused_by_the_library_too(two_lakes):
         data.checked_lake("s3://other/clicks")
 
 
-def test_an_unreadable_pipeline_config_fails_the_dag_import(tmp_path, monkeypatch):
+def test_the_lake_param_refuses_an_invalid_pipeline_config(tmp_path, monkeypatch):
     from pipelines.errors import ConfigError
 
     (tmp_path / "pipeline.yaml").write_text("data:\n  allowed_lakes: [http://x]\n")
@@ -192,8 +194,14 @@ def test_each_dag_gets_its_own_param_objects():
     assert lake_uri_param() is not lake_uri_param() and day_param("x") is not day_param("x")
 
 
-def test_the_pool_is_a_plain_name():
-    assert REGISTRY_POOL == "ctr_registry"  # scripts/stack.py, docker-compose.yml and tests/e2e create it
+@pytest.mark.parametrize(
+    "setup",
+    ["docker-compose.yml", "scripts/stack.py", "scripts/demo.sh", "scripts/bench_stack.py", "tests/e2e/stack.py"],
+)
+def test_every_stack_set_up_creates_the_pool_the_registry_writes_wait_in(setup):
+    text = (Path(__file__).parents[3] / setup).read_text()
+    created = re.findall(r"""pools["', ]+set["', ]+(\w+)""", text)  # `airflow pools set NAME` in shell or argv form
+    assert created == [REGISTRY_POOL], created  # a task in a pool that does not exist is never scheduled
 
 
 @pytest.mark.parametrize(

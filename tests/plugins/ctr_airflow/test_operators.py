@@ -12,7 +12,6 @@ from ctr_airflow import dag_defaults
 from ctr_airflow.operators import (
     MOVES,
     REGISTRY_POOL,
-    CandidateRejected,
     GatedPromotionOperator,
     ModelMoveRefused,
     OverrideGateOperator,
@@ -54,11 +53,6 @@ def test_construction_does_no_io(monkeypatch):
     assert op.model == "ctr_lora_x" and op.to_version is None
 
 
-def test_refusals_fail_without_retry():
-    assert issubclass(ModelMoveRefused, AirflowFailException)
-    assert issubclass(CandidateRejected, AirflowFailException)
-
-
 @pytest.mark.parametrize("raw, expected", [(None, None), ("", None), ("None", None), (3, "3"), ("4", "4")])
 def test_version_param_normalisation(raw, expected):
     assert _version(raw) == expected
@@ -70,8 +64,8 @@ def test_a_version_that_is_not_a_positive_integer_is_refused_as_a_pipeline_error
         _version(raw)
 
 
-def test_one_pool_name():
-    assert REGISTRY_POOL is dag_defaults.REGISTRY_POOL == "ctr_registry"
+def test_registry_writes_wait_in_the_one_registry_pool():
+    assert REGISTRY_POOL is dag_defaults.REGISTRY_POOL  # operators and TaskFlow tasks share one pool
     assert registry_write() == {"pool": REGISTRY_POOL, "outlets": [MOVES]}
     assert registry_write(moves=False) == {"pool": REGISTRY_POOL}
 
@@ -193,7 +187,8 @@ def test_gated_promotion_is_one_call_of_gate_and_release(monkeypatch, policy, re
     assert ctx["outlet_events"].added == ([("mlflow://ctr_lora_feed/champion", "promote", "2")] if release else [])
 
 
-@pytest.mark.parametrize("fail_on_reject, raised", [(False, AirflowSkipException), (True, CandidateRejected)])
+# AirflowFailException: the task instance fails without using its retries (a rejection is not transient)
+@pytest.mark.parametrize("fail_on_reject, raised", [(False, AirflowSkipException), (True, AirflowFailException)])
 def test_a_rejected_candidate_is_pushed_and_ends_the_task(monkeypatch, policy, fail_on_reject, raised):
     from pipelines.promotion import release as library
 
@@ -265,7 +260,8 @@ def test_a_refused_move_is_pushed_and_fails_without_retry(monkeypatch):
 
     monkeypatch.setattr(aliases, "promote_canary", refuse)
     ctx = context()
-    with pytest.raises(ModelMoveRefused, match="canary promotion of ctr_lora_feed refused: .*no @canary"):
+    # AirflowFailException: the task instance fails without using its retries; a refusal is not transient
+    with pytest.raises(AirflowFailException, match="canary promotion of ctr_lora_feed refused: .*no @canary"):
         PromoteCanaryOperator(task_id="promote_canary", model="ctr_lora_feed", reason="healthy").execute(ctx)
     assert ctx["ti"].pushed == {"error": {"model": "ctr_lora_feed", "error": "ctr_lora_feed has no @canary to promote"}}
 
