@@ -3,6 +3,7 @@ delta), as typed, validated dataclasses. Re-exported by pipelines.config, where 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -155,7 +156,6 @@ class LoraTrainConfig(LoraShape):
         _check(
             self.orthogonality_lambda >= 0, f"lora.orthogonality_lambda must be >= 0, got {self.orthogonality_lambda}"
         )
-        import math  # local: this class is the only user
 
         _check(
             self.stability_action != "reject" or self.kind == "delta" or self.stability <= self.stability_max,

@@ -3,11 +3,11 @@ validated dataclasses. Re-exported by pipelines.config, where callers import it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pipelines.config_loader import check as _check
-
 
 TEXT_FIELDS = ("item", "user", "context")  # the parts of an impression the text family can read as words
 
@@ -85,8 +85,6 @@ class ModelConfig:
     }
 
     def __post_init__(self):
-        import re  # local: only this check uses it
-
         _check(
             isinstance(self.family, str)
             and (self.family in self.FAMILIES or bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.family))),

@@ -23,9 +23,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from botocore.config import Config
 
 from pipelines.data import commit
 from pipelines.errors import LakeError
@@ -51,8 +53,6 @@ def s3_config():
     """The botocore Config of every S3 client the library creates: standard retry mode, total attempts
     from `AWS_MAX_ATTEMPTS` (botocore's own variable, here so an operator can tune it) else
     S3_MAX_ATTEMPTS. An explicit retry config also shields us from `AWS_RETRY_MODE=legacy`/`adaptive`."""
-    from botocore.config import Config
-
     raw = os.environ.get("AWS_MAX_ATTEMPTS") or str(S3_MAX_ATTEMPTS)
     try:
         attempts = int(raw)
@@ -64,8 +64,6 @@ def s3_config():
 
 
 def s3_client(endpoint_url: str | None = None):
-    import boto3
-
     return boto3.client(
         "s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None, config=s3_config()
     )

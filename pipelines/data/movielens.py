@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from pipelines.data import commit, schema
 from pipelines.data.lake import Lake
@@ -92,8 +93,6 @@ def write_days(lake: Lake, days: int | None = None, *, overwrite: bool = False, 
     """Write the first `days` daily partitions (all without `days`) into `lake`, each day committed on
     its own (`data.commit`). Days already committed are replaced only with `overwrite=True`; without it
     PartitionExistsError names every such day before anything is written. Returns the dates written."""
-    from tqdm import tqdm
-
     parts = list(daily_partitions())
     if days:
         parts = parts[:days]

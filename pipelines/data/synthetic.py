@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from tqdm.auto import tqdm
 
 from pipelines.data import commit, schema
 from pipelines.data.lake import Lake
@@ -352,8 +353,6 @@ def write_days(
         commit.refuse_existing(lake, dates)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=days * rows_per_day, unit="rows", unit_scale=True, desc="synthetic")
     try:
         for d in dates:

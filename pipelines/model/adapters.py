@@ -23,6 +23,9 @@ import logging
 import re
 from pathlib import Path
 
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pipelines.config import LoraTrainConfig
@@ -97,8 +100,6 @@ def peft_config(
     cfg: LoraTrainConfig, token_indices: dict[str, list[int]] | None = None, layers: list[int] | None = None
 ):
     """PEFT's LoraConfig of `cfg`; `layers`: `cfg.layers` as non-negative indices (`layer_indices`)."""
-    from peft import LoraConfig
-
     if cfg.layers and layers is None:
         raise ValueError("peft_config: lora.layers needs the model's indices (layer_indices)")
     return LoraConfig(
@@ -198,8 +199,6 @@ def attach(
 
     PEFT injects the LoRA layers into `base` in place, so pass a model you own (load a fresh base).
     """
-    from peft import get_peft_model
-
     base.requires_grad_(False)
     tokens = token_targets(base, cfg, token_rows)
     layers = layer_indices(base, cfg)
@@ -219,8 +218,6 @@ def attach(
 
 def save(model, directory: str | Path) -> None:
     """PEFT's adapter files, plus the LayerNorm biases when they were trained with the adapter."""
-    from safetensors.torch import save_file
-
     model.save_pretrained(str(directory))
     if getattr(model, _LN_FLAG, False):
         biases = _layernorm_biases(model.get_base_model())
@@ -231,10 +228,6 @@ def save(model, directory: str | Path) -> None:
 
 def load(base: nn.Module, adapter_dir: str, adapter_name: str = "default"):
     """Load an adapter onto `base` (modified in place), frozen and in eval mode."""
-    import torch
-    from peft import PeftModel
-    from safetensors.torch import load_file
-
     model = PeftModel.from_pretrained(base, adapter_dir, adapter_name=adapter_name, is_trainable=False)
     extra = Path(adapter_dir) / LAYERNORM_BIAS_FILE
     if extra.is_file():

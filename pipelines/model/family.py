@@ -24,6 +24,10 @@ from torch import nn
 from pipelines.config import ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import ConfigError
+from pipelines.model import features, text
+from pipelines.model.base import CTRModel
+from pipelines.model.dcn import DCNModel
+from pipelines.model.text import TEXT_COLUMNS, TextCTRModel, load_pretrained
 
 DEFAULT = "feature_transformer"
 
@@ -58,14 +62,10 @@ class FeatureTransformer:
     default_targets = ("q_proj", "v_proj")
 
     def build(self, cfg: ModelConfig) -> nn.Module:
-        from pipelines.model.base import CTRModel
-
         return CTRModel(cfg)
 
     def encode(self, frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
-        from pipelines.model.features import encode
-
-        return encode(frame, cfg)
+        return features.encode(frame, cfg)
 
     def load_pretrained(self, module: nn.Module, cfg: ModelConfig) -> None:
         return None
@@ -88,8 +88,6 @@ class DCN(FeatureTransformer):
     default_targets = ("cross_proj", "deep_proj")
 
     def build(self, cfg: ModelConfig) -> nn.Module:
-        from pipelines.model.dcn import DCNModel
-
         return DCNModel(cfg)
 
 
@@ -101,29 +99,19 @@ class MiniLMText(FeatureTransformer):
     default_targets = ("query", "value")
 
     def build(self, cfg: ModelConfig) -> nn.Module:
-        from pipelines.model.text import TextCTRModel
-
         return TextCTRModel(cfg)
 
     def encode(self, frame: pd.DataFrame, cfg: ModelConfig) -> np.ndarray:
-        from pipelines.model.text import encode
-
-        return encode(frame, cfg)
+        return text.encode(frame, cfg)
 
     def load_pretrained(self, module: nn.Module, cfg: ModelConfig) -> None:
-        from pipelines.model.text import load_pretrained
-
         load_pretrained(module, cfg)
 
     def optional_columns(self, cfg: ModelConfig) -> tuple[str, ...]:
-        from pipelines.model.text import TEXT_COLUMNS
-
         return TEXT_COLUMNS
 
     def encoding_key(self, cfg: ModelConfig) -> str | None:
-        from pipelines.model.text import encoding_key
-
-        return encoding_key(cfg)
+        return text.encoding_key(cfg)
 
 
 BUILTIN: dict[str, type] = {DEFAULT: FeatureTransformer, "dcn": DCN, "minilm_text": MiniLMText}

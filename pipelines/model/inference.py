@@ -6,6 +6,10 @@ pyfunc and serving, so it sits in the model layer below all of them.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -18,8 +22,6 @@ from pipelines.metrics import auc, logloss
 def configure_threads() -> None:
     """One intra-op thread by default: these models are small, and OpenMP threads spinning against
     each other (or against a second task on a 2-core worker) made steps ~30x slower when measured."""
-    import os
-
     torch.set_num_threads(int(os.environ.get("CTR_TORCH_THREADS", "1")))
     bound_heap_growth()
 
@@ -40,10 +42,6 @@ def bound_heap_growth() -> None:
     if _HEAP_BOUNDED:
         return
     _HEAP_BOUNDED = True
-    import ctypes
-    import ctypes.util
-    import os
-    import sys
 
     threshold = int(os.environ.get("CTR_MMAP_THRESHOLD", 4 << 20))  # 0: leave glibc's dynamic threshold
     if not sys.platform.startswith("linux") or threshold <= 0:

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
-
 from torch import nn
 
 from pipelines.config import ModelConfig, from_dict, to_dict
 from pipelines.errors import RegistryError
+from pipelines.model import family as families
 from pipelines.model.base import fingerprint
 
 WEIGHTS = "weights.safetensors"
@@ -33,8 +33,6 @@ def load_base(directory: str | Path, family: str | None = None) -> nn.Module:
     existed) is built. A family that is not built in is code the loader would import, so it loads only
     when the caller expects exactly that one (`family`, from a record outside the artifact store); any
     other mismatch with `family` is refused too, before anything is imported."""
-    from pipelines.model import family as families
-
     d = Path(directory)
     meta = json.loads((d / CONFIG).read_text())
     named = (meta.get("model") or {}).get("family", families.DEFAULT)

@@ -31,7 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
 from torch import nn
+from transformers import BertConfig, BertModel
 
 from pipelines.config import TEXT_FIELDS, ModelConfig, TextConfig
 from pipelines.errors import ConfigError
@@ -65,8 +68,6 @@ def source_dir(text: TextConfig) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str, max_len: int):
-    from tokenizers import Tokenizer
-
     raw = Path(path).read_bytes()
     tok = Tokenizer.from_str(raw.decode())
     pad_id = tok.token_to_id("[PAD]")
@@ -145,7 +146,6 @@ class TextCTRModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        from transformers import BertConfig, BertModel
 
         src = source_dir(cfg.text)
         _, sha, pad_id = tokenizer(cfg.text)  # refuses a tokenizer other than the pinned one
@@ -223,8 +223,6 @@ class TextCTRModel(nn.Module):
 
 def load_pretrained(module: TextCTRModel, cfg: ModelConfig) -> None:
     """The pretrained transformer weights into `module.bert`; every encoder weight must be there."""
-    from safetensors.torch import load_file
-
     path = source_dir(cfg.text) / "model.safetensors"
     if not path.is_file():
         raise ConfigError(f"model.text.source {cfg.text.source!r}: no model.safetensors in {path.parent}")
