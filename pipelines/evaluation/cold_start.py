@@ -17,7 +17,16 @@ import numpy as np
 from pipelines.config import PipelineConfig
 from pipelines.data.cold import base_of, prepare, same_data, slots_of
 from pipelines.errors import PipelineError
+from pipelines.evaluation import report
+from pipelines.evaluation.judge import judge
 from pipelines.metrics import sigmoid
+from pipelines.metrics import summary as metric_summary
+from pipelines.model import adapters, family, features, inference
+from pipelines.model.inference import predict
+from pipelines.registry import mlflow_io, pyfunc
+from pipelines.registry.model_input import predict_pctr
+from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
+from pipelines.registry.pyfunc import load_base_from_registry
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +42,6 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
     The rest of the result is `evaluation.judge`'s, the keys `compare.evaluate` returns (`report`,
     `champion_report`, `delong`, `latency`, `adapter_bytes`, `interference`, ...).
     """
-    from pipelines.evaluation import report
-    from pipelines.evaluation.judge import judge
-    from pipelines.model import features
-    from pipelines.registry import pyfunc
-    from pipelines.registry.model_input import predict_pctr
-
     slot, name = candidate["slot"], candidate["model_name"]
     prep = prepare(cfg, lake_uri, candidate["end_day"], slot, base=base_of(candidate))
     same_data(prep, candidate, "evaluation")
@@ -87,13 +90,6 @@ def evaluate_stage(cfg: PipelineConfig, lake_uri: str, candidate: dict) -> dict:
 def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict, p_student) -> dict:
     """Metric summaries on the held-out rows of the slot champions (as they serve the rows today), the
     no-distillation baseline, the student (`p_student`: through its served pyfunc) and the serving base alone."""
-    from pipelines.metrics import summary as metric_summary
-    from pipelines.registry import mlflow_io
-    from pipelines.model import adapters, family, inference
-    from pipelines.model.inference import predict
-    from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers
-    from pipelines.registry.pyfunc import load_base_from_registry
-
     teachers, _ = load_teachers(cfg, slots_of(cfg, candidate["slot"]), refs=candidate["teachers"], base=prep.base)
     x = family.encode(rows, teachers[None].cfg)
     t_logits, _ = inference.forward_by_group(teachers, x, rows["slot"].astype(str).to_numpy())
@@ -111,9 +107,6 @@ def _score_cold_slice(cfg: PipelineConfig, prep, rows, y, candidate: dict, p_stu
 
 def _score_serving_champion(name: str, rows):
     """(`name`@champion's model version, its pCTRs on the held-out rows); (None, None) on the first run."""
-    from pipelines.registry import mlflow_io, pyfunc
-    from pipelines.registry.model_input import predict_pctr
-
     champion_mv = mlflow_io.version_by_alias(name, "champion")
     if champion_mv is None:
         return None, None
@@ -123,8 +116,6 @@ def _score_serving_champion(name: str, rows):
 def _log_to_run(run_id: str, result: dict) -> None:
     """The cold-slice scores as `eval_<who>_<metric>` on the student's run (`judge` logged the candidate's
     and the champion's), and the whole result as a JSON artifact."""
-    from pipelines.registry import mlflow_io
-
     c = mlflow_io.client()
     for who, m in result["cold_slice"].items():
         for k, v in (m or {}).items():

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import torch
+from safetensors.torch import load_file
 
 from pipelines.metrics import EvaluationInputError
 
@@ -41,15 +43,12 @@ def load_adapter(source) -> dict:
             f"interference: no adapter at {path} (expected a state dict, a directory "
             f"with {ADAPTER_FILE}, or the file itself)"
         )
-    from safetensors.torch import load_file
 
     return load_file(str(path))
 
 
 def _as_numpy(t) -> np.ndarray:
     if hasattr(t, "detach"):  # a torch tensor (bf16 has no numpy dtype: go through float64)
-        import torch
-
         return t.detach().to("cpu", torch.float64).numpy()
     return np.asarray(t, dtype=np.float64)
 

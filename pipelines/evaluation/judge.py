@@ -14,12 +14,19 @@ optional), never as a number that would pass.
 
 from __future__ import annotations
 
+import json
 import tempfile
 
 import numpy as np
 import pandas as pd
 
 from pipelines.config import PipelineConfig
+from pipelines.evaluation import report
+from pipelines.evaluation.interference import adapter_interference
+from pipelines.evaluation.latency import directory_bytes, pyfunc_latency
+from pipelines.evaluation.slices import compare_predictions
+from pipelines.registry import mlflow_io
+from pipelines.registry.models import sibling_champions
 
 # A group's TPR on 15 clicks has a standard error near 0.13: gaps between groups that small are noise
 # that the gate would act on. Smaller groups are reported as not included (with the reason).
@@ -50,11 +57,6 @@ def judge(
     under `artifact_dir` of the training run, the metrics as `<metric_prefix>_*` at `step` (a judged day's:
     the candidate's shadow metrics, one point per day it waits).
     """
-    from pipelines.evaluation import report
-    from pipelines.evaluation.latency import directory_bytes, pyfunc_latency
-    from pipelines.evaluation.slices import compare_predictions
-    from pipelines.registry import mlflow_io
-
     y = rows["label"].to_numpy(dtype=np.float64)
     comparison = compare_predictions(
         rows, y, preds["candidate"], preds.get("champion"), cold_mask=cold, fairness_min_rows=FAIRNESS_MIN_ROWS
@@ -117,17 +119,12 @@ def _summary(candidate: dict, comparison: dict, champion_mv, holdout_rows: int, 
 
 
 def _adapter_dir(model_uri: str, where: str) -> str:
-    from pipelines.registry import mlflow_io
-
     return mlflow_io.download_artifacts(artifact_uri=model_uri, dst_path=where) + "/artifacts/adapter"
 
 
 def interference(cfg: PipelineConfig, candidate: dict, tmp: str) -> dict:
     """|cos| between the candidate's LoRA updates and those of the other slots' serving champions on the
     same base (the ones an orthogonality penalty trains against; another base's adapters never serve with it)."""
-    from pipelines.evaluation.interference import adapter_interference
-    from pipelines.registry.models import sibling_champions
-
     dirs = {
         "candidate": _adapter_dir(candidate["model_uri"], f"{tmp}/candidate"),
         **sibling_champions(cfg, candidate["model_name"], tmp, base_fingerprint=candidate["base"]["fingerprint"]),
@@ -160,14 +157,10 @@ def compact(comparison: dict, who: str) -> dict | None:
 
 
 def _json_safe(obj):
-    import json
-
     return json.loads(json.dumps(obj, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
 def _log_metrics(run_id: str, result: dict, prefix: str = "eval", step: int | None = None) -> None:
-    from pipelines.registry import mlflow_io
-
     metrics = {}
     for who in ("candidate", "champion"):
         for k, v in (result[who] or {}).items():

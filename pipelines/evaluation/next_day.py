@@ -23,7 +23,12 @@ import pandas as pd
 from pipelines.config import PipelineConfig
 from pipelines.evaluation import timeline
 from pipelines.evaluation.compare import SLICE_COLUMNS, _compact, _user_keys
+from pipelines.evaluation.judge import judge
 from pipelines.evaluation.timeline import day_step
+from pipelines.metrics import paired_differences
+from pipelines.model.stream import LakeIndex
+from pipelines.registry import mlflow_io, pyfunc
+from pipelines.registry.model_input import predict_pctr
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +45,6 @@ def evaluate_day(
     """The evaluation of waiting `model` v`version` on validated `day`'s rows of its slot beside `@champion` (or
     beside v`against`; `alone`: beside nothing, as a first version), with `judged_day` and `evidence` ({"n",
     "total", "total_sq"}; None with nothing to compare with); None when the day has no row of it."""
-    from pipelines.evaluation.judge import judge
-    from pipelines.model.stream import LakeIndex
-    from pipelines.registry import mlflow_io, pyfunc
-
     mv = mlflow_io.get_version(model, version)
     slot = mv.tags["slot"]
     # the rows it trains on, as the holdout does: its slot's, or every slot's with lora.train_rows: all
@@ -85,8 +86,6 @@ def evaluate_day(
     )
     evidence = None
     if "champion" in preds:
-        from pipelines.metrics import paired_differences
-
         d = paired_differences(rows["label"].to_numpy(dtype=np.float64), preds["champion"], preds["candidate"])
         evidence = {"n": int(len(d)), "total": float(d.sum()), "total_sq": float((d * d).sum())}
     # beside a champion it replaced (`against`), that one serves no more: only the judged version is on the line
@@ -111,8 +110,6 @@ def _fmt(v) -> str:
 
 def _score(index, models: dict) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """(slice columns, {name: pCTRs}, the first 64 rows with every column) of the index's rows."""
-    from pipelines.registry.model_input import predict_pctr
-
     parts, preds, sample = [], {k: [] for k in models}, None
     for frame in index.frames(0, index.rows, 262_144):
         sample = frame.head(64) if sample is None else sample
@@ -125,8 +122,6 @@ def _score(index, models: dict) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
 
 def _cold(cfg: PipelineConfig, lake_uri: str, trained_through: str, slot: str, rows: pd.DataFrame) -> np.ndarray:
     """Rows whose user had fewer than `cold_start.min_impressions` impressions in the candidate's window."""
-    from pipelines.model.stream import LakeIndex
-
     window = LakeIndex(
         lake_uri, trained_through, days=cfg.lora.window_days, slot=slot if cfg.lora.train_rows == "slot" else None
     )

@@ -13,7 +13,12 @@ import html
 import math
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from pipelines.metrics import check_result
 
 _OVERALL_KEYS = ("auc", "logloss", "ne", "calibration_ratio", "ece", "ctr", "mean_pctr", "rows")
 _WHO = ("candidate", "champion")
@@ -166,10 +171,7 @@ def format_table(comparison: dict) -> str:
 
 # ----------------------------------------------------------------------------- plots
 def _pyplot():
-    import matplotlib
-
     matplotlib.use("Agg")  # headless workers; must precede the pyplot import
-    import matplotlib.pyplot as plt
 
     return plt
 
@@ -183,8 +185,6 @@ def _save(fig, path: Path) -> str:
 
 def plot_gate(decision: dict, path: Path) -> str:
     """The gate decision as a picture: one row per check, green pass / red fail, value vs threshold."""
-    from pipelines.metrics import check_result
-
     plt = _pyplot()
     checks = decision["checks"]
     rows = [[c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c)] for c in checks]
@@ -209,8 +209,6 @@ def plot_gate(decision: dict, path: Path) -> str:
 
 def plot_roc(y, scores: dict[str, np.ndarray], path: Path) -> str | None:
     """ROC curve per named score vector; None when the labels hold a single class (no curve)."""
-    from sklearn.metrics import roc_auc_score, roc_curve
-
     y = np.asarray(y, dtype=np.float64).ravel()
     if len(y) == 0 or y.min() == y.max():
         return None

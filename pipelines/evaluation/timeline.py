@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from mlflow.entities import Metric, RunStatus
+
 from pipelines.registry import mlflow_io
 
 EXPERIMENT = "ctr-slot-timeline"
@@ -43,8 +45,6 @@ def points(day: str, figures: dict[str, dict | None], versions: dict[str, str]) 
 def record(model: str, slot: str, day: str, judged: list[tuple[str, dict | None]]) -> str:
     """Add `day` to `model`'s timeline: each (version, figures) of `judged`, labelled by what the version is now
     (`champion`, `canary`, else `candidate`; the caller leaves out a replaced champion). Returns the run's id."""
-    from mlflow.entities import Metric, RunStatus
-
     serving = {
         alias: str(mv.version)
         for alias in ("champion", "canary")

@@ -14,6 +14,7 @@ import datetime as dt
 import json
 
 from pipelines.registry import mlflow_io
+from pipelines.registry.history import history
 from pipelines.registry.lock import registry_lock
 
 BEGIN, END = "<!-- ctr-lora-ops: what serves -->", "<!-- /ctr-lora-ops: what serves -->"
@@ -100,8 +101,6 @@ def publish(model: str) -> str:
 
 
 def _publish(model: str) -> str:
-    from pipelines.registry.history import history
-
     c = mlflow_io.client()
     rm = c.get_registered_model(model)
     moves = {}

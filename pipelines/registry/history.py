@@ -19,6 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+import mlflow
+
 from pipelines.registry import mlflow_io
 
 HISTORY_EXPERIMENT = "ctr-alias-history"
@@ -90,8 +92,6 @@ def outcome(entry: dict, alias_now: str | None) -> str | None:
 
 def entries(model: str, alias: str | None = None) -> list[dict]:
     """Every entry of model@alias (every alias with alias=None) whatever its status, oldest first."""
-    import mlflow
-
     if mlflow.get_experiment_by_name(HISTORY_EXPERIMENT) is None:
         return []
     where = f"tags.model = '{model}'" + (f" and tags.alias = '{alias}'" if alias else "")

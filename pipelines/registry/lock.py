@@ -30,6 +30,7 @@ exclude each other.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -37,6 +38,11 @@ import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
+
+import mlflow
+import redis
+import sqlalchemy as sa
+from redis.lock import Lock
 
 from pipelines.errors import PromotionError
 
@@ -63,8 +69,6 @@ def redacted(url: str) -> str:
 def backend() -> tuple[str, str]:
     """(kind, location) of the lock alias moves take now: ("postgresql", URL), ("redis", URL) or
     ("file", the SQLite database's path). Raises PromotionError when there is none that holds across machines."""
-    import mlflow
-
     url = os.environ.get(LOCK_URL_ENV, "").strip()
     if url:
         scheme = urlparse(url).scheme.lower()
@@ -93,8 +97,6 @@ def backend() -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _file_lock(path: Path, timeout_s: float):
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
         deadline = time.monotonic() + timeout_s
@@ -114,8 +116,6 @@ def _file_lock(path: Path, timeout_s: float):
 
 @contextlib.contextmanager
 def _pg_lock(uri: str, name: str, timeout_s: float):
-    import sqlalchemy as sa
-
     if uri not in _engines:
         _engines[uri] = sa.create_engine(uri, poolclass=sa.pool.NullPool)
     try:
@@ -140,9 +140,6 @@ def _pg_lock(uri: str, name: str, timeout_s: float):
 
 def _redis_acquire(url: str, name: str, timeout_s: float):
     """(client, held Lock) or PromotionError. thread_local=False: the renewal thread needs the token."""
-    import redis
-    from redis.lock import Lock
-
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
     lock = Lock(
         client,
@@ -169,8 +166,6 @@ def _redis_acquire(url: str, name: str, timeout_s: float):
 
 @contextlib.contextmanager
 def _redis_lock(url: str, name: str, timeout_s: float):
-    import redis
-
     client, lock = _redis_acquire(url, name, timeout_s)
     stop, lost = threading.Event(), []
 

@@ -26,13 +26,21 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+import mlflow
+import mlflow.artifacts
 import numpy as np
 import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature, infer_signature
+from mlflow.store.artifact.utils.models import _parse_model_id_if_present
+from mlflow.types.schema import ColSpec, Schema
 
-from pipelines.config import REPO_ROOT
+from pipelines.config import REPO_ROOT, ModelConfig
 from pipelines.data.lake import S3_MAX_ATTEMPTS
-from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.data.schema import FEATURE_FIELDS, OPTIONAL
 from pipelines.errors import RegistryError
+from pipelines.registry import integrity, runs
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +87,10 @@ configure_http_retries()
 
 
 def client():
-    from mlflow import MlflowClient
-
     return MlflowClient()
 
 
 def ensure_experiment(name: str) -> str:
-    import mlflow
-
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -176,7 +180,7 @@ def input_example(frame: pd.DataFrame, model_cfg=None, rows: int = 5) -> pd.Data
     (registry.model_input), so a text family's columns must be in it."""
     cols = list(FEATURE_FIELDS)
     if model_cfg is not None:
-        from pipelines.model import family
+        from pipelines.model import family  # noqa: PLC0415  torch: status, history read the registry here
 
         required, optional = family.columns(model_cfg)
         # every optional column the family reads, present or not: one left out of the signature would be
@@ -204,10 +208,7 @@ def log_ctr_model(
     weight fingerprint) goes into meta.json and onto the logged model as tags, which `register`
     copies onto the version; an adapter's hashes also onto the run (tag `adapter.sha256`).
     """
-    import mlflow
-
-    from pipelines.registry import integrity
-    from pipelines.registry.pyfunc import MODEL_FILE, TRUST_KEY
+    from pipelines.registry.pyfunc import MODEL_FILE, TRUST_KEY  # noqa: PLC0415  torch: status, history read the registry here
 
     meta = _with_hashes(meta, base_dir, adapter_dir)
     record = integrity.record(meta)
@@ -241,13 +242,6 @@ def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
     """How MLflow learns the model's input: from the example, which it scores through the untrusted load
     path to infer the output too; a base of a family that is not built in does not load that way (its
     code loads only on the registry's word, pyfunc.load), so it gets the input signature alone."""
-    from pipelines.registry import integrity
-
-    from mlflow.models import infer_signature
-
-    from pipelines.config import ModelConfig
-    from pipelines.data.schema import OPTIONAL
-
     family = (meta.get("model") or {}).get("family") or integrity.DEFAULT_FAMILY
     optional = [c for c in example.columns if c in OPTIONAL]
     if meta.get("kind") == "base" and family not in ModelConfig.FAMILIES:
@@ -264,9 +258,6 @@ def _example_or_signature(meta: dict, example: pd.DataFrame) -> dict:
 
 def _optional(signature, columns: list[str]):
     """`signature` with `columns` of its inputs marked not required."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema
-
     inputs = Schema([ColSpec(c.type, c.name, required=c.name not in columns) for c in signature.inputs.inputs])
     return ModelSignature(inputs=inputs, outputs=signature.outputs, params=signature.params)
 
@@ -274,13 +265,11 @@ def _optional(signature, columns: list[str]):
 def _with_hashes(meta: dict, base_dir: str | None, adapter_dir: str | None) -> dict:
     """meta plus what the files being logged hash to: `adapter_files`, or a base's `fingerprint`
     (recomputed from the files, so the record describes exactly the bytes that are logged)."""
-    from pipelines.registry import integrity
-
     if meta.get("kind") == "adapter" and adapter_dir:
         return {**meta, "adapter_files": integrity.file_hashes(adapter_dir)}
     if meta.get("kind") == "base" and base_dir:
-        from pipelines.model import store
-        from pipelines.model.base import fingerprint
+        from pipelines.model import store  # noqa: PLC0415  torch: status, history read the registry here
+        from pipelines.model.base import fingerprint  # noqa: PLC0415  torch: status, history read the registry here
 
         # the family the caller trained (meta), not whatever the directory's config names
         family = (meta.get("model") or {}).get("family", "feature_transformer")
@@ -298,10 +287,6 @@ def register(model_uri: str, name: str, tags: dict, alias: str | None = None, ru
     loading it is checked against; a tag in `tags` that contradicts that record is refused. In an Airflow
     task it carries that task instance's `airflow.*` tags too (`runs.airflow_tags`).
     """
-    from mlflow.store.artifact.utils.models import _parse_model_id_if_present
-
-    from pipelines.registry import runs
-
     c = client()
     # A tracking server (HTTP) accepts a `models:/m-...` source only together with the logged model's
     # id; a directly opened store accepts either. Passing the id always keeps the lineage link too.
@@ -325,8 +310,6 @@ def register(model_uri: str, name: str, tags: dict, alias: str | None = None, ru
 def _with_record(c, model_id: str | None, tags: dict[str, str], what: str) -> dict[str, str]:
     """`tags` plus the integrity record of logged model `model_id` (none for models logged before it
     was recorded on logged models, and for sources that are not logged models)."""
-    from pipelines.registry import integrity
-
     if model_id is None:
         return tags
     recorded = integrity.of_tags(c.get_logged_model(model_id).tags)
@@ -342,8 +325,6 @@ def _with_record(c, model_id: str | None, tags: dict[str, str], what: str) -> di
 def version_by_alias(name: str, alias: str):
     """The ModelVersion behind name@alias, or None when the model or alias does not exist. A registry
     that cannot be reached raises (MlflowException): an outage must never read as "no champion"."""
-    from mlflow.exceptions import MlflowException
-
     try:
         return client().get_model_version_by_alias(name, alias)
     except MlflowException as exc:
@@ -353,8 +334,6 @@ def version_by_alias(name: str, alias: str):
 
 
 def get_version(name: str, version: str):
-    from mlflow.exceptions import MlflowException
-
     try:
         return client().get_model_version(name, str(version))
     except MlflowException as exc:
@@ -367,9 +346,6 @@ def download_artifacts(**kwargs) -> str:
     """`mlflow.artifacts.download_artifacts(**kwargs)`, run again when it fails (DOWNLOAD_ATTEMPTS in all,
     ~1 then ~2 s apart): a body cut off mid-stream. An artifact that is really missing fails every
     time and is raised after the last attempt; a bad argument, alias or credential (_FINAL) at once."""
-    import mlflow.artifacts
-    from mlflow.exceptions import MlflowException
-
     for attempt in range(1, DOWNLOAD_ATTEMPTS):
         try:
             return mlflow.artifacts.download_artifacts(**kwargs)

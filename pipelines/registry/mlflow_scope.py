@@ -24,6 +24,10 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
+import mlflow
+from mlflow.tracking._model_registry import utils as registry_utils
+from mlflow.tracking._tracking_service import utils as tracking_utils
+
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 REGISTRY_URI_ENV = "MLFLOW_REGISTRY_URI"
 
@@ -60,8 +64,6 @@ def temporary_mlflow(
 
     A variable that code inside sets without being named here (mlflow.set_experiment exports
     MLFLOW_EXPERIMENT_ID) stays set: name it in `env` (None) to have it put back."""
-    import mlflow
-
     registry_uri = registry_uri or tracking_uri
     saved_tracking, saved_registry = _uri_globals()
     # outermost, so the variables are put back after the setters below have overwritten them
@@ -79,9 +81,6 @@ def _uri_globals() -> tuple[str | None, str | None]:
     """MLflow's tracking and registry URI globals, None where unset. Private attributes, read only: the
     public getters fall back to the environment and a default, so they cannot tell "unset" (module
     docstring); checked against MLflow 3.17 by tests/pipelines/registry/test_mlflow_scope.py."""
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
     return tracking_utils._tracking_uri, registry_utils._registry_uri
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 
+from pipelines.metrics import check_result
+from pipelines.registry import mlflow_io
+
 # MLflow keeps a version description in one database column; a card is a summary, so cap it.
 MAX_DESCRIPTION = 5000
 
@@ -37,8 +40,6 @@ def _metrics_rows(
 
 
 def render(name: str, version: str, tags: dict, evaluation: dict | None = None, decision: dict | None = None) -> str:
-    from pipelines.metrics import check_result  # the gate table's wording, shared with the gate and the report
-
     t = tags
     lines = [f"# {name} v{version}", ""]
     lines += ["## Trained on", ""]
@@ -126,8 +127,6 @@ def render(name: str, version: str, tags: dict, evaluation: dict | None = None, 
 
 def publish(name: str, version: str, evaluation: dict | None = None, decision: dict | None = None) -> str:
     """Render the card from the version's current tags and store it (description + run artifact)."""
-    from pipelines.registry import mlflow_io
-
     c = mlflow_io.client()
     mv = c.get_model_version(name, str(version))
     if evaluation is None and mv.tags.get("eval.candidate"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pipelines.config import PipelineConfig
 from pipelines.errors import PipelineError
+from pipelines.registry import integrity, mlflow_io, pyfunc
+from pipelines.registry.pyfunc import load_base_from_registry
 
 BASELINE_ARTIFACT = "baseline_adapter"  # the cold-start baseline's adapter, an artifact of the student's run
 
@@ -15,13 +17,10 @@ BASELINE_ARTIFACT = "baseline_adapter"  # the cold-start baseline's adapter, an 
 def serving_base(cfg: PipelineConfig, *, with_cutoff: bool = False) -> dict:
     """ctr_base@champion: name, version, fingerprint and model family (what adapters are trained on and served with),
     and with `with_cutoff` its training cutoff (the `data.last` tag), which cold start needs."""
-    from pipelines.registry import mlflow_io
-
     name = cfg.registry.base_model_name
     mv = mlflow_io.version_by_alias(name, "champion")
     if mv is None:
         raise PipelineError(f"no serving base model: {name}@champion is not set; run the ctr_base_model DAG first")
-    from pipelines.registry import integrity
 
     out = {
         "name": name,
@@ -41,8 +40,6 @@ def sibling_champions(
 ) -> dict[str, str]:
     """{"<name>:<version>": local adapter directory} of the other slots' @champion adapters (not
     `model_name`'s), downloaded under `dst`. With `base_fingerprint`, only champions trained on that base."""
-    from pipelines.registry import mlflow_io
-
     out = {}
     for slot in cfg.data.slots:
         name = cfg.adapter_model_name(slot)
@@ -61,9 +58,6 @@ def load_teachers(cfg: PipelineConfig, slots, refs: dict | None = None, base: di
     the recorded versions are loaded, not the current aliases, so every task sees the same teacher;
     `base` likewise (default: the serving base).
     """
-    from pipelines.registry import mlflow_io, pyfunc
-    from pipelines.registry.pyfunc import load_base_from_registry
-
     base = base or serving_base(cfg, with_cutoff=True)
     models: dict = {None: load_base_from_registry(base["name"], base["version"], base["fingerprint"])}
     out_refs = {}

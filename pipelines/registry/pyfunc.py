@@ -26,9 +26,15 @@ from pathlib import Path
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import Model
 
 from pipelines.errors import RegistryError
-from pipelines.registry import integrity
+from pipelines.model import adapters, store
+from pipelines.model.base import fingerprint
+from pipelines.model.family import columns, encode
+from pipelines.model.inference import predict
+from pipelines.registry import integrity, mlflow_io
 
 # The model_config key through which `load` hands the registry's record to `load_context`. Logged
 # with value None so that MLflow accepts it as an override at load time (it ignores unknown keys).
@@ -46,10 +52,6 @@ def load_base_from_registry(name: str, version: str, expected_fingerprint: str |
     """The frozen CTRModel of registered version `name`/`version`. Its weights must hash to the
     fingerprint the registry records on that version, and to `expected_fingerprint` (what an adapter
     was trained on) when given."""
-    from pipelines.model import store
-    from pipelines.model.base import fingerprint
-    from pipelines.registry import mlflow_io
-
     what = f"base {name} v{version}"
     rec = integrity.of_tags(mlflow_io.get_version(name, version).tags)
     recorded = integrity.required(rec, integrity.FINGERPRINT_TAG, what)
@@ -81,9 +83,6 @@ class CTRPyfunc(mlflow.pyfunc.PythonModel):
         self._cfg = self.model.cfg if hasattr(self.model, "cfg") else self.model.get_base_model().cfg
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
-        from pipelines.model.family import columns, encode
-        from pipelines.model.inference import predict
-
         missing = [c for c in columns(self._cfg)[0] if c not in model_input.columns]
         if missing:
             raise RegistryError(f"input is missing feature columns {missing}")
@@ -130,9 +129,6 @@ def _from_meta(meta: dict) -> dict:
 
 
 def _load_checked(meta: dict, artifacts: dict, expected: dict):
-    from pipelines.model import adapters, store
-    from pipelines.model.base import fingerprint
-
     what = expected["what"]
     key = "base" if meta.get("kind") == "base" else "adapter"
     if not artifacts.get(key):
@@ -157,8 +153,6 @@ def load(model_uri: str) -> mlflow.pyfunc.PyFuncModel:
     models-from-code) are never executed. RegistryError when the registry holds no complete record
     or the files differ from it.
     """
-    from pipelines.registry import mlflow_io
-
     pinned, rec = registry_record(model_uri)
     with tempfile.TemporaryDirectory() as tmp:  # everything is in memory once loaded
         try:
@@ -171,10 +165,6 @@ def load(model_uri: str) -> mlflow.pyfunc.PyFuncModel:
 
 def registry_record(model_uri: str) -> tuple[str, dict]:
     """(the URI to download, the integrity record the registry holds for it, plus "what": its name)."""
-    from mlflow.exceptions import MlflowException
-
-    from pipelines.registry import mlflow_io
-
     m = _URI.match(model_uri)
     if m is None:
         raise RegistryError(
@@ -207,8 +197,6 @@ def _use_installed_code(local: Path, what: str) -> None:
     shipped `code/` directory; MLflow would run each of them before `load_context` checks anything.
     Kept from the stored flavor: only the environment entries, which no local load executes.
     """
-    from mlflow.models import Model
-
     try:
         model = Model.load(str(local / "MLmodel"))
     except Exception as exc:

@@ -16,6 +16,7 @@ import json
 import logging
 
 from pipelines.config import PipelineConfig
+from pipelines.registry import description, integrity, mlflow_io, model_card
 from pipelines.registry.lock import registry_lock
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ def registration_key(name: str, candidate: dict, code_version: str) -> str:
 
 
 def lineage_tags(candidate: dict, evaluation: dict, code_version: str | None = None) -> dict:
-    from pipelines.registry import integrity, mlflow_io
-
     d, b = candidate["data"], candidate["base"]
     code = code_version or mlflow_io.code_version()
     run_tags = mlflow_io.client().get_run(candidate["run_id"]).data.tags
@@ -77,15 +76,11 @@ def _evaluation_tags(evaluation: dict, trained_through: str) -> dict:
 
 def find_registered(name: str, key: str):
     """The version of `name` carrying registration key `key`, or None."""
-    from pipelines.registry import mlflow_io
-
     found = mlflow_io.client().search_model_versions(f"name = '{name}' and tags.`{KEY_TAG}` = '{key}'")
     return min(found, key=lambda mv: int(mv.version)) if found else None
 
 
 def register(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
-    from pipelines.registry import description, mlflow_io, model_card
-
     name = candidate["model_name"]
     tags = lineage_tags(candidate, evaluation)
     existing = find_registered(name, tags[KEY_TAG])
@@ -124,8 +119,6 @@ def complete_registration(name: str, version: str, evaluation: dict) -> None:
     alias only while the version still waits for its gate (a gated version has moved on, and a newer
     candidate may hold the alias by now), the card only when the version has none.
     """
-    from pipelines.registry import mlflow_io, model_card
-
     mv = mlflow_io.get_version(name, version)  # with aliases and description (a search may omit them)
     if mv.tags.get("gate.passed") == "pending" and "candidate" not in (mv.aliases or []):
         log.info("%s v%s: registered without its @candidate alias (interrupted): setting it", name, version)

@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator, Mapping
 from urllib.parse import quote
 
+import mlflow
+
 log = logging.getLogger(__name__)
 
 # AIRFLOW_CTX_MAP_INDEX (a mapped instance's index) and CTR_CELERY_WORKER (the Celery node that ran it) are set
@@ -51,8 +53,6 @@ def start_run(experiment_id: str, run_name: str, nested: bool = False) -> Iterat
     """`mlflow.start_run` for a stage: the task instance's tags, the previous try's run (when this is a retry),
     and on an exception the run ends FAILED (MLflow's own exit) with the error in the `error` tag. Not
     `set_experiment`: it exports MLFLOW_EXPERIMENT_ID to every later run of the process."""
-    import mlflow
-
     tags = airflow_tags()
     previous = _previous_try(experiment_id, run_name, tags)
     if previous:
@@ -78,7 +78,6 @@ def _previous_try(experiment_id: str, run_name: str, tags: dict[str, str]) -> st
     wanted["airflow.try_number"] = str(attempt - 1)
     if any("'" in v for v in [*wanted.values(), run_name]):
         return None  # not expressible in MLflow's filter syntax; the tags still tell the tries apart
-    import mlflow
 
     where = " and ".join([*(f"tags.`{k}` = '{v}'" for k, v in wanted.items()), f"attributes.run_name = '{run_name}'"])
     found = mlflow.search_runs(

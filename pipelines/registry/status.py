@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 from pipelines.config import PipelineConfig
+from pipelines.registry import history, mlflow_io
+from pipelines.registry.integrity import FINGERPRINT_TAG
 
 
 def model_status(name: str) -> dict:
-    from pipelines.registry import history, mlflow_io
-
     c = mlflow_io.client()
     rm = c.get_registered_model(name)
     versions = []
@@ -50,9 +50,6 @@ def adapters_on_other_bases(base_name: str, fingerprint: str) -> list[dict]:
     version of `base_name` whose fingerprint is not `fingerprint`: what a move of `base_name@champion`
     to that fingerprint makes incompatible (they must be retrained on it). Sorted by model and alias.
     Other base models (a version with its own `fingerprint`) are not adapters and are left out."""
-    from pipelines.registry import mlflow_io
-    from pipelines.registry.integrity import FINGERPRINT_TAG
-
     c = mlflow_io.client()
     out, token = [], None
     while True:  # every page: a registry with more models than one page holds must not hide any
@@ -93,8 +90,6 @@ def _float(v):
 
 
 def status(cfg: PipelineConfig) -> list[dict]:
-    from pipelines.registry import mlflow_io
-
     names = (
         [cfg.registry.base_model_name]
         + [cfg.adapter_model_name(s) for s in cfg.data.slots]

@@ -9,6 +9,8 @@ import numpy as np
 from torch import nn
 
 from pipelines.config import BaseTrainConfig
+from pipelines.training.loop import LoopSettings, seed_everything, train
+from pipelines.training.wide import choose_l2, fit_wide, freeze_wide
 
 
 def fit_base(
@@ -23,9 +25,6 @@ def fit_base(
 ) -> dict:
     """Train `model` (fresh, pretrained weights loaded) on the rows as `bt` says; returns
     {"wide": the LR fit's report or None, "history": the loop's per-epoch metrics}."""
-    from pipelines.training.loop import LoopSettings, seed_everything, train
-    from pipelines.training.wide import choose_l2, fit_wide, freeze_wide
-
     seed_everything(bt.seed)
     wide = None
     if bt.wide_l2 > 0:

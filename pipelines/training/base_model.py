@@ -12,21 +12,23 @@ from __future__ import annotations
 import logging
 import tempfile
 
+import mlflow
+import numpy as np
+
 from pipelines.config import PipelineConfig, config_hash, to_dict
+from pipelines.data.splits import load_split
+from pipelines.metrics import summary
+from pipelines.model import family, features, store
+from pipelines.model.inference import predict
+from pipelines.registry import mlflow_io, runs
+from pipelines.registry.pyfunc import load_base_from_registry
+from pipelines.training.base_fit import fit_base
+from pipelines.training.loop import seed_everything
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
-    import mlflow
-
-    from pipelines.metrics import summary
-    from pipelines.model import family, features, store
-    from pipelines.registry import mlflow_io, runs
-    from pipelines.data.splits import load_split
-    from pipelines.model.inference import predict
-    from pipelines.training.base_fit import fit_base
-
     bt = cfg.base_training
     split = load_split(lake_uri, cutoff_day, bt.holdout_fraction, start_day=bt.train_start, min_rows=100)
     fam = family.resolve(cfg.model.family)
@@ -92,8 +94,6 @@ def train(cfg: PipelineConfig, lake_uri: str, cutoff_day: str) -> dict:
 
 
 def _fresh_model(fam, cfg: PipelineConfig):
-    from pipelines.training.loop import seed_everything
-
     seed_everything(cfg.base_training.seed)
     model = fam.build(cfg.model)
     fam.load_pretrained(model, cfg.model)
@@ -104,11 +104,6 @@ def _refit_all_rows(fam, cfg: PipelineConfig, tokens: tuple, labels: tuple):
     """The recipe again, from a fresh model and the same seed, on the training rows and the holdout
     together (its wide L2 chosen again, on the newest of those rows); its epoch losses are logged as
     `refit_*`. The gate's evidence stays the holdout run's."""
-    import mlflow
-    import numpy as np
-
-    from pipelines.training.base_fit import fit_base
-
     model = _fresh_model(fam, cfg)
     x, y = np.concatenate(tokens), np.concatenate(labels)
     fitted = fit_base(
@@ -128,12 +123,6 @@ def _against_serving_base(cfg: PipelineConfig, holdout, y_ho, metrics: dict) -> 
     serving base's (`<base>@champion`, loaded and checked against its registry fingerprint) on the same
     rows, each encoded with its own model config. No serving base: `champion` is None (a first base).
     A serving base that cannot be loaded raises: it is never read as "there is none"."""
-    from pipelines.metrics import summary
-    from pipelines.model import family
-    from pipelines.model.inference import predict
-    from pipelines.registry import mlflow_io
-    from pipelines.registry.pyfunc import load_base_from_registry
-
     name = cfg.registry.base_model_name
     serving = mlflow_io.version_by_alias(name, "champion")
     champion = None

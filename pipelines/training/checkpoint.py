@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import random
@@ -158,6 +159,4 @@ class CheckpointStore:
 
 def key_digest(key: dict) -> str:
     """Short hash of a run key, for log lines."""
-    import json
-
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -35,22 +35,26 @@ from __future__ import annotations
 import logging
 import tempfile
 
+import mlflow
 import numpy as np
+import torch
+from peft import LoraConfig, get_peft_model
 
 from pipelines.config import ColdStartConfig, LoraShape, PipelineConfig, config_hash, to_dict
 from pipelines.data.cold import ALL, base_of, describe, prepare, same_data, slots_of
-from pipelines.metrics import sigmoid
+from pipelines.metrics import logloss, sigmoid
+from pipelines.model import family, features, inference
+from pipelines.registry import mlflow_io, runs
 from pipelines.registry.models import BASELINE_ARTIFACT, load_teachers, serving_base
+from pipelines.registry.pyfunc import load_base_from_registry
+from pipelines.training import distill as D
+from pipelines.training.loop import seed_everything
 
 log = logging.getLogger(__name__)
 
 
 def student_for(base, cs: LoraShape, seed: int):
     """base + a fresh LoRA adapter with the cold-start shape (PEFT default init: A kaiming, B = 0)."""
-    from peft import LoraConfig, get_peft_model
-
-    from pipelines.training.loop import seed_everything
-
     seed_everything(seed)
     base.requires_grad_(False)
     return get_peft_model(
@@ -63,10 +67,6 @@ def init_student(student, cs: ColdStartConfig, transfer_tokens: np.ndarray) -> d
     """Apply `cs.init` to a fresh student and describe it (for the run): "covariance" sets LoRA A from
     the covariance of the transfer users' embeddings and records how much of its variance the r
     directions explain; "default" keeps PEFT's init."""
-    import torch
-
-    from pipelines.training import distill as D
-
     init = {"init": cs.init}
     if cs.init == "covariance":
         emb, counts = D.user_embedding_rows(student, transfer_tokens[:, 0])
@@ -86,9 +86,6 @@ def choose_teacher(
 ) -> dict:
     """Which model teaches: the slot champions (`teachers`), or the serving base (`teachers[None]`)
     when `fallback` and the base has the lower logloss on the labelled cold rows."""
-    from pipelines.metrics import logloss
-    from pipelines.model import inference
-
     champ, _ = inference.forward_by_group(teachers, x_labelled, slots)
     base, _ = inference.forward_by_group({None: teachers[None]}, x_labelled, slots)
     ll = {"champions": logloss(y_labelled, sigmoid(champ)), "base": logloss(y_labelled, sigmoid(base))}
@@ -123,9 +120,6 @@ def distill_stage(
     The student is logged as the CTR pyfunc (base reference + adapter), the baseline's adapter as
     the run artifact `baseline_adapter/`. Returns the candidate dict that evaluate / register take.
     """
-    from pipelines.registry import mlflow_io, runs
-    from pipelines.training import distill as D
-
     cs = cfg.cold_start
     prep = prepare(cfg, lake_uri, end_day, slot, base_of(detected) if detected else serving_base(cfg, with_cutoff=True))
     same_data(prep, detected, "distillation")
@@ -168,8 +162,6 @@ def distill_stage(
 
 
 def _registered_base(ref: dict):
-    from pipelines.registry.pyfunc import load_base_from_registry
-
     return load_base_from_registry(ref["name"], ref["version"], ref["fingerprint"])
 
 
@@ -177,9 +169,6 @@ def _teacher_outputs(cfg: PipelineConfig, prep, slot: str):
     """((labelled tokens, labels), the transfer set with the chosen teacher's logits and pooled
     representations, the teacher choice, the teachers' registry refs). The teachers themselves are
     not returned: training needs only their outputs, and they hold a model per slot in memory."""
-    from pipelines.model import family, features, inference
-    from pipelines.training import distill as D
-
     sp = prep.split
     teachers, teacher_refs = load_teachers(cfg, slots_of(cfg, slot), base=prep.base)
     mcfg = teachers[None].cfg
@@ -196,8 +185,6 @@ def _teacher_outputs(cfg: PipelineConfig, prep, slot: str):
 
 def _distill_settings(cfg: PipelineConfig):
     """The student's settings (cold_start.*), and the baseline's: the standard adapter recipe (lora.*), BCE only."""
-    from pipelines.training import distill as D
-
     cs, lc = cfg.cold_start, cfg.lora
     student = D.DistillSettings(
         cs.epochs,
@@ -226,10 +213,6 @@ def _log_inputs(
     cfg: PipelineConfig, slot: str, end_day: str, prep, summary: dict, teacher: dict, teacher_refs: dict, init: dict
 ) -> None:
     """Tags, params, sizes and the detection / lineage records of the run, before training."""
-    import mlflow
-
-    from pipelines.registry import mlflow_io
-
     cs, lc, base_ref = cfg.cold_start, cfg.lora, summary["base"]
     mlflow.set_tags(
         {
@@ -267,18 +250,12 @@ def _log_inputs(
 
 def _epoch_logger(prefix: str = ""):
     """An `on_epoch` callback: the epoch's metrics (names prefixed) into the active run, at step = epoch."""
-    import mlflow
-
     return lambda m: mlflow.log_metrics({f"{prefix}{k}": v for k, v in m.items() if k != "epoch"}, step=m["epoch"])
 
 
 def _log_models(student, baseline, slot: str, base_ref: dict, cs: LoraShape, holdout):
     """The student as the run's CTR pyfunc model (base reference + adapter), the baseline's adapter as
     the artifact BASELINE_ARTIFACT; returns the student's ModelInfo."""
-    import mlflow
-
-    from pipelines.registry import mlflow_io
-
     with tempfile.TemporaryDirectory() as tmp:
         student.save_pretrained(f"{tmp}/student")
         baseline.save_pretrained(f"{tmp}/{BASELINE_ARTIFACT}")

@@ -38,10 +38,13 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
+from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from pipelines.config import LossWeights
-from pipelines.model.inference import unwrap_peft, logits_and_pooled
+from pipelines.metrics import auc, logloss
+from pipelines.model.inference import configure_threads, logits_and_pooled, predict, unwrap_peft
+from pipelines.training.loop import lr_at, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +152,6 @@ def covariance_lora_A(
 
 def set_lora_A(model: nn.Module, A: torch.Tensor, adapter_name: str = "default") -> list[str]:
     """Copy A into the lora_A of every LoRA-wrapped module and zero its B; returns the module names."""
-    from peft.tuners.lora import LoraLayer
-
     done = []
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -217,9 +218,6 @@ def distill(
     With weights kd = align = 0 and no transfer set this is plain BCE fine-tuning on the labelled
     rows with the same steps, schedule and seed: the no-distillation baseline.
     """
-    from pipelines.model.inference import configure_threads
-    from pipelines.training.loop import lr_at, seed_everything
-
     configure_threads()
     seed_everything(settings.seed)
     x_l, y_l = labelled
@@ -350,9 +348,6 @@ def _epoch_metrics(
     val: tuple[np.ndarray, np.ndarray] | None,
 ) -> dict:
     """Mean training loss terms and speed of epoch `epoch` (0-based), plus val AUC / logloss when there is `val`."""
-    from pipelines.metrics import auc, logloss
-    from pipelines.model.inference import predict
-
     metrics = {
         "epoch": epoch + 1,
         **{f"train_{k}": v / max(count, 1) for k, v in sums.items()},

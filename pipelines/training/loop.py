@@ -21,9 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from pipelines.errors import LakeError
 from pipelines.model.inference import as_source, configure_threads, evaluate
+from pipelines.training.checkpoint import capture_rng, key_digest, restore_rng
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +234,6 @@ def _resume(
 ) -> int | None:
     """Restore weights, optimizer, generator and `st` from `checkpoint` when it was written by this run
     (same key); returns the epoch it resumes after, or None (no checkpoint, or another run's)."""
-    from pipelines.training.checkpoint import key_digest, restore_rng
-
     saved = checkpoint.load() if checkpoint is not None else None
     if saved is None:
         return None
@@ -264,7 +264,6 @@ def _resume(
 def _progress_bar(progress: bool, steps: int, label: str):
     if not progress:
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=steps, desc=label, unit="batch", leave=False)
 
@@ -322,8 +321,6 @@ def _fit_epoch(
 
 
 def _save_checkpoint(checkpoint, st: dict, key: dict, named, opt, gen: torch.Generator, desc: str) -> None:
-    from pipelines.training.checkpoint import capture_rng
-
     try:
         checkpoint.save(
             {**st, "key": key, "weights": _weights(named), "optimizer": opt.state_dict(), "rng": capture_rng(gen)}

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from pipelines.errors import PipelineError
@@ -44,8 +45,6 @@ def live_factors(model: nn.Module, adapter: str = "default") -> Factors:
 def saved_factors(adapter_dir: str | Path) -> Factors:
     """(P, Q) of every LoRA layer of an adapter saved by PEFT (adapter_model.safetensors and
     adapter_config.json: the scale is lora_alpha / r of each layer, or / sqrt(r) with rsLoRA)."""
-    from safetensors.torch import load_file
-
     d = Path(adapter_dir)
     try:
         conf = json.loads((d / "adapter_config.json").read_text())

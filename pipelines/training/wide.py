@@ -32,6 +32,7 @@ from torch import nn
 
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import ConfigError
+from pipelines.metrics import auc
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,6 @@ def choose_l2(
     order. Ties: the larger L2. The grid is fitted from the largest L2 down, each fit starting from the
     last (a regularisation path), and the model is left holding the chosen fit, a start for the caller's
     fit on every row (`fit_wide(start_intercept=...)`)."""
-    from pipelines.metrics import auc
-
     cut = int(round(len(labels) * (1.0 - newest_fraction)))
     if cut < 1 or cut >= len(labels) or len(np.unique(labels[cut:])) < 2:
         raise ConfigError(

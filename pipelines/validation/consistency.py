@@ -28,6 +28,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from pipelines.metrics import auc
+
 ITEM_COLUMNS = ("category",)
 CONTEXT_COLUMNS = ("slot", "hour")
 STUCK_COLUMNS = ("slot", "gender", "age_bucket", "occupation", "category", "hour")
@@ -144,8 +146,6 @@ def _click_rate(column: pd.Series, y: np.ndarray) -> np.ndarray:
 
 def _leaks(frame: pd.DataFrame, limit: float, min_rows: int) -> list[dict]:
     """The column whose per-value click rate best separates the day's labels (none below `min_rows`)."""
-    from pipelines.metrics import auc
-
     y = frame["label"].to_numpy(dtype=np.float64)
     if len(frame) < min_rows or set(np.unique(y).tolist()) != {0.0, 1.0}:  # bad labels fail their own checks
         return []

@@ -17,13 +17,21 @@ import datetime as dt
 import json
 import logging
 from collections import OrderedDict
+from pathlib import Path
 
+import mlflow
 import pandas as pd
 
 from pipelines.config import PipelineConfig
 from pipelines.data.lake import Lake, PartitionData
 from pipelines.data.validated import MARKER
 from pipelines.errors import DataValidationError, LakeError
+from pipelines.registry import mlflow_io, runs
+from pipelines.validation import consistency
+from pipelines.validation.consistency import consistency_checks
+from pipelines.validation.drift import drift_checks, profile
+from pipelines.validation.report import render_html, summary_line
+from pipelines.validation.suite import suite_version, validate_frame
 from pipelines.validation.verdicts import window_table
 
 log = logging.getLogger(__name__)
@@ -38,9 +46,6 @@ REPORT_HTML = "_validation_report.html"  # the marker's name (MARKER) is data.va
 
 def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict | None:
     """What the relative checks and drift need from the reference window (None: no reference yet)."""
-    from pipelines.validation import consistency
-    from pipelines.validation.drift import profile
-
     if not frames:
         return None
     ref = pd.concat([f[["label", "slot"]] for f in frames], ignore_index=True)
@@ -59,9 +64,6 @@ def reference_stats(frames: list[pd.DataFrame], partitions: list[str]) -> dict |
 
 def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | None) -> dict:
     """GX suite + drift for one readable partition; a JSON-safe report."""
-    from pipelines.validation.drift import drift_checks
-    from pipelines.validation.suite import validate_frame
-
     v = cfg.validation
     ref_public = (
         None
@@ -98,8 +100,6 @@ def check_partition(cfg: PipelineConfig, part: PartitionData, reference: dict | 
 
 
 def _consistency(cfg: PipelineConfig, frame: pd.DataFrame, reference: dict | None) -> list[dict]:
-    from pipelines.validation.consistency import consistency_checks
-
     v = cfg.validation
     return consistency_checks(
         frame,
@@ -127,8 +127,6 @@ def unreadable_report(where: str, day: str, exc: Exception) -> dict:
 
 def record(lake: Lake, day: str, report: dict, suite_version: str) -> dict:
     """Write the marker and the HTML report next to the partition; returns their URIs."""
-    from pipelines.validation.report import render_html
-
     report["quarantined"] = not report["success"]
     report["validated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     marker = {
@@ -177,8 +175,6 @@ def _validate_day(
 ) -> dict:
     """The report of one partition of the window, judged against `validated` (the reference) and recorded;
     a partition that passes joins the reference of the days after it."""
-    from pipelines.validation.report import summary_line
-
     fresh = True
     try:
         part = lake.read_partition(day)
@@ -213,8 +209,6 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
     Raises DataValidationError listing the failures of every bad partition (all are checked, so one
     run reports everything that is wrong, not just the first problem).
     """
-    from pipelines.validation.suite import suite_version
-
     lake, v = Lake(lake_uri), cfg.validation
     version = suite_version(v, cfg.data.slots)
     end = dt.date.fromisoformat(end_day)
@@ -256,11 +250,6 @@ def validate_window(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int,
 
 def _log_to_mlflow(cfg: PipelineConfig, summary: dict, reports: list[dict]) -> None:
     """One run per validation in the `ctr-data-validation` experiment: summary metrics + every report."""
-    import mlflow
-
-    from pipelines.registry import mlflow_io, runs
-    from pipelines.validation.report import render_html
-
     exp = mlflow_io.ensure_experiment("ctr-data-validation")
     with runs.start_run(exp, f"validate-{summary['end_day']}", nested=mlflow.active_run() is not None):
         mlflow.set_tags(
@@ -291,10 +280,6 @@ def validate_uri(
 ) -> dict:
     """Validate one partition given by its own URI (`.../dt=YYYY-MM-DD` or any directory of parquet),
     against the given reference partitions. Writes report.html/report.json to `report_dir` if given."""
-    from pathlib import Path
-
-    from pipelines.validation.report import render_html
-
     data_uri = data_uri.rstrip("/")
     leaf = data_uri.rpartition("/")[2]
     day = leaf[3:] if leaf.startswith("dt=") else "-"

@@ -25,6 +25,8 @@ import great_expectations as gx  # noqa: E402
 import great_expectations.expectations as gxe  # noqa: E402
 from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
 
+from pipelines.config import config_hash  # noqa: E402
+
 
 def _quiet_gx_logs() -> None:
     """Some GX modules pin their own logger to INFO (e.g. the ephemeral docs-site notice); undo that."""
@@ -257,8 +259,6 @@ def _cached_suite(cfg: ValidationConfig, slots: tuple[str, ...], with_reference:
 
 def suite_version(cfg: ValidationConfig, slots: Sequence[str]) -> str:
     """Changes whenever the checks change: a partition validated under another version is re-validated."""
-    from pipelines.config import config_hash
-
     return f"{SUITE_NAME}@{gx.__version__}:{config_hash(cfg)[:12]}:{','.join(slots)}"
 
 
