@@ -33,7 +33,7 @@ def test_the_tree_keeps_every_contract():
 def tree_copy(tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("tree")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for d in ("pipelines", "dags"):
+    for d in ("pipelines", "dags", "research"):
         shutil.copytree(ROOT / d, dst / d, ignore=ignore)
     shutil.copytree(ROOT / "plugins" / "ctr_airflow", dst / "plugins" / "ctr_airflow", ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
