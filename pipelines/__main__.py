@@ -9,10 +9,14 @@ Exit codes: 0 ok, 1 invalid data / refused move / rejected candidate, 2 usage or
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import sys
 import traceback
+
+from pipelines.config import load_gate_policy, load_pipeline_config
+from pipelines.errors import ConfigError, DataValidationError, PipelineError, PromotionError
 
 
 def _print(obj) -> None:
@@ -47,7 +51,6 @@ def cmd_generate(a) -> int:
 
 
 def cmd_validate(a) -> int:
-    from pipelines.config import load_pipeline_config
     from pipelines.validation.stage import validate_uri
 
     report = validate_uri(
@@ -66,7 +69,6 @@ def cmd_validate(a) -> int:
 
 
 def cmd_train_base(a) -> int:
-    from pipelines.config import load_gate_policy, load_pipeline_config
     from pipelines.flows import base, windows
     from pipelines.training import base_model
 
@@ -86,7 +88,6 @@ def cmd_train_base(a) -> int:
 
 
 def cmd_train_adapter(a) -> int:
-    from pipelines.config import load_gate_policy, load_pipeline_config
     from pipelines.flows import retrain, windows
     from pipelines.promotion import gate
     from pipelines.training import adapter
@@ -110,7 +111,6 @@ def cmd_train_adapter(a) -> int:
 
 
 def cmd_cold_start(a) -> int:
-    from pipelines.config import load_gate_policy, load_pipeline_config
     from pipelines.flows import cold_start, windows
 
     cfg = load_pipeline_config(a.config)
@@ -124,7 +124,6 @@ def cmd_cold_start(a) -> int:
 def version_arg(text: str) -> str:
     """argparse type of --version / --to-version: the version as the registry names it (the one
     normalisation, `aliases.version_id`); anything but a positive integer is a usage error (exit 2)."""
-    from pipelines.errors import PromotionError
     from pipelines.promotion.aliases import version_id
 
     try:
@@ -134,7 +133,6 @@ def version_arg(text: str) -> str:
 
 
 def cmd_promote(a) -> int:
-    from pipelines.config import load_gate_policy
     from pipelines.promotion import aliases
 
     policy = load_gate_policy(a.policy)  # approval: true also holds for a promote by hand
@@ -152,9 +150,6 @@ def cmd_override(a) -> int:
 def cmd_approve(a) -> int:
     """A person's answer, recorded on the version; "Approve" then releases it as the policy says (the
     CLI's counterpart of the DAGs' approve_release + release)."""
-    import datetime as dt
-
-    from pipelines.config import load_gate_policy
     from pipelines.promotion import release
 
     at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -182,7 +177,6 @@ def cmd_history(a) -> int:
 
 
 def cmd_status(a) -> int:
-    from pipelines.config import load_pipeline_config
     from pipelines.registry.status import format_status, status
 
     models = status(load_pipeline_config(a.config))
@@ -191,7 +185,6 @@ def cmd_status(a) -> int:
 
 
 def cmd_monitor(a) -> int:
-    from pipelines.config import load_gate_policy, load_pipeline_config
     from pipelines.promotion import live_metrics, monitor
 
     cfg, policy = load_pipeline_config(a.config), load_gate_policy(a.policy)
@@ -384,8 +377,6 @@ def main(argv: list[str] | None = None) -> int:
 def run_stage(args) -> int:
     """The stage's exit code; an error raised on purpose (pipelines.errors) becomes its own code and
     lines, anything else propagates to main."""
-    from pipelines.errors import ConfigError, DataValidationError, PipelineError
-
     try:
         return args.fn(args)
     except DataValidationError as exc:

@@ -16,16 +16,18 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import os
 import time
 
 import numpy as np
+import torch
 
-from pipelines.bench import backtest_lr
+from pipelines.bench import backtest_lr, backtest_scores
 from pipelines.bench import backtest_models as bm
-from pipelines.bench import backtest_scores
 from pipelines.bench.backtest_protocol import Backtest, auc_within, build, summary
 from pipelines.bench.backtest_served import Served
 from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
+from pipelines.data import movielens
 from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -107,8 +109,6 @@ def run(
     _check_names(names)  # before the data is read: a typo is a usage error at once
     _one_thread()
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     if quick:
         slot = cfg.data.slots[0]
@@ -187,10 +187,6 @@ def _replay_alone(model: bm.Comparator, bt: Backtest, days) -> tuple[np.ndarray,
 def _one_thread() -> None:
     """Torch's intra-op threads (CTR_TORCH_THREADS, default 1) before the first fit, not at the first
     scoring: a fit's float sums depend on them, and the processes share two cores."""
-    import os
-
-    import torch
-
     torch.set_num_threads(int(os.environ.get("CTR_TORCH_THREADS", "1")))
 
 

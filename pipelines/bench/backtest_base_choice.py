@@ -17,8 +17,10 @@ import dataclasses
 import logging
 import time
 
+from pipelines.bench import backtest
 from pipelines.bench.backtest_choice import MARGIN
 from pipelines.config import PipelineConfig
+from pipelines.data import movielens
 from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -63,8 +65,6 @@ def choose(mean_auc: dict[str, float | None], margin: float = MARGIN) -> str:
 def _static(
     cfg: PipelineConfig, frame, day_from: str | None, day_to: str | None, max_days: int | None, with_lr: bool
 ) -> dict:
-    from pipelines.bench import backtest
-
     names = ("static", "lr_static") if with_lr else ("static",)
     r = backtest.run(cfg, frame, day_from=day_from, day_to=day_to, max_days=max_days, names=names, parallel=False)
     out = {k: r[k] for k in ("from", "to", "days", "rows")}
@@ -85,8 +85,6 @@ def run(
     """Every candidate at every cut, the choice, then the chosen and shipped recipes on `test`. `only`: a
     subset of the candidates (the shipped one is always kept); `max_days`: at most this many days a cut."""
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     unknown = sorted(set(only or ()) - set(BASE_VARIANTS))
     if unknown:

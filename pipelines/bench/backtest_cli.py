@@ -6,6 +6,7 @@ import json
 import logging
 import tempfile
 
+from pipelines.config import load_pipeline_config
 from pipelines.errors import ConfigError
 
 
@@ -149,7 +150,6 @@ def check_mode(a) -> None:
 def cmd(a) -> int:
     """`python -m pipelines backtest`: the replay, the few-shot mode, the report, MLflow."""
     from pipelines.bench import backtest
-    from pipelines.config import load_pipeline_config
 
     check_mode(a)
     logging.getLogger(backtest.__name__).setLevel(logging.INFO)  # a line per day: the run takes a while

@@ -28,6 +28,7 @@ from pipelines.bench import backtest_scores
 from pipelines.bench.backtest_models import cached_base, score
 from pipelines.bench.backtest_protocol import Backtest, build, summary
 from pipelines.config import PipelineConfig
+from pipelines.data import movielens
 from pipelines.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,6 @@ def run(
     the `static` comparator overall / warm / cold / new items, each fold's base, and with `scores` the
     scores file (`backtest_scores.write`, protocol `cold_items`)."""
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     bt = build(frame, day_from, day_to, max_days)
     parts = split(bt, folds)  # a bad fold count fails here, before any base is fitted

@@ -22,6 +22,7 @@ from pipelines.bench.backtest_protocol import build
 from pipelines.bench.backtest_served import Served
 from pipelines.bench.faults import FAULTS
 from pipelines.config import PipelineConfig, load_gate_policy
+from pipelines.data import movielens
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ def plan(dates: list[str]) -> dict[str, str]:
 def run(cfg: PipelineConfig, frame=None, *, served_dir: str | None = None, policy=None) -> dict:
     """The replay with its faults; returns `faults_caught` ({fault: stage or None}) and each fault's outcome."""
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     # One day more than --quick: a candidate judged on the next days (lora.judged_on: next_day) trained on
     # the last faulty day is judged on the day after it.

@@ -35,8 +35,12 @@ from pipelines.bench.backtest_lr import fit_lr, predict_lr, tune_lr
 from pipelines.bench.backtest_models import fit_base, score
 from pipelines.bench.backtest_protocol import TRAIN_FRACTION, VAL_FRACTION, temporal_split
 from pipelines.config import PipelineConfig
+from pipelines.data import movielens
 from pipelines.errors import ConfigError
 from pipelines.metrics import auc
+from pipelines.model import adapters, family, features
+from pipelines.training import delta
+from pipelines.training.loop import seed_everything, train
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +65,6 @@ def run(cfg: PipelineConfig, frame: pd.DataFrame | None = None, *, shots: int = 
     if cut not in CUTS:
         raise ConfigError(f"backtest --few-shot: --cut must be one of {list(CUTS)}, got {cut!r}")
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     if cut == "validation":  # the rows before the test period only
         frame = temporal_split(frame, TRAIN_FRACTION)[0]
@@ -120,10 +122,6 @@ def _shipped_adapter(cfg: PipelineConfig, base, revealed: pd.DataFrame):
     """The base with an adapter of the config's `lora` trained on all the revealed rows, `lora.epochs` epochs
     (the id rows of its `trainable_tokens`: those of the revealed rows' ids). No rows are kept back to
     validate: a user whose rows all fell in them would learn nothing."""
-    from pipelines.model import adapters, family, features
-    from pipelines.training import delta
-    from pipelines.training.loop import seed_everything, train
-
     lc = cfg.lora
     rows = {t: features.id_buckets(revealed[t], t, cfg.model) for t in lc.trainable_tokens} or None
     seed_everything(lc.seed)

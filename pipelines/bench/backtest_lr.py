@@ -18,6 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import sparse
+from scipy.optimize import minimize
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import OneHotEncoder
 
 from pipelines.bench.backtest_models import Comparator
 from pipelines.bench.backtest_protocol import VAL_FRACTION, Backtest, Day, temporal_split
@@ -34,10 +39,6 @@ DELTA_KEYS = ("user", "item")
 
 
 def _lr_pipeline(C: float):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import OneHotEncoder
-
     return make_pipeline(OneHotEncoder(handle_unknown="ignore"), LogisticRegression(C=C, max_iter=3000))
 
 
@@ -146,8 +147,6 @@ def _keys(rows: pd.DataFrame) -> dict[str, np.ndarray]:
 
 def _design(rows: pd.DataFrame, index: dict[tuple[str, str], int]):
     """Sparse [rows, len(index)]: a 1 in the column of each of a row's delta keys that `index` holds."""
-    from scipy import sparse
-
     r, c = [], []
     for kind, values in _keys(rows).items():
         for i, v in enumerate(values):
@@ -162,8 +161,6 @@ def fit_delta(window: pd.DataFrame, offset: np.ndarray, l2: float) -> tuple[dict
     """The per-id deltas of `window`'s rows: argmin over d of sum(logloss(offset + X d)) + l2/2 ||d||^2,
     X the one-hot of each row's user, item and (user, slot) (L-BFGS; the problem is strictly convex).
     Returns ({(kind, id): column}, d)."""
-    from scipy.optimize import minimize
-
     index: dict[tuple[str, str], int] = {}
     for kind, values in _keys(window).items():
         for v in pd.unique(values):

@@ -32,9 +32,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from pipelines.bench.backtest_protocol import Backtest, Day
 from pipelines.config import LoraTrainConfig, PipelineConfig
+from pipelines.data.splits import time_split
+from pipelines.model import adapters, family, features
+from pipelines.model.inference import predict
+from pipelines.training import delta
+from pipelines.training import orthogonality as ortho
+from pipelines.training.base_fit import fit_base as fit
+from pipelines.training.loop import seed_everything, train
+from pipelines.training.orthogonality import Regularizer
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +77,6 @@ class Comparator:
 def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base"):
     """A base of the configured family, trained on `rows` as the base stage trains one (settings, seed,
     schedule, the wide LR first when `base_training.wide_l2` > 0), in eval mode."""
-    from pipelines.model import family, features
-    from pipelines.training.base_fit import fit_base as fit
-    from pipelines.training.loop import seed_everything
-
     bt = cfg.base_training
     rows = rows[rows["event_ts"] >= pd.Timestamp(bt.train_start, tz="UTC")]  # the base window starts there
     seed_everything(bt.seed)
@@ -83,9 +88,6 @@ def fit_base(cfg: PipelineConfig, rows: pd.DataFrame, desc: str = "backtest-base
 
 
 def score(model, cfg: PipelineConfig, rows: pd.DataFrame) -> np.ndarray:
-    from pipelines.model import family
-    from pipelines.model.inference import predict
-
     return predict(model, family.encode(rows, cfg.model))
 
 
@@ -142,8 +144,6 @@ def cached_base(cfg: PipelineConfig, history: pd.DataFrame, cache_dir: str | Non
 
 
 def _save_base(model, path: Path) -> None:
-    import torch
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(model.state_dict(), tmp)
@@ -151,10 +151,6 @@ def _save_base(model, path: Path) -> None:
 
 
 def _load_base(cfg: PipelineConfig, path: Path):
-    import torch
-
-    from pipelines.model import family
-
     model = family.resolve(cfg.model.family).build(cfg.model)
     model.load_state_dict(torch.load(path, weights_only=True))
     return model.eval()
@@ -231,8 +227,6 @@ class SlotAdapters(Comparator):
         return out
 
     def _track(self, slot: str, model, siblings: dict) -> None:
-        from pipelines.training import orthogonality as ortho
-
         mine = {m: (p.detach().clone(), q.detach().clone()) for m, (p, q) in ortho.live_factors(model).items()}
         cos = ortho.max_abs_cos(mine, siblings)
         if cos is not None:
@@ -245,12 +239,6 @@ class SlotAdapters(Comparator):
         return base if len(train) < self.lora.min_rows else self._timed(self._fit, base, train, label, siblings)
 
     def _fit(self, base, rows: pd.DataFrame, label: str, siblings: dict | None = None):
-        from pipelines.data.splits import time_split
-        from pipelines.model import adapters, family, features
-        from pipelines.training import delta
-        from pipelines.training.loop import seed_everything, train
-        from pipelines.training.orthogonality import Regularizer
-
         lc = self.lora
         token_rows = None
         if lc.trainable_tokens:  # every id of the adapter's train and val rows, as training.adapter picks them
@@ -316,8 +304,6 @@ def _spread(values: list[float]) -> dict | None:
 
 def _saved_bytes(model) -> int:
     """Bytes of the adapter as the pipeline stores it (adapters.save: PEFT's files)."""
-    from pipelines.model import adapters
-
     with tempfile.TemporaryDirectory() as tmp:
         adapters.save(model, tmp)
         return sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())

@@ -13,16 +13,18 @@ import html
 import json
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+import mlflow
+import pandas as pd
+
 from pipelines.bench.backtest import COMPARATORS, table
 from pipelines.bench.backtest_protocol import EXPERIMENT
+from pipelines.registry import mlflow_io
 
 
 def _plot(result: dict, path: Path) -> str:
-    import matplotlib
-
     matplotlib.use("Agg")  # headless; must precede the pyplot import
-    import matplotlib.pyplot as plt
-    import pandas as pd
 
     days = pd.DataFrame(result["per_day"])
     x = pd.to_datetime(days["date"])
@@ -76,8 +78,6 @@ def decisions(result: dict) -> list[tuple[str, str, str]]:
 
 
 def _mark_decisions(ax, result: dict, x) -> None:
-    import pandas as pd
-
     marks = decisions(result)
     if not marks:
         return
@@ -149,10 +149,6 @@ def write(result: dict, out_dir) -> dict:
 
 def log_to_mlflow(result: dict, files: dict) -> str:
     """One MLflow run holding the backtest (tracking URI from the environment); returns its run id."""
-    import mlflow
-
-    from pipelines.registry import mlflow_io
-
     metrics = {
         k: float(v)
         for k, v in result.items()

@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+import mlflow
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipelines.bench.backtest_protocol import EXPERIMENT, Backtest
 from pipelines.errors import ConfigError
+from pipelines.evaluation.delong import delong_test
 from pipelines.metrics import EvaluationInputError
+from pipelines.registry import mlflow_io
 
 KEYS = ("date", "slot", "user_id", "item_id", "label")  # what identifies a scored row in both files
 _META = b"ctr_backtest"
@@ -51,9 +59,6 @@ def frame(bt: Backtest, preds: dict[str, np.ndarray]) -> pd.DataFrame:
 def write(path: str, bt: Backtest, preds: dict[str, np.ndarray], meta: dict) -> str:
     """`frame` as parquet at `path`, `meta` (the family, first and last day) in its schema metadata; returns
     the path."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pandas(frame(bt, preds), preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META: json.dumps(meta).encode()})
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -63,8 +68,6 @@ def write(path: str, bt: Backtest, preds: dict[str, np.ndarray], meta: dict) -> 
 
 def read(path: str) -> tuple[pd.DataFrame, dict]:
     """(rows, meta) of a `write` file; a file that is not one is a ConfigError naming it."""
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as e:
@@ -131,8 +134,6 @@ def _protocol(meta: dict) -> str:
 
 def part(y: np.ndarray, p_a: np.ndarray, p_b: np.ndarray, margin: float | None) -> dict:
     """One part's paired difference; a part DeLong cannot measure (one class, too few rows) says why."""
-    from pipelines.evaluation.delong import delong_test
-
     out: dict = {"rows": int(len(y)), "positives": int(y.sum())}
     try:
         t = delong_test(y, p_a, p_b)
@@ -190,10 +191,7 @@ def table(r: dict) -> str:
 
 def figure(r: dict, path) -> str:
     """A forest plot: A - B per part with its 95% interval, the zero line and the goal's margin."""
-    import matplotlib
-
     matplotlib.use("Agg")  # headless; must precede the pyplot import
-    import matplotlib.pyplot as plt
 
     parts = [(n, p) for n, p in r["parts"].items() if "diff" in p]
     fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(parts)))
@@ -229,12 +227,6 @@ def figure(r: dict, path) -> str:
 def log_to_mlflow(r: dict) -> str:
     """One run in the backtest's experiment: each part's difference and interval as metrics, the forest
     plot and the result as artifacts (tracking URI from the environment); returns its run id."""
-    import tempfile
-
-    import mlflow
-
-    from pipelines.registry import mlflow_io
-
     metrics = {
         f"{k}_{name}": float(v)
         for name, p in r["parts"].items()

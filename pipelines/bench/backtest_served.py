@@ -52,9 +52,19 @@ import pandas as pd
 from pipelines.bench.backtest_models import Comparator
 from pipelines.bench.backtest_protocol import Backtest, Day
 from pipelines.bench.backtest_verdicts import counts, fault_outcome, gate_precision, rejected_checks, trust
+from pipelines.bench.faults import inject
 from pipelines.config import GatePolicy, PipelineConfig
+from pipelines.data import commit
+from pipelines.data.lake import Lake
 from pipelines.errors import DataValidationError, PipelineError
+from pipelines.flows import base as base_flow
+from pipelines.flows import retrain, windows
+from pipelines.metrics import auc
+from pipelines.promotion import monitor
+from pipelines.promotion.monitor import Scorer
+from pipelines.registry import mlflow_io
 from pipelines.registry.mlflow_scope import temporary_mlflow
+from pipelines.serving.router import AdapterServer
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +164,6 @@ class Served(Comparator):
     # ------------------------------------------------------------------ the stages
     def _start(self, bt: Backtest, first: Day) -> None:
         """Land and validate the history days, then the base stage at the cutoff (the day before)."""
-        from pipelines.flows import base as base_flow
-        from pipelines.flows import windows
-        from pipelines.serving.router import AdapterServer
-
         self.workdir.mkdir(parents=True, exist_ok=True)
         history = bt.frame.iloc[: first.start]
         cutoff = (pd.Timestamp(first.date) - pd.Timedelta(days=1)).strftime("%Y-%m-%d")
@@ -188,17 +194,10 @@ class Served(Comparator):
         )
 
     def _land(self, date: str, frame: pd.DataFrame) -> None:
-        from pipelines.data import commit
-        from pipelines.data.lake import Lake
-
         commit.write_frames(Lake(self.lake_uri), date, [frame.reset_index(drop=True)], overwrite=True)
 
     def _evening(self, bt: Backtest, day: Day) -> dict:
         """The day's partition lands; validate, monitor, retrain every slot. Returns what was decided."""
-        from pipelines.flows import retrain, windows
-        from pipelines.promotion import monitor
-        from pipelines.registry import mlflow_io
-
         part = _day_rows(bt, day.date)
         if day.date in self.faults:
             part = self._inject(bt, day, part)
@@ -266,8 +265,6 @@ class Served(Comparator):
     def _repair(self, bt: Backtest, day: Day) -> None:
         """The faulty day's true rows land over it and are validated, as an operator fixes a quarantined
         partition: the next fault meets the pipeline as it would alone (what was released stays released)."""
-        from pipelines.flows import windows
-
         self._land(day.date, _day_rows(bt, day.date))
         try:
             windows.validate_first(self.cfg, self.lake_uri, day.date, 1)
@@ -276,8 +273,6 @@ class Served(Comparator):
 
     def _inject(self, bt: Backtest, day: Day, part: pd.DataFrame) -> pd.DataFrame:
         """The day's rows with its fault; the day before's rows (in the log) are what a replay re-sends."""
-        from pipelines.bench.faults import inject
-
         before = bt.dates[bt.dates < day.date]
         previous = _day_rows(bt, before.max() if len(before) else "")
         log.warning("backtest served dt=%s: injecting the fault %s", day.date, self.faults[day.date])
@@ -285,8 +280,6 @@ class Served(Comparator):
 
     def _score_policy(self, rows: pd.DataFrame, served: np.ndarray, versions: dict[str, str]) -> np.ndarray:
         """`served`, with each slot that has a version in `versions` scored by it instead."""
-        from pipelines.promotion.monitor import Scorer
-
         self.scorer = self.scorer or Scorer()
         out = served.copy()
         for slot, version in versions.items():
@@ -298,9 +291,6 @@ class Served(Comparator):
     def _judge(self, pending: dict, rows: pd.DataFrame) -> dict:
         """A candidate gated yesterday and the champion it was gated against, scored on today's rows of
         its slot (None where there was no champion or the slot has no rows with both classes)."""
-        from pipelines.metrics import auc
-        from pipelines.promotion.monitor import Scorer
-
         self.scorer = self.scorer or Scorer()  # a slot's champion is judged against for many days: load it once
         out = {**pending, "candidate_auc": None, "against_auc": None}
         part = rows[rows["slot"] == pending["slot"]]
@@ -325,8 +315,6 @@ def _counts(keys) -> dict[str, int]:
 
 def per_slot(rows: pd.DataFrame, scores, routes: dict, cfg: PipelineConfig) -> dict:
     """Per slot with rows: its rows, the AUC of what served them, and the champion / canary serving it."""
-    from pipelines.metrics import auc
-
     out = {}
     for slot in sorted(set(rows["slot"])):
         at = (rows["slot"] == slot).to_numpy()

@@ -26,6 +26,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import peft  # noqa: F401  (imported before any clock starts: a first import is no training cost)
+
+from pipelines.bench import serving_demo as demo
+from pipelines.bench.backtest_models import SlotAdapters
+from pipelines.bench.serving import _temporary_registry
+from pipelines.config import REPO_ROOT, load_pipeline_config
+from pipelines.data import movielens
+from pipelines.model import family
+from pipelines.model.inference import configure_threads
+from pipelines.registry import mlflow_io, pyfunc
+from pipelines.registry.model_input import model_input
 
 CONFIGS = {
     "feature_transformer": "configs/pipeline.yaml",
@@ -37,10 +49,6 @@ DAY, SLOT, BATCH = "1998-03-10", "night", 32
 
 def _adapter(cfg, base, rows):
     """(trained PeftModel, CPU seconds, saved bytes) of one slot-day adapter, as the backtest trains it."""
-    import peft  # noqa: F401  (imported before the clock starts: a first import is no training cost)
-
-    from pipelines.bench.backtest_models import SlotAdapters
-
     adapters = SlotAdapters("adapter", cfg, cfg.lora, static=None)
     t = time.process_time()
     model = adapters._fit(base, rows, f"{DAY}/{SLOT}")
@@ -48,8 +56,6 @@ def _adapter(cfg, base, rows):
 
 
 def _latency_ms(model, frame, calls: int) -> tuple[float, float]:
-    from pipelines.registry.model_input import model_input
-
     # cut to the signature's columns, as serving sends them (and as evaluation scores)
     batches = [model_input(model, frame.sample(BATCH, random_state=i).reset_index(drop=True)) for i in range(calls)]
     for b in batches[:5]:  # warm-up
@@ -64,14 +70,6 @@ def _latency_ms(model, frame, calls: int) -> tuple[float, float]:
 
 def measure(name: str, frame, quick: bool) -> dict:
     """The figures of one family (see the module doc)."""
-    import pandas as pd
-
-    from pipelines.bench.serving import _temporary_registry
-    from pipelines.config import REPO_ROOT, load_pipeline_config
-    from pipelines.model import family
-    from pipelines.registry import mlflow_io, pyfunc
-    from pipelines.bench import serving_demo as demo
-
     cfg = load_pipeline_config(REPO_ROOT / CONFIGS[name])
     if quick:
         cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, window_days=2, min_rows=1))
@@ -104,9 +102,6 @@ def measure(name: str, frame, quick: bool) -> dict:
 
 
 def run(quick: bool = False, names=tuple(CONFIGS)) -> dict:
-    from pipelines.data import movielens
-    from pipelines.model.inference import configure_threads
-
     os.environ.setdefault("CTR_TORCH_THREADS", "1")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

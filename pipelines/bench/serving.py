@@ -60,8 +60,22 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import mlflow
+import torch
+
+from pipelines.bench import serving_demo as demo
+from pipelines.bench import serving_http
 from pipelines.bench.serving_procs import request_frame
+from pipelines.config import ModelConfig
+from pipelines.model import adapters
+from pipelines.model.base import CTRModel
+from pipelines.model.features import encode
+from pipelines.model.inference import configure_threads
+from pipelines.promotion.aliases import promote_canary
+from pipelines.registry import mlflow_io
 from pipelines.registry.mlflow_scope import temporary_mlflow
+from pipelines.serving.loader import VersionRef
+from pipelines.serving.router import AdapterServer
 
 SLOTS = ("feed", "search", "splash")
 BATCH = 32
@@ -74,21 +88,12 @@ def _temporary_registry(root: Path) -> Iterator[str]:
     """Point MLflow (tracking and registry) at a new SQLite store under `root`; yields the id of an experiment
     whose artifacts go to root/mlruns. Afterwards the URIs and their variables are what they were, or every
     later MlflowClient of this process would keep using the deleted temporary store."""
-    import mlflow
-
     with temporary_mlflow(f"sqlite:///{root / 'mlflow.db'}"):
         yield mlflow.create_experiment("bench-serving", artifact_location=(root / "mlruns").as_uri())
 
 
 def _populate(frame, extra_versions: int, experiment_id: str) -> dict:
     """Register base, slot champions, a feed canary and `extra_versions` more search versions."""
-    import torch
-
-    from pipelines.config import ModelConfig
-    from pipelines.model.base import CTRModel
-    from pipelines.registry import mlflow_io
-    from pipelines.bench import serving_demo as demo
-
     torch.manual_seed(MODEL_SEED)
     base_model = CTRModel(ModelConfig()).eval()
     example = mlflow_io.input_example(frame)
@@ -134,9 +139,6 @@ def _switch_ms(server, n: int) -> float:
 def _refresh_ms(server, n: int) -> float:
     """Median ms of the refresh after each of `n` promote_canary moves; between them (untimed) the
     previous champion comes back as the canary and is loaded."""
-    from pipelines.promotion.aliases import promote_canary
-    from pipelines.registry import mlflow_io
-
     client, model = mlflow_io.client(), "ctr_lora_feed"
     pair = [client.get_model_version_by_alias(model, a).version for a in ("champion", "canary")]
     times = []
@@ -155,8 +157,6 @@ def _refresh_ms(server, n: int) -> float:
 
 
 def _load_ms(server, versions: list[str]) -> float:
-    from pipelines.serving.loader import VersionRef
-
     routes = server.resolve()
     times = []
     for v in versions:
@@ -171,20 +171,12 @@ def _load_ms(server, versions: list[str]) -> float:
 
 
 def _merged_model(base_model, adapter_uri: str):
-    from pipelines.registry import mlflow_io
-
-    from pipelines.model import adapters
-
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(mlflow_io.download_artifacts(artifact_uri=f"{adapter_uri}/artifacts/adapter", dst_path=tmp))
         return adapters.load(copy.deepcopy(base_model), str(local)).merge_and_unload().eval()
 
 
 def _plain_scorer(model) -> Callable:
-    import torch
-
-    from pipelines.model.features import encode
-
     def score(frame):
         with torch.inference_mode():
             return torch.sigmoid(model(torch.from_numpy(encode(frame, model.cfg)))).numpy()
@@ -210,9 +202,6 @@ def _latencies(scorers: dict[str, Callable], batch, calls: int) -> dict[str, flo
 def run(quick: bool, http: bool = True) -> dict:
     """Build the temporary registry, measure, return {switch_ms, refresh_ms, load_ms, routed_vs_merged,
     merged_vs_base} and, with `http`, the figures of `pipelines.bench.serving_http`."""
-    from pipelines.serving.router import AdapterServer
-    from pipelines.model.inference import configure_threads
-
     configure_threads()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     n_switch, n_refresh, n_load, calls = (40, 5, 5, 600) if quick else (400, 20, 20, 3000)
@@ -238,8 +227,6 @@ def run(quick: bool, http: bool = True) -> dict:
         "merged_vs_base": lat["merged"] / lat["base"],
     }
     if http:
-        from pipelines.bench import serving_http
-
         out.update(serving_http.run(quick))
     return out
 

@@ -14,11 +14,14 @@ import copy
 import tempfile
 from dataclasses import dataclass
 
+import mlflow
 import pandas as pd
 import torch
 
 from pipelines.config import LoraTrainConfig, to_dict
+from pipelines.model import adapters, store
 from pipelines.model.base import CTRModel, fingerprint
+from pipelines.registry import integrity, mlflow_io
 
 BASE_NAME = "ctr_base"
 
@@ -50,11 +53,6 @@ def register_base(
     alias: str | None = "champion",
     experiment_id: str | None = None,
 ) -> BaseVersion:
-    import mlflow
-
-    from pipelines.model import store
-    from pipelines.registry import mlflow_io
-
     fp = fingerprint(model)
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -68,8 +66,6 @@ def register_base(
 
 def random_adapter(base: CTRModel, seed: int, lora_cfg: LoraTrainConfig | None = None, scale: float = 0.3):
     """A PeftModel on a copy of `base` whose LoRA A and B matrices are seeded random values."""
-    from pipelines.model import adapters
-
     model = adapters.attach(copy.deepcopy(base), lora_cfg or LoraTrainConfig())
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -89,11 +85,6 @@ def log_adapter(
 ) -> LoggedAdapter:
     """Log `model`'s adapter in a new run. `recorded_fingerprint` overrides the base fingerprint written
     into meta.json and the tags (to build an adapter that claims another base)."""
-    import mlflow
-
-    from pipelines.registry import integrity, mlflow_io
-    from pipelines.model import adapters
-
     base_ref = {**base.ref(), "fingerprint": recorded_fingerprint or base.fingerprint}
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -108,8 +99,6 @@ def log_adapter(
 def register_adapter(
     logged: LoggedAdapter, name: str, slot: str, alias: str | None = None, base: BaseVersion | None = None
 ) -> str:
-    from pipelines.registry import integrity, mlflow_io
-
     tags = {"slot": slot, "base.fingerprint": logged.base_fingerprint, integrity.TAG: logged.hashes}
     if base is not None:
         tags.update({"base.name": base.name, "base.version": base.version})

@@ -48,8 +48,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import mlflow
+import torch
+
+from pipelines.bench import serving_demo as demo
 from pipelines.bench.serving_procs import CORES, SECRET, free_port, get_json, mlflow_server, request_frame, serving
+from pipelines.config import ModelConfig
+from pipelines.model.base import CTRModel
+from pipelines.registry import mlflow_io
 from pipelines.registry.mlflow_scope import temporary_mlflow
+from pipelines.serving.cli import register_webhook
 
 CLIENTS = 8
 
@@ -182,14 +190,6 @@ def visible_ms(client: Client, body: bytes, move: Callable[[], None], done: Call
 def _populate(frame) -> dict:
     """Base 1 with the 3 slot champions and a second feed version; base 2 (not champion yet) with two
     feed versions and one of each other slot. Returns the version numbers."""
-    import mlflow
-    import torch
-
-    from pipelines.config import ModelConfig
-    from pipelines.model.base import CTRModel
-    from pipelines.registry import mlflow_io
-    from pipelines.bench import serving_demo as demo
-
     experiment = mlflow.create_experiment("bench-serving-http")
     example = mlflow_io.input_example(frame)
     out: dict = {}
@@ -243,10 +243,6 @@ def run(quick: bool) -> dict:
 
 
 def _run(moves: int, steady_s: float, polls: int) -> dict:
-    import mlflow
-
-    from pipelines.serving.cli import register_webhook
-
     frame = request_frame(2000)
     b32, b1 = frame.sample(32, random_state=1), frame.sample(1, random_state=2)
     one_each = frame.groupby("slot").head(1)

@@ -17,6 +17,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
+from cryptography.fernet import Fernet
+
+from pipelines.data.synthetic import SyntheticSpec, generate_day
+
 SECRET = "bench-serving-webhook-secret"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,10 +43,6 @@ DAY = "2024-01-08"
 
 def request_frame(rows: int):
     """Synthetic click-log rows of one day: what both serving benchmarks score."""
-    import pandas as pd
-
-    from pipelines.data.synthetic import SyntheticSpec, generate_day
-
     return pd.concat(list(generate_day(SyntheticSpec(seed=3), DAY, rows)), ignore_index=True)
 
 
@@ -97,8 +98,6 @@ def get_json(url: str, path: str) -> tuple[int, object]:
 @contextlib.contextmanager
 def mlflow_server(root: Path) -> Iterator[str]:
     """A tracking + registry server that may send webhooks to loopback over plain HTTP."""
-    from cryptography.fernet import Fernet
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {

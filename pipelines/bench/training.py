@@ -45,8 +45,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
 
-from pipelines.config import REPO_ROOT
+from pipelines.config import REPO_ROOT, LoraTrainConfig, ModelConfig
+from pipelines.data import synthetic
+from pipelines.model import adapters, features
+from pipelines.model.base import CTRModel
 
 VARIANTS = ("full", "sparse_full", "lora")
 BATCH_SIZE = 512
@@ -82,12 +90,6 @@ def _current_rss_mib() -> float:
 def make_tokens(rows: int, id_buckets: int = ID_BUCKETS, seed: int = DATA_SEED) -> tuple[np.ndarray, np.ndarray]:
     """`rows` synthetic ad impressions (a day after the origin, so it holds cold ids too), encoded for a
     model with `id_buckets` id rows; rows are shuffled once (seeded) so batches mix the whole day."""
-    import pandas as pd
-
-    from pipelines.config import ModelConfig
-    from pipelines.data import synthetic
-    from pipelines.model import features
-
     spec = synthetic.SyntheticSpec(seed=seed)
     frame = pd.concat(list(synthetic.generate_day(spec, "2024-01-08", rows)), ignore_index=True)
     cfg = ModelConfig(id_buckets=id_buckets)
@@ -99,12 +101,6 @@ def make_tokens(rows: int, id_buckets: int = ID_BUCKETS, seed: int = DATA_SEED) 
 # --------------------------------------------------------------------------------------- models
 def build(variant: str, id_buckets: int = ID_BUCKETS):
     """(model, [optimizers]) for `variant`; the model's weights are identical across variants."""
-    import torch
-    from torch import nn
-
-    from pipelines.config import LoraTrainConfig, ModelConfig
-    from pipelines.model.base import CTRModel
-
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
     torch.manual_seed(MODEL_SEED)
@@ -122,7 +118,6 @@ def build(variant: str, id_buckets: int = ID_BUCKETS):
         rest = [p for p in model.parameters() if id(p) not in table_ids]
         opts = [torch.optim.SparseAdam(table_params, lr=LR), torch.optim.AdamW(rest, lr=LR, weight_decay=WEIGHT_DECAY)]
         return model.train(), opts
-    from pipelines.model import adapters
 
     model = adapters.attach(model, LoraTrainConfig())
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=WEIGHT_DECAY)
@@ -130,8 +125,6 @@ def build(variant: str, id_buckets: int = ID_BUCKETS):
 
 
 def optimizer_state_bytes(opts) -> int:
-    import torch
-
     total = 0
     for opt in opts:
         for state in opt.state.values():
@@ -146,7 +139,6 @@ def artifact_bytes(variant: str, model, directory: Path) -> int:
     if variant == "lora":
         model.save_pretrained(str(directory))
         return (directory / "adapter_model.safetensors").stat().st_size
-    from safetensors.torch import save_file
 
     path = directory / "model.safetensors"
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path))
@@ -156,8 +148,6 @@ def artifact_bytes(variant: str, model, directory: Path) -> int:
 def _step(model, opts, xb, yb) -> tuple[float, float, float, float]:
     """One training step, as pipelines.training.loop.train does it; returns (forward s, backward s,
     optimizer s, loss). Batch slicing happens before the clock starts (it is a view)."""
-    import torch.nn.functional as F
-
     t0 = time.perf_counter()
     loss = F.binary_cross_entropy_with_logits(model(xb), yb)
     t1 = time.perf_counter()
@@ -185,8 +175,6 @@ def _measure(
 
     `data` (tokens, labels) must hold at least (warmup + steps) * batch_size rows; made here if None.
     """
-    import torch
-
     torch.set_num_threads(threads)
     if data is None:
         data = make_tokens((warmup + steps) * batch_size, id_buckets)
@@ -249,8 +237,6 @@ def _paired(
     """LoRA vs baseline (b) in ONE process, alternating steps on the same batch (order flipped every
     step): a paired measurement, so load from other processes on a shared machine hits both alike.
     Only timing comes from here (RSS would be the sum of both models)."""
-    import torch
-
     torch.set_num_threads(threads)
     if data is None:
         data = make_tokens((warmup + steps) * batch_size, id_buckets)

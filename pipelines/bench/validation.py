@@ -14,16 +14,16 @@ from __future__ import annotations
 import tempfile
 import time
 
+from pipelines.config import REPO_ROOT, load_pipeline_config
+from pipelines.data import synthetic
+from pipelines.data.lake import Lake
+from pipelines.validation.stage import check_partition, record, reference_stats
+from pipelines.validation.suite import suite_version
+
 
 def bench_validation(rows: int = 1_000_000, reference_days: int = 7) -> dict:
     """Validate one synthetic day of `rows` rows against `reference_days` validated days of the same
     size: read + GX suite (absolute and reference-relative checks) + drift + unseen ids + markers."""
-    from pipelines.config import REPO_ROOT, load_pipeline_config
-    from pipelines.data import synthetic
-    from pipelines.data.lake import Lake
-    from pipelines.validation.stage import check_partition, record, reference_stats
-    from pipelines.validation.suite import suite_version
-
     cfg = load_pipeline_config(REPO_ROOT / "configs" / "synthetic.yaml")
     spec = synthetic.SyntheticSpec(seed=1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,12 +10,12 @@ tests run `run` / `register_base`, the same steps in one process.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from pipelines.config import GatePolicy, PipelineConfig, load_gate_policy
-from pipelines.registry import lock
 from pipelines.promotion.release import gate_and_release
-from pipelines.registry import description, mlflow_io
+from pipelines.registry import description, lock, mlflow_io
 from pipelines.registry.register import complete_registration
 from pipelines.training import base_model
 
@@ -74,7 +74,6 @@ def register_candidate(cfg: PipelineConfig, trained: dict) -> dict:
         log.info("%s: fingerprint %s is already registered as v%s: returning it", name, fingerprint[:12], version)
         complete_registration(name, version, evaluation)  # a registration a killed process left half done
         return {**out, "version": version, "existing": True}
-    import json
 
     tags = {
         "fingerprint": fingerprint,

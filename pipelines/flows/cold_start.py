@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 
-from pipelines.config import PipelineConfig
+from pipelines.config import PipelineConfig, load_gate_policy
 from pipelines.data.cold import ALL
 from pipelines.evaluation.cold_start import evaluate_stage
+from pipelines.promotion.release import gate_and_release
+from pipelines.registry import mlflow_io
+from pipelines.registry.register import register
 from pipelines.training.cold_start import detect_stage, distill_stage
 
 
 def register_stage(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> dict:
     """Register the student like any candidate (lineage tags, alias `candidate`) plus the cold-start tags."""
-    from pipelines.registry import mlflow_io
-    from pipelines.registry.register import register
-
     out = register(cfg, candidate, evaluation)
     c = mlflow_io.client()
     tags = {
@@ -40,9 +40,6 @@ def register_stage(cfg: PipelineConfig, candidate: dict, evaluation: dict) -> di
 def run_all(cfg: PipelineConfig, lake_uri: str, end_day: str, slot: str = ALL, policy=None, actor: str = "cli") -> dict:
     """detect -> distill -> evaluate -> register -> gate, in-process (the CLI's path). The release
     follows the policy as everywhere: with `approval: true` it raises PromotionError (see flows.retrain.run)."""
-    from pipelines.config import load_gate_policy
-    from pipelines.promotion.release import gate_and_release
-
     detected = detect_stage(cfg, lake_uri, end_day, slot)
     candidate = distill_stage(cfg, lake_uri, end_day, slot, detected=detected)
     evaluation = evaluate_stage(cfg, lake_uri, candidate)

@@ -13,6 +13,7 @@ import datetime as dt
 
 from pipelines.config import PipelineConfig
 from pipelines.data.cold import read_days
+from pipelines.validation.stage import validate_window
 
 
 def base_days(cfg: PipelineConfig, cutoff_day: str) -> int:
@@ -33,6 +34,4 @@ def cold_start_days(cfg: PipelineConfig) -> int:
 def validate_first(cfg: PipelineConfig, lake_uri: str, end_day: str, days: int) -> dict:
     """Validate the `days` partitions ending at `end_day`; raises DataValidationError listing every
     failure. Returns the validation summary."""
-    from pipelines.validation.stage import validate_window
-
     return validate_window(cfg, lake_uri, end_day, days)

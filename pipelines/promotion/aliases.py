@@ -17,11 +17,11 @@ from pipelines.errors import PromotionError
 from pipelines.promotion.eligibility import release_refusal
 from pipelines.promotion.gate import base_check
 from pipelines.promotion.gate_record import fingerprints
-from pipelines.registry import description
+from pipelines.registry import description, mlflow_io
 from pipelines.registry import history as store
-from pipelines.registry import mlflow_io
-from pipelines.registry.integrity import FINGERPRINT_TAG
 from pipelines.registry.history import KINDS, current, history
+from pipelines.registry.integrity import FINGERPRINT_TAG
+from pipelines.registry.lock import registry_lock
 
 # A reason is an MLflow tag on the history run (8,000 characters at most) and in the override record
 # on the version (5,000 at most, with more than the reason in it): a sentence or a ticket link fits.
@@ -85,8 +85,6 @@ def _replay_of(found: list[dict], recovered: set[str], op_id: str | None) -> dic
 def replayed(model: str, op_id: str | None) -> dict | None:
     """The recorded result of operation `op_id` if it already ran (a retried task must not move twice),
     read after settling pending entries."""
-    from pipelines.registry.lock import registry_lock
-
     with registry_lock(model):
         return _replay_of(*_settled(model), op_id)
 
@@ -109,8 +107,6 @@ def move_alias(
     (a retried or re-run task returns the recorded move instead of moving the alias a second time).
     `checked`: the caller has just fetched the version (it exists), so it is not fetched again.
     """
-    from pipelines.registry.lock import registry_lock
-
     if kind not in KINDS:
         raise PromotionError(f"unknown move kind {kind!r}; expected one of {KINDS}")
     reason = check_reason(reason, f"move {model}@{alias}")
@@ -198,8 +194,6 @@ def revert(model: str, reason: str, to_version=None, actor: str = "cli", op_id: 
     reverts pop the history twice rather than both moving to the same version. A version that does
     not exist, never passed its gate, or whose base is not the serving base is refused.
     """
-    from pipelines.registry.lock import registry_lock
-
     check_reason(reason, f"revert {model}")
     with registry_lock(model):  # re-entrant: move_alias takes the same lock inside
         target = _revert_target(model, to_version, op_id)
@@ -249,7 +243,6 @@ def start_canary(
     """Send `share` of the traffic (users hashed on user_id, see pipelines.serving) to `version` as @canary."""
     if not 0.0 < float(share) < 1.0:
         raise PromotionError(f"canary share must be in (0, 1), got {share}")
-    from pipelines.registry.lock import registry_lock
 
     check_reason(reason, f"start a canary of {model} v{version}")
     check_promotable(model, version, mv=mv, require_approval=require_approval)
@@ -268,8 +261,6 @@ def promote_canary(
     """@canary becomes @champion (one recorded promote) and the canary alias is removed (one withdraw;
     returned under "withdrawn"). `expected_version`: refuse if the canary was replaced meanwhile (the
     monitor decided on that version's windows)."""
-    from pipelines.registry.lock import registry_lock
-
     with registry_lock(model):
         version = current(model, "canary")
         if expected_version is not None and version is not None and version != version_id(expected_version):

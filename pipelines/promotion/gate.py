@@ -25,6 +25,7 @@ no latency sample, a slot with too few rows) FAILS and says so, unless the polic
 from __future__ import annotations
 
 from pipelines.config import GatePolicy, to_dict
+from pipelines.metrics import check_result
 
 
 def _check(name: str, value, threshold, passed: bool, reason: str) -> dict:
@@ -309,8 +310,6 @@ def _decision(policy: GatePolicy, evaluation: dict, checks: list[dict]) -> dict:
 
 
 def format_table(decision: dict) -> str:
-    from pipelines.metrics import check_result  # here: gate.py stays import-light (sklearn)
-
     def fmt(v):
         return f"{v:.5f}" if isinstance(v, float) else ("-" if v is None else str(v))
 

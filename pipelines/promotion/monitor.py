@@ -19,10 +19,18 @@ returned for the DAG's revert operator, or made here with `apply_reverts=True` (
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
+import mlflow
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+
 from pipelines.config import GatePolicy, PipelineConfig
+from pipelines.data.lake import Lake
 from pipelines.errors import ConfigError, LakeError, PipelineError
+from pipelines.metrics import summary
+from pipelines.promotion import aliases
 from pipelines.promotion.monitor_decisions import (
     REVERT_KEYS,
     Decision,
@@ -32,6 +40,10 @@ from pipelines.promotion.monitor_decisions import (
     reference_value,
     revert_decision,
 )
+from pipelines.registry import mlflow_io, pyfunc
+from pipelines.registry.lock import registry_lock
+from pipelines.registry.model_input import predict_pctr
+from pipelines.validation.stage import read_marker
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +59,6 @@ def _metrics(logged: dict) -> dict:
 
 
 def load_windows(model: str) -> list[Window]:
-    import mlflow
-
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:
         return []
     runs = mlflow.search_runs(
@@ -71,12 +81,6 @@ def load_windows(model: str) -> list[Window]:
 
 
 def record_window(w: Window) -> Window:
-    import time
-
-    from mlflow.entities import Metric
-
-    from pipelines.registry import mlflow_io
-
     c = mlflow_io.client()
     tags = {
         "model": w.model,
@@ -113,9 +117,6 @@ class Scorer:
         self._models: dict = {}
 
     def predict(self, model: str, version: str, rows):
-        from pipelines.registry import pyfunc
-        from pipelines.registry.model_input import predict_pctr
-
         if (model, version) not in self._models:
             self._models[model, version] = pyfunc.load(f"models:/{model}/{version}")
         return predict_pctr(self._models[model, version], rows)
@@ -135,8 +136,6 @@ def window(
 ) -> tuple[Window | None, str]:
     """The window of `mv` on `day`: found (a version is scored once per day, in the role it had then),
     or scored and recorded as model@alias; (None, why) when the day is in-sample for it."""
-    from pipelines.metrics import summary
-
     version, trained_to = str(mv.version), mv.tags.get("data.last", "")
     if trained_to and day <= trained_to:
         return None, f"v{version} was trained on data up to {trained_to}: dt={day} is in-sample"
@@ -161,8 +160,6 @@ def window(
 def drop_stale(past: list[Window], day: str, sha256: str) -> list[Window]:
     """Windows of `day` scored on other content (the partition was rewritten, e.g. late labels) no
     longer stand: deleted, so the day is scored again on what validation passed."""
-    from pipelines.registry import mlflow_io
-
     for w in past:
         if w.day == day and w.sha256 != sha256:
             mlflow_io.client().delete_run(w.run_id)
@@ -177,8 +174,6 @@ def monitored_models(cfg: PipelineConfig) -> list[tuple[str, str | None]]:
 
 def usable_partition(lake, day: str):
     """(the day's partition, "") when validation passed it and it is unchanged since, else (None, why)."""
-    from pipelines.validation.stage import read_marker
-
     marker = read_marker(lake, day)
     if marker is None:
         return None, f"dt={day} has no validation marker (not validated yet)"
@@ -199,10 +194,6 @@ def usable_partition(lake, day: str):
 def monitor_model(
     model: str, slot: str | None, part, day: str, policy: GatePolicy, live, actor: str, scorer: Scorer
 ) -> dict:
-    from pipelines.promotion import aliases
-    from pipelines.registry.lock import registry_lock
-    from pipelines.registry import mlflow_io
-
     out: dict = {
         "model": model,
         "slot": slot,
@@ -283,11 +274,6 @@ def monitor_day(
     [{model, to_version, reason}] due, for the revert operator); `errors` (models that could not be
     monitored: the others still are). `apply_reverts`: make the reverts here (CLI, no Airflow).
     """
-    from mlflow.exceptions import MlflowException
-
-    from pipelines.data.lake import Lake
-    from pipelines.promotion import aliases
-
     if policy.revert_metric == "ctr" and live is None:
         raise ConfigError(
             "gate.revert_metric is 'ctr' (the live CTR of a version) but no live-metrics source is "

@@ -22,6 +22,7 @@ answer, on the version) and `override`. Versions are `str` (see `aliases.version
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Callable
 
@@ -29,9 +30,11 @@ from pipelines.config import GatePolicy
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases, eligibility, gate_record
 from pipelines.promotion.eligibility import APPROVAL_TAG, approval_of
-from pipelines.registry import description
+from pipelines.registry import description, mlflow_io
 from pipelines.registry.description import HELD_TAG
 from pipelines.registry.integrity import FINGERPRINT_TAG
+from pipelines.registry.lock import registry_lock
+from pipelines.registry.status import adapters_on_other_bases
 
 APPROVAL_ANSWERS = ("Approve", "Reject")
 # What a decision says about the move its release made (the full move goes to `on_move`).
@@ -42,9 +45,6 @@ __all__ = ["APPROVAL_TAG", "HELD_TAG", "gate_and_release", "hold_reason", "overr
 def release(policy: GatePolicy, model: str, version: str, actor: str, op_id: str | None = None) -> dict:
     """Release `version` as the policy says, or raise PromotionError saying why not (see the module doc).
     A retried task (same `op_id`) gets its recorded move back, whatever changed since."""
-    from pipelines.registry.lock import registry_lock
-    from pipelines.registry import mlflow_io
-
     with registry_lock(model):  # re-entrant: the move takes it again
         replay = aliases.replayed(model, op_id)
         if replay:
@@ -114,10 +114,6 @@ def hold_reason(policy: GatePolicy, model: str, version: str, champion: str | No
 
 def _record_held(model: str, version: str, held: dict) -> None:
     """The hold, on the version (tag `release.held`): the registry says why a passed version does not serve."""
-    import datetime as dt
-
-    from pipelines.registry import mlflow_io
-
     record = {**held, "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     mlflow_io.client().set_model_version_tag(model, version, HELD_TAG, json.dumps(record))
     description.publish(model)
@@ -129,8 +125,6 @@ def _release_base(
     """`<base>@champion` moves to a gated base, in one recorded move whose reason lists the serving adapters
     (`@champion`, `@canary`) it makes incompatible: they keep their aliases, are refused by every later
     move and must be retrained on the new base (the next ctr_lora_retrain run trains on it)."""
-    from pipelines.registry.status import adapters_on_other_bases
-
     stranded = adapters_on_other_bases(model, mv.tags[FINGERPRINT_TAG])
     listed = ", ".join(f"{a['model']}@{a['alias']} v{a['version']}" for a in stranded) or "none"
     head = ("base passed gate (first base)" if champion is None else f"base passed gate against v{champion}") + why
@@ -203,8 +197,6 @@ def record_approval(model: str, version: str, *, answer: str, by: str, at: str, 
     """A person's answer to "release this version?" ("Approve" or "Reject"), who gave it, when and in
     which task: recorded on the version (tag `release.approval`, JSON) whatever the answer. `release`
     reads it from there (not from its caller): an answer counts only once it is on the record."""
-    from pipelines.registry import mlflow_io
-
     if answer not in APPROVAL_ANSWERS:
         raise PromotionError(f"{model} v{version}: approval answer must be one of {APPROVAL_ANSWERS}, got {answer!r}")
     if not isinstance(by, str) or not by.strip():

@@ -1,5 +1,4 @@
-"""Multi-adapter serving with hot swap (issue #5 §3): `AdapterServer` in `router`."""
+"""Multi-adapter serving with hot swap (issue #5 §3): `AdapterServer` in `router`.
 
-from pipelines.serving.router import AdapterServer
-
-__all__ = ["AdapterServer"]
+Nothing is imported here: `python -m pipelines` adds the `serve` parser from `serving.cli` on every
+run, and importing this package must not load torch (tests/pipelines/test_cli_imports.py)."""

@@ -40,6 +40,11 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+from peft import PeftModel
+from peft.tuners.lora import Embedding, Linear, LoraLayer
+from peft.tuners.trainable_tokens import TrainableTokensLayer
+from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils.other import AuxiliaryTrainingWrapper, TrainableTokensWrapper
 from torch import nn
 
 _REQUEST: contextvars.ContextVar[tuple[dict, torch.Tensor] | None] = contextvars.ContextVar(
@@ -92,8 +97,6 @@ def hookable(model: nn.Module) -> set[str]:
 
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    from peft.tuners.lora import LoraLayer
-
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
             yield name, module
@@ -104,8 +107,6 @@ def token_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     Embedding, i.e. the serving tree's hook name: LoRA's `trainable_token_indices` put the layer at
     `<table>.token_adapter` inside a TrainableTokensWrapper; a TrainableTokensConfig model puts it at
     `<table>` itself."""
-    from peft.tuners.trainable_tokens import TrainableTokensLayer
-
     for name, module in model.named_modules():
         if isinstance(module, TrainableTokensLayer):
             yield name.removesuffix(".token_adapter"), module
@@ -128,8 +129,6 @@ def unsupported(store: nn.Module, adapter: str, hooked: set[str]) -> list[str]:
 
 
 def _lora_problems(store: nn.Module, adapter: str, hooked: set[str]) -> list[tuple[str, str]]:
-    from peft.tuners.lora import Embedding, Linear
-
     problems = []
     for name, layer in lora_layers(store):
         if adapter not in layer.lora_A and adapter not in layer.lora_embedding_A:
@@ -174,11 +173,6 @@ def _token_problems(store: nn.Module, adapter: str, hooked: set[str]) -> list[tu
 def _foreign_problems(store: nn.Module, adapter: str) -> list[tuple[str, str]]:
     """PEFT wrappers (ModulesToSaveWrapper, ...) and tuner layers other than LoRA / trainable tokens
     that hold `adapter`: their output replaces or changes the module's, which no stack computes."""
-    from peft.tuners.lora import LoraLayer
-    from peft.tuners.trainable_tokens import TrainableTokensLayer
-    from peft.tuners.tuners_utils import BaseTunerLayer
-    from peft.utils.other import AuxiliaryTrainingWrapper, TrainableTokensWrapper
-
     problems = []
     for name, module in store.named_modules():
         if isinstance(module, AuxiliaryTrainingWrapper) and not isinstance(module, TrainableTokensWrapper):
@@ -278,8 +272,6 @@ def build_stacks(store: nn.Module, adapters: Sequence[str]) -> dict[str, LayerSt
     """{layer name: LayerStack or TokenStack} over the store's `adapters` (stack row i+1 = adapters[i]);
     layers none of them touch are left out. Check each adapter with `unsupported` first: this reads
     only the LoRA and trainable-token weights."""
-    from peft.tuners.lora import Embedding
-
     out: dict[str, LayerStack | TokenStack] = {}
     for name, layer in lora_layers(store):
         embedding = isinstance(layer, Embedding)
@@ -308,8 +300,6 @@ def load_adapter(peft, store: nn.Module, adapter_dir: str, name: str):
     the same tables would load. ModulesToSaveWrapper answers {} for an adapter it does not hold; here
     the store's wrappers are made to do the same for the duration of the load.
     """
-    from peft import PeftModel
-
     if peft is None:
         return PeftModel.from_pretrained(store, adapter_dir, adapter_name=name, is_trainable=False)
     with _token_wrappers_skip_other_adapters(store):
@@ -320,8 +310,6 @@ def load_adapter(peft, store: nn.Module, adapter_dir: str, name: str):
 @contextmanager
 def _token_wrappers_skip_other_adapters(store: nn.Module) -> Iterator[None]:
     """Per instance, not on PEFT's class: nothing outside this store (another thread's model) changes."""
-    from peft.utils.other import TrainableTokensWrapper
-
     wrappers = [m for m in store.modules() if isinstance(m, TrainableTokensWrapper)]
     for wrapper in wrappers:
         wrapper.adapter_state_dict_load_map = partial(_own_load_map, wrapper)

@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+
+from pipelines.config import load_gate_policy, load_pipeline_config
+from pipelines.errors import ConfigError, RegistryError
 
 WEBHOOK_NAME = "ctr-serving-alias-moves"
 WEBHOOK_EVENTS = ("model_version_alias.created", "model_version_alias.deleted")
@@ -61,9 +65,6 @@ def add_parser(sub) -> None:
 
 
 def cmd(a) -> int:
-    from pipelines.config import load_gate_policy, load_pipeline_config
-    from pipelines.errors import ConfigError
-
     secret = os.environ.get(SECRET_ENV) or None
     if a.register_webhook:
         if not secret:
@@ -128,10 +129,6 @@ def serve(
 def _first_base(make, poll_seconds: float):
     """`make()` once the registry has a loadable base: a new deployment starts before its first
     ctr_base@champion exists, and waits for it rather than exiting (and restarting) in a loop."""
-    import time
-
-    from pipelines.errors import RegistryError
-
     while True:
         try:
             return make()

@@ -19,9 +19,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
 from pipelines.errors import RegistryError
-from pipelines.registry import integrity
+from pipelines.model import store
 from pipelines.model.adapters import LAYERNORM_BIAS_FILE
+from pipelines.model.base import fingerprint
+from pipelines.registry import integrity, mlflow_io
 
 CHAMPION, CANARY = "champion", "canary"
 Route = tuple[str, str]  # (model, alias): what a routing table maps to a version
@@ -34,16 +40,11 @@ class Registry:
     """The MLflow tracking + registry a server reads, pinned when it starts (default: the environment's)."""
 
     def __init__(self, tracking_uri: str | None = None, registry_uri: str | None = None):
-        import mlflow
-        from mlflow import MlflowClient
-
         self.tracking_uri = tracking_uri or mlflow.get_tracking_uri()
         self.registry_uri = registry_uri or (mlflow.get_registry_uri() if tracking_uri is None else self.tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
 
     def download(self, uri: str, dst: str | Path) -> Path:
-        from pipelines.registry import mlflow_io
-
         # retried when a body breaks off mid-stream (MLflow's own retries stop at the response headers)
         return Path(
             mlflow_io.download_artifacts(
@@ -80,8 +81,6 @@ def resolve_alias(registry: Registry, model: str, alias: str) -> VersionRef | No
     Any other registry failure raises RegistryError: an unreachable registry must not read as
     "every alias was removed" and unload everything.
     """
-    from mlflow.exceptions import MlflowException
-
     try:
         mv = registry.client.get_model_version_by_alias(model, alias)
     except MlflowException as exc:
@@ -188,9 +187,6 @@ def load_base(registry: Registry, name: str, dst: str | Path):
 def load_base_version(registry: Registry, ref: VersionRef, dst: str | Path):
     """(the frozen model of base version `ref`, its fingerprint); the weights must hash to the version's
     `fingerprint` tag, and a version without one is refused (RegistryError)."""
-    from pipelines.model import store
-    from pipelines.model.base import fingerprint
-
     try:
         local = _download(registry, ref, "artifacts/base", dst)
     except RefusedVersion as exc:
