@@ -52,7 +52,10 @@ import pandas as pd
 from pipelines.bench.backtest_lr import LR_C_GRID, fit_lr, predict_lr, tune_lr
 from pipelines.bench.backtest_protocol import TRAIN_FRACTION, VAL_FRACTION, temporal_split
 from pipelines.config import LoraTrainConfig
+from pipelines.data import movielens
 from pipelines.metrics import auc
+from pipelines.model import store
+from research.quality_distill import make_distilled
 from research.quality_models import (
     BASE_GRID,
     LORA_MAX_EPOCHS,
@@ -248,12 +251,8 @@ def run(
     (``base_seed_spread_*``) so that a difference to LR can be read against seed-to-seed noise; they
     play no part in any choice.
     """
-    from pipelines.model import store
-
     t_start = time.perf_counter()
     if frame is None:
-        from pipelines.data import movielens
-
         frame = movielens.load()
     lcfg = lora_cfg or LoraTrainConfig()
     t = _Table.split(frame)
@@ -293,8 +292,6 @@ def markdown_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from research.quality_distill import make_distilled
-
     p = argparse.ArgumentParser(
         prog="python -m research.quality", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

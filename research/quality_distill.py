@@ -30,8 +30,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 
 from pipelines.config import ColdStartConfig
+from pipelines.model import features, inference, store
+from pipelines.model.inference import predict
+from pipelines.training import distill as D
+from pipelines.training.cold_start import init_student, student_for
 from research.quality_protocol import cold_mask, tokens
 
 RECENT_FRACTION = 0.2
@@ -64,14 +69,6 @@ def make_distilled(cs: ColdStartConfig | None = None, recent_fraction: float = R
     cs = cs or ColdStartConfig()
 
     def distilled(ctx, stage: str) -> np.ndarray:
-        import torch
-
-        from pipelines.model import features, store
-        from pipelines.model import inference
-        from pipelines.training import distill as D
-        from pipelines.training.cold_start import init_student, student_for
-        from pipelines.model.inference import predict
-
         if stage == "val":
             tr, base_dir, scored = ctx.fit, ctx.fit_base_dir, ctx.val
         elif stage == "test":

@@ -34,9 +34,15 @@ import time
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import KFold
+from sklearn.preprocessing import OneHotEncoder
 
 from pipelines.bench.backtest_lr import LR_C_GRID, LR_FEATURES, fit_lr, predict_lr
 from pipelines.bench.backtest_protocol import TRAIN_FRACTION, VAL_FRACTION, temporal_split
+from pipelines.data import movielens
 from pipelines.metrics import auc
 from research.quality_protocol import GOAL_MARGIN, cold_mask, scores
 
@@ -56,8 +62,6 @@ K_SHOT = 10
 # ------------------------------------------------------------------------------- features
 def side_info() -> tuple[pd.DataFrame, pd.DataFrame]:
     """(items: item_id, release_bucket, genres; users: user_id, zip1) from the installed MovieLens files."""
-    from pipelines.data import movielens
-
     d = movielens.dataset_dir()
     items = pd.read_csv(d / "ml-100k.item", sep="\t", dtype=str, quoting=3)
     users = pd.read_csv(d / "ml-100k.user", sep="\t", dtype=str)
@@ -106,9 +110,6 @@ def recency_weights(frame: pd.DataFrame, days: float = DECAY_DAYS) -> np.ndarray
 def _lr_design(fit: pd.DataFrame, cols, multi_genre: bool, numeric=()):
     """A fitted (frame -> sparse matrix) transform: one-hot of `cols`, optional multi-hot genres and
     standardised numeric columns."""
-    import scipy.sparse as sp
-    from sklearn.preprocessing import OneHotEncoder
-
     enc = OneHotEncoder(handle_unknown="ignore").fit(fit[list(cols)].astype(str))
     genres = sorted(set(" ".join(fit["genres"]).split())) if multi_genre else []
     mu = {c: fit[c].mean() for c in numeric}
@@ -131,7 +132,6 @@ def _lr_design(fit: pd.DataFrame, cols, multi_genre: bool, numeric=()):
 
 def lr_variant(fit, val, train, test, cols, *, multi_genre=False, numeric=(), decay=False, grid=LR_C_GRID):
     """C chosen on (fit, val), refit on train; returns (test pCTR, chosen C, its val AUC)."""
-    from sklearn.linear_model import LogisticRegression
 
     def fitted(src: pd.DataFrame, C: float):
         design = _lr_design(src, cols, multi_genre, numeric)
@@ -162,15 +162,11 @@ def _target_encode(src: pd.DataFrame, f: pd.DataFrame, k: float = 10.0) -> pd.Da
 
 def _oof_encode(src: pd.DataFrame, folds: int = 5) -> pd.DataFrame:
     """Target encoding of `src`'s own rows out of fold, so a row's label never encodes itself."""
-    from sklearn.model_selection import KFold
-
     parts = [_target_encode(src.iloc[a], src.iloc[b]) for a, b in KFold(folds, shuffle=True, random_state=0).split(src)]
     return pd.concat(parts).loc[src.index]
 
 
 def gbdt_variant(fit, val, train, test, grid=(0.03, 0.1)):
-    from sklearn.ensemble import HistGradientBoostingClassifier
-
     def fitted(src: pd.DataFrame, lr: float):
         return HistGradientBoostingClassifier(
             learning_rate=lr, max_iter=300, max_leaf_nodes=15, l2_regularization=1.0, random_state=0
@@ -204,8 +200,6 @@ def run(frame: pd.DataFrame | None = None, k_shot: int = K_SHOT, grid=LR_C_GRID)
     """Every variant on MovieLens-100K (or `frame`, with its side-info columns, for tests)."""
     t0 = time.perf_counter()
     if frame is None:
-        from pipelines.data import movielens
-
         items, users = side_info()
         frame = movielens.load().merge(items, on="item_id", how="left").merge(users, on="user_id", how="left")
         frame[["genres", "release_bucket", "zip1"]] = frame[["genres", "release_bucket", "zip1"]].fillna("")

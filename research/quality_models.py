@@ -17,9 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.metrics import auc
+from pipelines.model import adapters, features, store
+from pipelines.model.base import CTRModel
+from pipelines.model.inference import predict
+from pipelines.training.loop import LoopSettings
+from pipelines.training.loop import train as loop_train
 from research.quality_protocol import SEED, tokens
 
 
@@ -90,8 +96,6 @@ class _Stop(Exception):
 def _train(model, x: np.ndarray, y: np.ndarray, settings, desc: str, on_epoch) -> None:
     """`pipelines.training.loop.train`, ended early when `on_epoch` raises _Stop; the lr schedule is
     the one of `settings.epochs`, so a model stopped at epoch k is the one validation saw at epoch k."""
-    from pipelines.training.loop import train as loop_train
-
     try:
         loop_train(model, x, y, settings, desc=desc, on_epoch=on_epoch)
     except _Stop:
@@ -112,13 +116,6 @@ def train_base(
     the per-epoch validation AUCs. With `stop_epoch`: training ends after that epoch (same schedule, so
     a refit reproduces the point selected on validation). Returns (model in eval mode, val AUCs).
     """
-    import torch
-
-    from pipelines.model import features
-    from pipelines.model.base import CTRModel
-    from pipelines.model.inference import predict
-    from pipelines.training.loop import LoopSettings
-
     torch.manual_seed(seed)
     model = CTRModel(cand.model)
     x, y = tokens(train, cand.model, cand.drop_fields), features.labels(train)
@@ -150,8 +147,6 @@ def train_base(
 
 
 def predict_base(model, cand: BaseCandidate, frame: pd.DataFrame) -> np.ndarray:
-    from pipelines.model.inference import predict
-
     return predict(model, tokens(frame, cand.model, cand.drop_fields))
 
 
@@ -197,9 +192,6 @@ def slot_adapters(
     A slot with fewer than `lcfg.min_rows` train rows gets no adapter (as in the pipeline): the base
     scores it.
     """
-    from pipelines.model import store
-    from pipelines.model.inference import predict
-
     out = np.full(len(test), np.nan)
     info: dict = {}
     for slot in sorted(set(test["slot"])):
@@ -230,10 +222,6 @@ def _slot_adapter(
     """Attach one adapter to `base`, train it on `tr_rows`; (pCTR of `te_rows`, info). `stop_epoch`
     None is selection mode: train `max_epochs`, keep the predictions of the epoch with the best AUC
     on `te_rows`."""
-    from pipelines.model import adapters, features
-    from pipelines.model.inference import predict
-    from pipelines.training.loop import LoopSettings
-
     model = adapters.attach(base, lcfg)
     x_tr, y_tr = tokens(tr_rows, cand.model, cand.drop_fields), features.labels(tr_rows)
     x_te, y_te = tokens(te_rows, cand.model, cand.drop_fields), features.labels(te_rows)

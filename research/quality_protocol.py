@@ -28,6 +28,7 @@ import pandas as pd
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.metrics import auc, logloss
+from pipelines.model import features
 
 GOAL_MARGIN = 0.01
 SEED = 7
@@ -56,8 +57,6 @@ def scores(y: np.ndarray, p: np.ndarray, cold: np.ndarray) -> dict:
 # ---------------------------------------------------------------------------------- CTRModel
 def tokens(frame: pd.DataFrame, cfg: ModelConfig, drop_fields=()) -> np.ndarray:
     """features.encode, with the `drop_fields` columns set to token 0 (the field carries no information)."""
-    from pipelines.model import features
-
     x = features.encode(frame, cfg)
     for f in drop_fields:
         x[:, FEATURE_FIELDS.index(f)] = 0

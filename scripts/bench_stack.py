@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -58,8 +59,6 @@ def timed_up(env: dict) -> float:
 
 def restart_workers(env: dict, preload: str | None) -> None:
     """Workers again, with (preload None: the default list) or without (preload "") the preload."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("stack_script", REPO / "scripts" / "stack.py")
     stack = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stack)

@@ -30,6 +30,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import boto3
+import psycopg2
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # stack_procs beside this file, however it is loaded
 import stack_procs as procs  # noqa: E402
 
@@ -205,8 +209,6 @@ def stop(s: dict, comp: str, grace_s: float = 20) -> str:
 
 
 def ensure_databases(s: dict) -> None:
-    import psycopg2
-
     conn = psycopg2.connect(f"{s['pg']}/postgres", connect_timeout=5)
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -218,8 +220,6 @@ def ensure_databases(s: dict) -> None:
 
 
 def drop_databases(s: dict) -> None:
-    import psycopg2
-
     conn = psycopg2.connect(f"{s['pg']}/postgres", connect_timeout=5)
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -229,8 +229,6 @@ def drop_databases(s: dict) -> None:
 
 
 def ensure_bucket(s: dict, env: dict) -> None:
-    import boto3
-
     s3 = boto3.client(
         "s3",
         endpoint_url=env["AWS_ENDPOINT_URL"],
@@ -282,8 +280,6 @@ def init_airflow(s: dict, env: dict) -> None:
 
 def load_lake(s: dict, env: dict) -> str:
     """MovieLens-100K into the configured lake, unless its partitions are already there."""
-    import yaml
-
     lake_uri = yaml.safe_load(Path(s["pipeline_config"]).read_text())["data"]["lake_uri"]
     check = subprocess.run(
         [

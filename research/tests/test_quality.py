@@ -11,7 +11,9 @@ import pytest
 
 from pipelines.bench import backtest_protocol as bp
 from pipelines.config import ColdStartConfig, LoraTrainConfig, ModelConfig
+from pipelines.data import movielens
 from pipelines.data.synthetic import SyntheticSpec, generate_day
+from pipelines.model import store
 from research import quality as bq
 from research import quality_distill as bqd
 from research import quality_models as qm
@@ -88,8 +90,6 @@ def test_recent_user_rows_are_the_newest_users_first_rows(frame):
 
 
 def _ctx(frame, tmp_path, cfg: ModelConfig, drop=(), test_part=True):
-    from pipelines.model import store
-
     train, test = bp.temporal_split(frame, bp.TRAIN_FRACTION)
     fit, val = bp.temporal_split(train, 1.0 - bp.VAL_FRACTION)
     cand = qm.BaseCandidate(model=cfg, max_epochs=1, batch_size=256, drop_fields=drop)
@@ -168,8 +168,6 @@ def test_our_best_model_is_chosen_on_validation_not_test(frame):
 
 # ------------------------------------------------------------------------ on MovieLens rows
 def test_bench_quality_tiny_run():
-    from pipelines.data import movielens
-
     frame = movielens.load().iloc[::25].reset_index(drop=True)  # 4,000 rows spread over the whole period
     grid = (
         qm.BaseCandidate(model=ModelConfig(embed_dim=8, n_blocks=1, id_buckets=1 << 10), max_epochs=2, warmup_steps=2),
