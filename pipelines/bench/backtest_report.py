@@ -13,8 +13,7 @@ import html
 import json
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 import mlflow
 import pandas as pd
 
@@ -24,12 +23,11 @@ from pipelines.registry import mlflow_io
 
 
 def _plot(result: dict, path: Path) -> str:
-    matplotlib.use("Agg")  # headless; must precede the pyplot import
-
     days = pd.DataFrame(result["per_day"])
     x = pd.to_datetime(days["date"])
     names = [n for n in COMPARATORS if n in days]
-    fig, (cum, daily) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
+    fig = Figure(figsize=(10, 8))  # not through pyplot: no backend to choose, nothing to close
+    cum, daily = fig.subplots(2, 1, sharex=True)
     for n in names:
         cum.plot(x, days[f"cum_{n}"], label=f"{n} ({result[f'{n}_auc']})")
         daily.plot(x, days[n].rolling(7, min_periods=1).mean(), label=n)
@@ -40,7 +38,6 @@ def _plot(result: dict, path: Path) -> str:
     fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return str(path)
 
 

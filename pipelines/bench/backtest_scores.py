@@ -19,8 +19,7 @@ import math
 import tempfile
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 import mlflow
 import numpy as np
 import pandas as pd
@@ -191,10 +190,9 @@ def table(r: dict) -> str:
 
 def figure(r: dict, path) -> str:
     """A forest plot: A - B per part with its 95% interval, the zero line and the goal's margin."""
-    matplotlib.use("Agg")  # headless; must precede the pyplot import
-
     parts = [(n, p) for n, p in r["parts"].items() if "diff" in p]
-    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(parts)))
+    fig = Figure(figsize=(10, 1.4 + 0.6 * len(parts)))  # not through pyplot: no backend to choose, nothing to close
+    ax = fig.subplots()
     for y, (name, p) in enumerate(reversed(parts)):
         low, high = p["ci95"]
         ax.errorbar(p["diff"], y, xerr=[[p["diff"] - low], [high - p["diff"]]], fmt="o", capsize=4, color="tab:blue")
@@ -220,7 +218,6 @@ def figure(r: dict, path) -> str:
     ax.margins(x=0.1)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return str(path)
 
 

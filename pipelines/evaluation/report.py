@@ -3,8 +3,8 @@ fixed-width text table for the task log. Both read the same table sections, so t
 page never disagree.
 
 Plots need no raw data except the ROC curves: pass the labels and the scores to write_report for
-them (without them the ROC plot is skipped, its path None). matplotlib is imported inside the
-plotting functions, with the Agg backend, so importing this module stays cheap and headless.
+them (without them the ROC plot is skipped, its path None). The plots are drawn on matplotlib
+Figures, never through pyplot: no backend is chosen, so they draw on headless workers.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import html
 import math
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 
@@ -170,25 +169,23 @@ def format_table(comparison: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- plots
-def _pyplot():
-    matplotlib.use("Agg")  # headless workers; must precede the pyplot import
-
-    return plt
+def _subplots(*, figsize: tuple[float, float]):
+    """(figure, axes) outside pyplot: nothing global to choose (a backend) or to close afterwards."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots()
 
 
 def _save(fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    _pyplot().close(fig)
     return str(path)
 
 
 def plot_gate(decision: dict, path: Path) -> str:
     """The gate decision as a picture: one row per check, green pass / red fail, value vs threshold."""
-    plt = _pyplot()
     checks = decision["checks"]
     rows = [[c["name"], fmt(c["value"]), fmt(c["threshold"]), check_result(c)] for c in checks]
-    fig, ax = plt.subplots(figsize=(8, 0.3 * len(rows) + 0.9))
+    fig, ax = _subplots(figsize=(8, 0.3 * len(rows) + 0.9))
     ax.axis("off")
     table = ax.table(
         cellText=rows,
@@ -212,8 +209,7 @@ def plot_roc(y, scores: dict[str, np.ndarray], path: Path) -> str | None:
     y = np.asarray(y, dtype=np.float64).ravel()
     if len(y) == 0 or y.min() == y.max():
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = _subplots(figsize=(5, 5))
     for name, p in scores.items():
         fpr, tpr, _ = roc_curve(y, p)
         ax.plot(fpr, tpr, label=f"{name} (AUC {roc_auc_score(y, p):.4f})")
@@ -225,8 +221,7 @@ def plot_roc(y, scores: dict[str, np.ndarray], path: Path) -> str | None:
 
 def plot_reliability(curves: dict[str, dict], path: Path) -> str:
     """Observed click rate against mean predicted CTR per bin (curves from reliability_curve)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = _subplots(figsize=(5, 5))
     top = 0.0
     for name, c in curves.items():
         ax.plot(c["mean_predicted"], c["observed_rate"], marker="o", label=name)
@@ -247,9 +242,8 @@ def plot_reliability(curves: dict[str, dict], path: Path) -> str:
 
 def plot_bars(values: dict[str, dict[str, float | None]], title: str, ylabel: str, path: Path) -> str:
     """Grouped bars: one group per category, one bar per series ({series: {category: value}})."""
-    plt = _pyplot()
     cats = list(dict.fromkeys(k for v in values.values() for k in v))
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cats) + 2), 4))
+    fig, ax = _subplots(figsize=(max(5.0, 0.9 * len(cats) + 2), 4))
     x = np.arange(len(cats))
     width = 0.8 / max(len(values), 1)
     for i, (series, v) in enumerate(values.items()):
