@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 
 from pipelines.config import GatePolicy, PipelineConfig
+from pipelines.evaluation.next_day import evaluate_day
 from pipelines.promotion import gate, gate_record, sequential
+from pipelines.registry import mlflow_io
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,6 @@ WAITING = "waiting"
 
 def waiting_versions(model: str, day: str) -> list:
     """The versions of `model` waiting to be judged whose window ended before `day`, oldest first."""
-    from pipelines.registry import mlflow_io
 
     found = mlflow_io.client().search_model_versions(f"name = '{model}' and tags.`{STATE_TAG}` = '{WAITING}'")
     due = (mv for mv in found if mv.tags.get("judge.trained_through", "9999") < day)
@@ -58,7 +60,6 @@ def judge_slot(
     """Judge `slot`'s waiting candidates on validated `day`. Returns {"model", "slot", "day", "judged": one
     summary per candidate, "ready": the version the evidence lets go (tagged `release`), or None}; `hand_over`
     then says what the gate-and-release step releases."""
-    from pipelines.registry import mlflow_io
 
     model = cfg.adapter_model_name(slot)
     judged = [_judge_one(cfg, policy, lake_uri, day, model, mv, actor) for mv in waiting_versions(model, day)]
@@ -84,7 +85,6 @@ def hand_over(policy: GatePolicy, registered: dict) -> dict:
     (tags `judge.successor_of` and `judge.replaced` on it, `judge.handed_over` on the predecessor). Returns
     {"model", "version", "slot", "evaluation"}; with nothing ready, evaluation None and the reason (the step
     then skips)."""
-    from pipelines.registry import mlflow_io
 
     model, slot = registered["model"], registered["slot"]
     c = mlflow_io.client()
@@ -125,8 +125,6 @@ def hand_over(policy: GatePolicy, registered: dict) -> dict:
 
 
 def _judge_one(cfg: PipelineConfig, policy: GatePolicy, lake_uri: str, day: str, model: str, mv, actor: str) -> dict:
-    from pipelines.evaluation.next_day import evaluate_day
-    from pipelines.registry import mlflow_io
 
     version = str(mv.version)
     out = {"version": version, "day": day}
@@ -215,9 +213,6 @@ def verdict(policy: GatePolicy, evidence: sequential.Evidence | None, days: int)
 
 
 def _load_ready(run_id: str, day: str) -> dict:
-    import tempfile
-
-    from pipelines.registry import mlflow_io
 
     with tempfile.TemporaryDirectory() as tmp:
         path = mlflow_io.client().download_artifacts(run_id, f"judge/{day}/{READY_FILE}", tmp)
@@ -230,7 +225,6 @@ def _json_safe(obj):
 
 
 def _serves(model: str, version: str) -> bool:
-    from pipelines.registry import mlflow_io
 
     champion = mlflow_io.version_by_alias(model, "champion")
     return champion is not None and str(champion.version) == version
