@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.registry.mlflow_scope import preserved_env, temporary_env
+from pipelines.registry.mlflow_scope import preserved_mlflow, temporary_env
 
 # The test files that take minutes, longest first (`make test` --durations). xdist's loadfile hands
 # files out in collection order, so a long file collected last runs alone at the end while the other
@@ -41,15 +41,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
 
 
+# What a test may leave set in os.environ besides the URIs: mlflow.set_experiment exports these
 _MLFLOW_ACTIVE = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
 
 
 @pytest.fixture(autouse=True)
-def _no_active_experiment_leaks():
-    """mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID into os.environ, and monkeypatch.delenv of a variable
-    that was absent restores nothing: without this, the next test of the worker would start its runs in an
-    experiment its own store does not have (which test that is depends on xdist's file order)."""
-    with preserved_env(_MLFLOW_ACTIVE):
+def _no_mlflow_setting_leaks():
+    """Each test leaves MLflow's URIs (globals and variables) and active experiment as it found them.
+    mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID, set_registry_uri exports MLFLOW_REGISTRY_URI and
+    set_registry_uri(None) leaves it, monkeypatch.delenv of an absent variable restores nothing, and a test may
+    set the tracking URI without resetting it: without this, a later test of the worker, or a subprocess it
+    starts, would run in an experiment its own store does not have or register to another test's store (which
+    test that is depends on xdist's file order)."""
+    with preserved_mlflow(_MLFLOW_ACTIVE):
         yield
 
 

@@ -54,6 +54,20 @@ def temporary_env(values: Mapping[str, str | None]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def preserved_mlflow(env_names: Iterable[str] = ()) -> Iterator[None]:
+    """On leaving (an exception included), both URI globals, MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI and each
+    variable of `env_names` are exactly what they were on entering, "unset" included."""
+    saved_tracking, saved_registry = _uri_globals()
+    # outermost, so the variables are put back after the setters below have overwritten them
+    with preserved_env({*env_names, TRACKING_URI_ENV, REGISTRY_URI_ENV}):
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(saved_tracking)
+            mlflow.set_registry_uri(saved_registry)
+
+
+@contextlib.contextmanager
 def temporary_mlflow(
     tracking_uri: str, *, registry_uri: str | None = None, env: Mapping[str, str | None] | None = None
 ) -> Iterator[None]:
@@ -65,16 +79,13 @@ def temporary_mlflow(
     A variable that code inside sets without being named here (mlflow.set_experiment exports
     MLFLOW_EXPERIMENT_ID) stays set: name it in `env` (None) to have it put back."""
     registry_uri = registry_uri or tracking_uri
-    saved_tracking, saved_registry = _uri_globals()
-    # outermost, so the variables are put back after the setters below have overwritten them
-    with temporary_env({**(env or {}), TRACKING_URI_ENV: tracking_uri, REGISTRY_URI_ENV: registry_uri}):
-        try:
-            mlflow.set_tracking_uri(tracking_uri)
-            mlflow.set_registry_uri(registry_uri)
-            yield
-        finally:
-            mlflow.set_tracking_uri(saved_tracking)
-            mlflow.set_registry_uri(saved_registry)
+    env = {**(env or {}), TRACKING_URI_ENV: tracking_uri, REGISTRY_URI_ENV: registry_uri}
+    with preserved_mlflow(env):
+        for name, value in env.items():
+            _put_env(name, value)
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_registry_uri(registry_uri)
+        yield
 
 
 def _uri_globals() -> tuple[str | None, str | None]:

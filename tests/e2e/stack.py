@@ -124,7 +124,8 @@ def this_process_on(mlflow_uri: str, **env: str):
 
 
 def make_env(tmp: Path, airflow_conn: str, mlflow_uri: str, config_path: Path, artifact_root: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "MLFLOW_TRACKING"))}
+    # the stack registers where it tracks: no registry URI of this process goes along
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "MLFLOW_TRACKING", "MLFLOW_REGISTRY"))}
     env.update(
         {
             "AIRFLOW_HOME": str(tmp / "airflow"),

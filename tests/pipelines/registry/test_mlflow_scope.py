@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking._model_registry import utils as registry_utils
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from pipelines.registry.mlflow_scope import preserved_env, temporary_env, temporary_mlflow
+from pipelines.registry.mlflow_scope import preserved_env, preserved_mlflow, temporary_env, temporary_mlflow
 
 TRACKING, REGISTRY = "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"
 EXTRA, CLEARED = "CTR_SCOPE_TEST_EXTRA", "CTR_SCOPE_TEST_CLEARED"
@@ -37,19 +37,22 @@ class Boom(Exception):
 
 
 @pytest.fixture
-def start(request, monkeypatch):
+def start(request):
     """The process in the state `request.param` names; afterwards both globals unset and the variables as
-    monkeypatch found them."""
+    they were before the test."""
     tracking, registry, env = STARTS[request.param]
-    mlflow.set_tracking_uri(tracking)
-    mlflow.set_registry_uri(registry)
-    for name in NAMES:  # after the setters, which export the variables
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    yield
-    mlflow.set_tracking_uri(None)
-    mlflow.set_registry_uri(None)
+    # Not monkeypatch: MLflow's setters export the variables, so a monkeypatch.delenv after them would put the
+    # setters' URIs back at teardown, and a later test of the worker would register to sqlite:///b.db.
+    # preserved_env is tested on its own below.
+    with preserved_env(NAMES):
+        mlflow.set_tracking_uri(tracking)
+        mlflow.set_registry_uri(registry)
+        for name in NAMES:  # after the setters, which export the variables
+            os.environ.pop(name, None)
+        os.environ.update(env)
+        yield
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
 
 
 def observed() -> tuple:
@@ -105,6 +108,19 @@ def test_what_the_block_itself_moves_is_undone_and_nested_scopes_unwind_in_order
             mlflow.set_registry_uri("sqlite:///moved-r.db")
             os.environ[EXTRA] = "moved"
         assert observed() == outer
+    assert observed() == before
+
+
+@pytest.mark.parametrize("start", list(STARTS), indirect=True)
+def test_preserved_mlflow_undoes_uris_and_variables_the_block_moved_by_itself(start):
+    """What tests/conftest.py wraps every test in: a test that points MLflow elsewhere and never points it back
+    leaves the next test of the worker where it found the process."""
+    before = observed()
+    with pytest.raises(Boom), preserved_mlflow([EXTRA]):
+        mlflow.set_tracking_uri("sqlite:///moved.db")
+        mlflow.set_registry_uri("sqlite:///moved-r.db")
+        os.environ[EXTRA] = "moved"
+        raise Boom
     assert observed() == before
 
 
