@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import resource
 import sys
+import tempfile
 import time
 
 START = "2024-01-02"
@@ -27,8 +29,8 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
     from pipelines.config import LoraTrainConfig, ModelConfig
     from pipelines.data.lake import Lake
     from pipelines.data.synthetic import SyntheticSpec, write_days
-    from pipelines.model.base import CTRModel
     from pipelines.model import adapters
+    from pipelines.model.base import CTRModel
     from pipelines.training.loop import LoopSettings, fit, seed_everything
 
     end = (dt.date.fromisoformat(START) + dt.timedelta(days=days - 1)).isoformat()
@@ -76,9 +78,6 @@ def main(mode: str, lake_dir: str, days: int, rows_per_day: int = 0) -> dict:
 def stage(lake_dir: str, end: str, days: int) -> dict:
     """The real stages, `training.adapter.train` (one epoch) then `evaluation.compare.evaluate`, on the
     `feed` slot of the whole window, with a random-init base registered in a throwaway SQLite store."""
-    import os
-    import tempfile
-
     import mlflow
 
     from pipelines.config import DataConfig, LoraTrainConfig, ModelConfig, PipelineConfig
@@ -100,6 +99,7 @@ def stage(lake_dir: str, end: str, days: int) -> dict:
     )
     base = CTRModel(cfg.model)
     import pandas as pd
+
     from pipelines.data.synthetic import SyntheticSpec, generate_day
 
     example = mlflow_io.input_example(pd.concat(list(generate_day(SyntheticSpec(), START, 10)), ignore_index=True))

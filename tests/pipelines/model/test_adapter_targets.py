@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
+from peft.tuners.lora import Embedding as LoraEmbedding
 from torch import nn
 
-from pipelines.config import LoraTrainConfig
+from pipelines.config import LoraTrainConfig, load_pipeline_config
 from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.errors import ConfigError
+from pipelines.model import adapters, family
 from pipelines.model.base import fingerprint
-from pipelines.model import adapters
 from pipelines.model.inference import predict
 from pipelines.training.loop import LoopSettings, train
-from tests.pipelines.training.helpers import base, out, rows
+from tests.pipelines.training.helpers import CFG, base, out, rows
 
 SETTINGS = LoopSettings(epochs=2, batch_size=64, lr=2e-2, weight_decay=0.0, warmup_steps=1, seed=7)
 
@@ -37,8 +41,6 @@ def test_embeddings_target_expands_to_every_field_table():
 
 
 def test_embeddings_target_puts_lora_on_the_tables_and_keeps_them_frozen(data, tmp_path):
-    from peft.tuners.lora import Embedding as LoraEmbedding
-
     x, y = data
     model = adapters.attach(base(), LoraTrainConfig(r=4, alpha=8, target_modules=("v_proj", "embeddings")))
     wrapped = {n.replace("base_model.model.", "") for n, m in model.named_modules() if isinstance(m, LoraEmbedding)}
@@ -116,15 +118,12 @@ def test_rank_pattern_gives_per_layer_ranks_and_survives_save_load(tmp_path):
 
 
 def test_rank_pattern_is_checked_against_the_config_and_the_model():
-    from pipelines.errors import ConfigError
-
     with pytest.raises(ConfigError, match="matches no module"):
         adapters.attach(base(), LoraTrainConfig(rank_pattern={"blocks.5.v_proj": 2}))
     with pytest.raises(ConfigError, match="must name a module of lora.target_modules"):
         LoraTrainConfig(rank_pattern={"ffn_in": 2})
     with pytest.raises(ConfigError, match="integer rank >= 1"):
         LoraTrainConfig(rank_pattern={"v_proj": 0})
-    from pipelines.config import load_pipeline_config
 
     with pytest.raises(ConfigError, match="names block 2, but model.n_blocks is 2"):
         load_pipeline_config(overrides={"lora": {"rank_pattern": {"blocks.2.v_proj": 4}}})
@@ -134,11 +133,6 @@ def test_rank_pattern_is_checked_against_the_config_and_the_model():
 
 
 def _two_blocks():
-    from dataclasses import replace
-
-    from pipelines.model import family
-    from tests.pipelines.training.helpers import CFG
-
     return family.build(replace(CFG, n_blocks=2))
 
 
@@ -164,9 +158,6 @@ def test_layers_count_from_the_top_when_negative():
 
 
 def test_layers_are_checked_against_the_config_and_the_model():
-    from pipelines.config import load_pipeline_config
-    from pipelines.errors import ConfigError
-
     for bad in ((1, 5), (-3,)):
         with pytest.raises(ConfigError, match=r"sit in 2 numbered layers \(indices 0..1 or -2..-1\)"):
             adapters.attach(_two_blocks(), LoraTrainConfig(layers=bad))
@@ -180,12 +171,6 @@ def test_layers_are_checked_against_the_config_and_the_model():
 
 
 def test_layers_on_a_model_without_a_layer_list_are_refused():
-    from dataclasses import replace
-
-    from pipelines.errors import ConfigError
-    from pipelines.model import family
-    from tests.pipelines.training.helpers import CFG
-
     dcn = family.build(replace(CFG, family="dcn"))
     with pytest.raises(ConfigError, match="no \\['cross_proj'\\] module sits in a layer list"):
         adapters.attach(dcn, LoraTrainConfig(target_modules=("cross_proj",), layers=(0,)))

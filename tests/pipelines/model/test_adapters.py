@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from peft.tuners.lora import LoraLayer
 
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SyntheticSpec, generate_day
-from pipelines.model import features, store
+from pipelines.model import adapters, features, store
 from pipelines.model.base import CTRModel, fingerprint
-from pipelines.model import adapters
 from pipelines.model.inference import predict
 from pipelines.training.loop import LoopSettings, lr_at, train
 
@@ -133,8 +133,6 @@ def test_saved_adapter_reloads_on_a_fresh_base_with_identical_outputs(base_dir, 
 
 # ----------------------------------------------------------------------------- (d) targets and size
 def test_only_the_named_projections_get_lora_modules(base_dir):
-    from peft.tuners.lora import LoraLayer
-
     model = adapters.attach(store.load_base(base_dir), LCFG)
     wrapped = sorted(n for n, m in model.named_modules() if isinstance(m, LoraLayer))
     assert [n.rsplit(".", 1)[-1] for n in wrapped] == ["q_proj", "v_proj"] * CFG.n_blocks

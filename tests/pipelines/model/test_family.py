@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from pipelines.config import ModelConfig, load_pipeline_config
+from pipelines.config import LoraTrainConfig, ModelConfig, load_pipeline_config
+from pipelines.data.synthetic import generate_day
 from pipelines.errors import ConfigError, RegistryError
-from pipelines.model import family, features, store
+from pipelines.model import adapters, family, features, store
 from pipelines.model.base import CTRModel, fingerprint
 from tests.pipelines.training.helpers import CFG, SPEC
 
@@ -35,10 +37,6 @@ class NotAFamily:
 
 
 def rows():
-    import pandas as pd
-
-    from pipelines.data.synthetic import generate_day
-
     return pd.concat(list(generate_day(SPEC, "2024-01-02", 64)), ignore_index=True)
 
 
@@ -99,9 +97,6 @@ def test_a_base_stored_before_families_existed_loads_as_the_default(tmp_path):
 
 @pytest.mark.parametrize("name", list(family.BUILTIN))
 def test_each_built_in_familys_default_targets_are_allowed_and_wrap_its_modules(name):
-    from pipelines.config import LoraTrainConfig
-    from pipelines.model import adapters
-
     fam = family.resolve(name)
     assert set(fam.default_targets) <= ModelConfig.FAMILY_TARGETS[name]
     model = adapters.attach(

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from pipelines.config import LoraTrainConfig, ModelConfig
+from pipelines.config import LoraTrainConfig, ModelConfig, from_dict, to_dict
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.data.synthetic import SyntheticSpec, generate_day
-from pipelines.model import features, store
+from pipelines.errors import ConfigError
+from pipelines.model import adapters, features, store
 from pipelines.model.base import CTRModel, fingerprint
-from pipelines.model import adapters
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
 SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=7)
@@ -158,10 +159,6 @@ def test_store_round_trip_identical_outputs_and_frozen(tmp_path, tokens):
 
 def test_store_load_refuses_a_tampered_config(tmp_path):
     """The stored config goes through the typed loader: an unknown key is a ConfigError, not ignored."""
-    import json
-
-    from pipelines.errors import ConfigError
-
     store.save_base(make_model(), tmp_path)
     meta = json.loads((tmp_path / store.CONFIG).read_text())
     meta["model"]["embed_dimm"] = 8
@@ -228,9 +225,6 @@ def test_wide_model_trains_its_bias_tables_and_lora_still_targets_the_attention(
 
 
 def test_wide_config_is_validated_and_round_trips(tmp_path, tokens):
-    from pipelines.config import from_dict, to_dict
-    from pipelines.errors import ConfigError
-
     with pytest.raises(ConfigError, match="wide"):
         ModelConfig(wide="yes")
     with pytest.raises(ConfigError, match="wide"):
@@ -285,8 +279,6 @@ def test_two_ids_sharing_an_embedding_row_keep_wide_weights_of_their_own():
 
 
 def test_wide_id_buckets_need_the_wide_term_and_a_multiple_of_id_buckets():
-    from pipelines.errors import ConfigError
-
     with pytest.raises(ConfigError, match="wide_id_buckets"):
         ModelConfig(id_buckets=1024, wide_id_buckets=4096)  # no wide term
     with pytest.raises(ConfigError, match="multiple of model.id_buckets"):

@@ -9,16 +9,16 @@ import pandas as pd
 import pytest
 import torch
 
-from pipelines.config import LoraTrainConfig
+from pipelines.config import DataConfig, LoraTrainConfig, PipelineConfig
 from pipelines.data.lake import Lake, concat
-from pipelines.data.synthetic import write_days
+from pipelines.data.synthetic import SLOTS, write_days
 from pipelines.data.validated import UnvalidatedPartitionError
 from pipelines.errors import DataValidationError
-from pipelines.model import features
-from pipelines.model import adapters
+from pipelines.model import adapters, features
+from pipelines.model.stream import LakeIndex, LakeStream, holdout_streams, stream_split
 from pipelines.training.checkpoint import CheckpointStore
 from pipelines.training.loop import LoopSettings, fit, seed_everything
-from pipelines.model.stream import LakeIndex, LakeStream, stream_split
+from pipelines.validation.stage import validate_window
 from tests.conftest import validate_lake
 from tests.pipelines.training.helpers import CFG, SPEC, base
 
@@ -143,11 +143,6 @@ def test_training_on_a_stream_is_deterministic_and_resumes_exactly(lake, tmp_pat
 def test_training_streams_refuse_days_not_validated_as_they_are_now(tmp_path):
     """Unvalidated, quarantined, and re-written-after-validation days are all refused, named, before any
     row is read; validating the current content lifts the refusal."""
-    from pipelines.config import DataConfig, PipelineConfig
-    from pipelines.data.synthetic import SLOTS
-    from pipelines.model.stream import holdout_streams
-    from pipelines.validation.stage import validate_window
-
     uri = str(tmp_path / "lake")
     lake = Lake(uri)
     write_days(lake, SPEC, DAYS[0], 2, 2000)

@@ -4,6 +4,7 @@ token cache (model.stream)."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from dataclasses import replace
@@ -12,11 +13,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pipelines.config import ModelConfig, TextConfig, load_pipeline_config
+from pipelines.data import schema
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import generate_day
 from pipelines.errors import ConfigError
 from pipelines.model import family, text
+from pipelines.model.store import load_base, save_base
+from pipelines.model.stream import TOKEN_CACHE, LakeIndex, LakeStream, stream_split
+from tests.conftest import validate_lake
 from tests.pipelines.model.text_source import build as build_source
+from tests.pipelines.training.helpers import SPEC
 
 
 def cfg_of(source: str, **text_kw) -> ModelConfig:
@@ -77,8 +86,6 @@ def test_the_config_refuses_fields_it_cannot_read(fields, why):
 
 
 def test_the_base_stores_its_fields_and_encodes_with_them_when_loaded(text_source, tmp_path):
-    from pipelines.model.store import load_base, save_base
-
     cfg = cfg_of(text_source, fields=("item",))
     model = family.build(cfg)
     save_base(model, tmp_path / "base")
@@ -124,8 +131,6 @@ def test_the_base_pins_its_tokenizer_and_another_one_is_refused(text_source, tmp
 
 
 def test_load_pretrained_puts_the_source_weights_in_and_refuses_a_mismatch(text_source, tmp_path):
-    from safetensors.torch import load_file
-
     cfg = cfg_of(text_source)
     model = family.build(cfg)
     family.resolve("minilm_text").load_pretrained(model, cfg)
@@ -147,8 +152,6 @@ def test_base_training_fits_the_head_and_only_the_top_layers_asked_for(text_sour
 
 
 def test_a_head_only_fit_runs_each_row_through_the_transformer_once(text_source):
-    import copy
-
     model = family.build(cfg_of(text_source))
     x = torch.from_numpy(family.encode(rows(), model.cfg))
     model.train()
@@ -188,15 +191,10 @@ def test_the_config_refuses_what_the_text_family_lacks():
 
 
 def _stream(lake, cfg, slot="feed"):
-    from pipelines.model.stream import stream_split
-
     return stream_split(lake, "2024-01-03", cfg, days=2, slot=slot)
 
 
 def test_the_token_cache_is_written_once_per_part_and_read_back(lake, text_source):
-    from pipelines.data.lake import Lake
-    from pipelines.model.stream import TOKEN_CACHE
-
     cfg = cfg_of(text_source)
     streams = _stream(lake, cfg)
     train = streams.train
@@ -239,15 +237,8 @@ def test_the_token_cache_is_written_once_per_part_and_read_back(lake, text_sourc
 
 
 def test_parts_without_the_text_columns_still_stream(tmp_path, text_source):
-    from pipelines.data.lake import Lake
-
     assert family.encoding_key(ModelConfig()) is None  # the tabular families encode as they read
     # an older lake part without the optional text columns: frames leave them out, the text falls back
-    from pipelines.data import schema
-    from pipelines.data.synthetic import generate_day
-    from tests.conftest import validate_lake
-    from tests.pipelines.training.helpers import SPEC
-
     old = str(tmp_path / "old_lake")
     for day in ("2024-01-02", "2024-01-03"):
         frame = pd.concat(list(generate_day(SPEC, day, 500)), ignore_index=True).drop(
@@ -287,9 +278,6 @@ def test_the_real_wheel_loads_offline_and_reads_the_words(monkeypatch):
 
 
 def test_the_token_cache_lives_in_an_s3_lake_beside_the_data(lake, s3_bucket, text_source):
-    from pipelines.data.lake import Lake
-    from pipelines.model.stream import TOKEN_CACHE, LakeIndex, LakeStream
-
     src, dst = Lake(lake), Lake(f"s3://{s3_bucket}/clicks")
     for f in src.objects("2024-01-02"):  # the committed, validated day, copied over HTTP
         dst.put_bytes(f[len(src.uri) + 1 :], open(f, "rb").read())

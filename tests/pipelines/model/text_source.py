@@ -6,16 +6,23 @@ the code path is the one the real wheel takes (tests/pipelines/model/test_text.p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import BertConfig, BertModel
+
+from pipelines.config import TextConfig
+from pipelines.data import synthetic_world as w
+from pipelines.data.synthetic import _TONES
+from pipelines.model.text import _DAYS
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def _words() -> list[str]:
-    from pipelines.data import synthetic_world as w
-    from pipelines.data.synthetic import _TONES
-    from pipelines.model.text import _DAYS
-
     words = {
         "male",
         "female",
@@ -51,11 +58,6 @@ def _words() -> list[str]:
 
 def build(directory: str | Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> str:
     """Write the tiny source into `directory` (created); returns its path for `model.text.source`."""
-    import torch
-    from safetensors.torch import save_file
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertModel
-
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     vocab = {t: i for i, t in enumerate(list(SPECIAL) + _words())}
@@ -85,10 +87,6 @@ def build(directory: str | Path, hidden: int = 32, layers: int = 2, seed: int = 
 
 def family_config(name: str, base, source: str):
     """`base` (a ModelConfig) on family `name`; minilm_text reads the tiny source at `source`."""
-    from dataclasses import replace
-
-    from pipelines.config import TextConfig
-
     return (
         replace(base, family=name, text=TextConfig(source=source, max_len=32))
         if name == "minilm_text"

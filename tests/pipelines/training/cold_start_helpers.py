@@ -11,7 +11,12 @@ import pytest
 from pipelines.config import BaseTrainConfig, ColdStartConfig, DataConfig, LoraTrainConfig, PipelineConfig
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, write_days
-from tests.conftest import use_store_copy, validate_lake
+from pipelines.evaluation.compare import evaluate
+from pipelines.flows.base import register_base
+from pipelines.promotion import aliases
+from pipelines.registry.register import register
+from pipelines.training import adapter, base_model
+from tests.conftest import any_base_policy, use_store_copy, validate_lake
 from tests.pipelines.training.helpers import CFG, SPEC
 
 BASE_DAY, END_DAY = "2024-01-04", "2024-01-09"
@@ -59,10 +64,6 @@ def tiny_config(lake: str, *, delta: bool = False, **cold) -> PipelineConfig:
 
 def serving_base_config(template_db, tmp_path, monkeypatch, lake, delta: bool = False):
     """A serving base trained up to BASE_DAY (ctr_base@champion) in a fresh store (`tiny_config`'s `delta`)."""
-    from pipelines.flows.base import register_base
-    from tests.conftest import any_base_policy
-    from pipelines.training import base_model
-
     use_store_copy(template_db, tmp_path, monkeypatch)
     monkeypatch.setenv("CTR_CODE_VERSION", "test")
     c = tiny_config(lake, delta=delta)
@@ -75,17 +76,11 @@ def serving_base_config(template_db, tmp_path, monkeypatch, lake, delta: bool = 
 
 def make_champion(model: str, version: str) -> None:
     """Point model@champion at version (this tiny data's AUC is near 0.5: the gate is not the point here)."""
-    from pipelines.promotion import aliases
-
     aliases.move_alias(model, "champion", version, kind="promote", reason="test setup", actor="test")
 
 
 def promote_teacher(cfg: PipelineConfig, lake: str, slot: str) -> None:
     """ctr_lora_<slot>@champion through the real adapter path (train, evaluate, register)."""
-    from pipelines.evaluation.compare import evaluate
-    from pipelines.registry.register import register
-    from pipelines.training import adapter
-
     cand = adapter.train(cfg, lake, "2024-01-07", slot).to_dict()
     reg = register(cfg, cand, evaluate(cfg, lake, cand))
     make_champion(reg["model"], reg["version"])

@@ -6,10 +6,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.config import ModelConfig
-from pipelines.data.synthetic import SyntheticSpec, generate_day
+from pipelines.config import BaseTrainConfig, DataConfig, LoraTrainConfig, ModelConfig, PipelineConfig, RegistryConfig
+from pipelines.data.synthetic import SLOTS, SyntheticSpec, generate_day
+from pipelines.flows.base import register_base
 from pipelines.model import features
 from pipelines.model.base import CTRModel
+from pipelines.registry import mlflow_io
+from pipelines.training import base_model
+from tests.conftest import any_base_policy
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=1, id_buckets=1024)
 SPEC = SyntheticSpec(n_users=2_000, n_items=300, n_advertisers=30, new_users_per_day=100, new_items_per_day=10, seed=7)
@@ -38,13 +42,6 @@ def registered_base_config(lake: str, registry=None, model=None, cold_start=None
     a fresh one, see tests.conftest.use_store_copy, or gives model names of its own in `registry`, a
     RegistryConfig, on a shared server). `model` / `cold_start` / `base_training`: other sections than the small
     defaults."""
-    from pipelines.config import BaseTrainConfig, DataConfig, LoraTrainConfig, PipelineConfig, RegistryConfig
-    from pipelines.data.synthetic import SLOTS
-    from pipelines.flows.base import register_base
-    from pipelines.registry import mlflow_io
-    from pipelines.training import base_model
-    from tests.conftest import any_base_policy
-
     lora = {
         "r": 4,
         "alpha": 8,

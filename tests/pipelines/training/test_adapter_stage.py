@@ -3,15 +3,26 @@ the run's params, the default checkpoint location, resume after a crash past tra
 
 from __future__ import annotations
 
+import json
 import tempfile
+from dataclasses import replace
 
+import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
+from safetensors.numpy import load_file
 
 from pipelines.config import PipelineConfig, config_hash
+from pipelines.data.synthetic import SLOTS
+from pipelines.model import adapters, features
+from pipelines.model.base import CTRModel
+from pipelines.model.stream import holdout_streams
 from pipelines.registry import mlflow_io
+from pipelines.registry.models import sibling_champions
 from pipelines.training import adapter, checkpoint
+from pipelines.training import orthogonality as ortho
 from tests.pipelines.training.helpers import registered_base_config
 
 END_DAY = "2024-01-05"
@@ -54,13 +65,6 @@ def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(s
     """lora.trainable_tokens (issue 14): the stage picks the rows of every id in its train and val rows;
     ids first seen in the holdout keep the base's rows, so the gate judges the adapter on them as on
     tomorrow's new users. The rows are in the logged adapter, which loads like any other."""
-    import json
-
-    import mlflow
-
-    from pipelines.model import features
-    from pipelines.model.stream import holdout_streams
-
     cfg = registered_base_config(lake, epochs=1, lr=0.05, trainable_tokens=("user_id",))
     out = adapter.train(cfg, lake, END_DAY, "feed")
     streams = holdout_streams(cfg, lake, END_DAY, "feed", cfg.model)
@@ -73,8 +77,6 @@ def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(s
         indices["embeddings.user_id"]
     )
     assert later and only_later  # new holdout users exist and their rows were not trained
-    from pipelines.model import adapters
-    from pipelines.model.base import CTRModel
 
     model = adapters.load(CTRModel(cfg.model), local)  # the logged adapter's files carry the rows
     assert any("trainable_tokens_delta" in n for n, _ in model.named_parameters())
@@ -83,11 +85,6 @@ def test_an_adapter_with_trainable_tokens_learns_rows_for_its_windows_ids_only(s
 
 def lora_only_fraction(cfg) -> float:
     """The trainable fraction of the same adapter without token rows."""
-    from dataclasses import replace
-
-    from pipelines.model import adapters
-    from pipelines.model.base import CTRModel
-
     return adapters.trainable_fraction(adapters.attach(CTRModel(cfg.model), replace(cfg.lora, trainable_tokens=())))[
         "trainable_fraction"
     ]
@@ -96,12 +93,6 @@ def lora_only_fraction(cfg) -> float:
 def test_the_orthogonality_penalty_trains_against_the_other_slots_champions(serving_store, lake):
     """lora.orthogonality_lambda (issue 14): the stage downloads the other slots' champions on its base and
     trains away from them; with none yet it trains as usual. The run records siblings, penalty and |cos|."""
-    from dataclasses import replace
-
-    from pipelines.data.synthetic import SLOTS
-    from pipelines.registry.models import sibling_champions
-    from pipelines.training import orthogonality as ortho
-
     cfg = registered_base_config(lake, epochs=2, orthogonality_lambda=1.0)
     first = adapter.train(cfg, lake, END_DAY, SLOTS[0])
     assert first.orthogonality is None  # no sibling champion yet: nothing to penalise
@@ -132,11 +123,6 @@ def test_an_adapter_whose_every_epoch_is_worse_than_its_base_is_logged_as_the_ba
     learning rate far past the stability rule (allowed by a raised stability_max) makes every epoch's val
     logloss worse than the base's, so epoch 0 is kept: the logged adapter's LoRA B matrices are zero and it
     scores its holdout as the base does. Without the option the same run keeps an epoch of its own."""
-    from dataclasses import replace
-
-    import numpy as np
-    from safetensors.numpy import load_file
-
     cfg = registered_base_config(
         lake, epochs=2, lr=3.0, stability_max=1000.0, early_stopping_patience=2, keep_base_if_no_gain=True
     )

@@ -7,9 +7,11 @@ from __future__ import annotations
 import mlflow
 import numpy as np
 import pytest
+import torch
 
-from pipelines.config import PipelineConfig
+from pipelines.config import PipelineConfig, RegistryConfig
 from pipelines.errors import PipelineError
+from pipelines.model.base import CTRModel
 from pipelines.training import cold_start as CS
 from tests.pipelines.training.cold_start_helpers import END_DAY, tiny_config
 from tests.pipelines.training.cold_start_helpers import cold_cfg, cold_lake  # noqa: F401  (fixtures `cfg`, `lake`)
@@ -17,10 +19,6 @@ from tests.pipelines.training.helpers import CFG
 
 
 def test_choose_teacher_falls_back_to_the_base_only_when_it_predicts_the_labelled_rows_better():
-    import torch
-
-    from pipelines.model.base import CTRModel
-
     def Const(logit: float) -> CTRModel:
         """A real CTRModel whose logit is `logit` for every row (zero head weights, constant bias)."""
         torch.manual_seed(0)
@@ -59,7 +57,6 @@ def test_stage_refusals(cfg, lake, monkeypatch):
     assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before  # refused before training
 
     no_base = tiny_config(lake)
-    from pipelines.config import RegistryConfig
 
     no_base = PipelineConfig(**{**no_base.__dict__, "registry": RegistryConfig(base_model_name="ctr_base_missing")})
     with pytest.raises(PipelineError, match="no serving base"):

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
 
 from pipelines.config import ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
-from pipelines.model.base import CTRModel, fingerprint
 from pipelines.model import inference
+from pipelines.model.base import CTRModel, fingerprint
 from pipelines.training import distill as D
 
 CFG = ModelConfig(embed_dim=16, n_heads=2, n_blocks=2, id_buckets=512, small_buckets=16)
@@ -22,8 +24,6 @@ R = 4
 
 
 def lora_wrap(base, r: int = R, targets=("q_proj", "v_proj"), seed: int = 0):
-    from peft import LoraConfig, get_peft_model
-
     torch.manual_seed(seed)
     base.requires_grad_(False)
     return get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets), bias="none"))
@@ -416,8 +416,6 @@ def test_first_step_sees_zero_distillation_when_the_teacher_is_the_base():
 def test_logits_and_pooled_is_the_whole_logit_of_a_wrapped_wide_model():
     """Distillation reads the teacher's and the student's logits through logits_and_pooled: with the
     first-order (wide) term and LoRA injected they must still be exactly model(x)."""
-    from dataclasses import replace
-
     torch.manual_seed(0)
     base = CTRModel(replace(CFG, wide=True)).eval()
     with torch.no_grad():

@@ -9,13 +9,16 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import OneHotEncoder
 
 from pipelines.config import BaseTrainConfig, ModelConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import ConfigError
+from pipelines.metrics import auc
 from pipelines.model.base import CTRModel
 from pipelines.training.base_fit import fit_base
-from pipelines.training.wide import fit_wide, freeze_wide
+from pipelines.training.wide import choose_l2, fit_wide, freeze_wide
 
 CFG = ModelConfig(embed_dim=8, n_heads=2, n_blocks=1, id_buckets=64, small_buckets=8, wide=True)
 FIELDS = ("user_id", "item_id", "slot")
@@ -37,9 +40,6 @@ def rows(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sklearn_lr(x: np.ndarray, y: np.ndarray, C: float, fields=FIELDS):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import OneHotEncoder
-
     cols = x[:, [FEATURE_FIELDS.index(f) for f in fields]]
     enc = OneHotEncoder(handle_unknown="ignore").fit(cols)
     lr = LogisticRegression(C=C, max_iter=5000, tol=1e-10).fit(enc.transform(cols), y)
@@ -114,9 +114,6 @@ def test_epochs_0_is_only_a_base_with_a_wide_lr():
 
 def test_with_a_grid_the_l2_is_the_one_whose_lr_on_the_oldest_rows_ranks_the_newest_best():
     """As the backtest's lr_static chooses its C: fit on the oldest 90%, AUC on the newest 10%."""
-    from pipelines.metrics import auc
-    from pipelines.training.wide import choose_l2
-
     x, y = rows(2000)
     grid = (300.0, 3.0, 0.01)
     model = CTRModel(CFG)
@@ -146,8 +143,6 @@ def test_fit_base_with_a_grid_refits_the_chosen_l2_on_every_row_and_reports_the_
 
 
 def test_an_l2_grid_needs_positive_values_a_wide_lr_and_newest_rows_of_both_labels():
-    from pipelines.training.wide import choose_l2
-
     with pytest.raises(ConfigError, match="wide_l2_grid"):
         BaseTrainConfig(wide_l2=1.0, wide_l2_grid=(1.0, 0.0))
     with pytest.raises(ConfigError, match="wide_l2_grid"):
