@@ -18,6 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
+
+from pipelines.errors import PipelineError
+from pipelines.promotion import aliases
+
 
 def _wait_for_go(sync_dir: str | None, first: bool) -> None:
     if sync_dir is None:
@@ -32,11 +37,6 @@ def _wait_for_go(sync_dir: str | None, first: bool) -> None:
 
 
 def _worker(uri: str, model: str, step: dict, barrier, out, sync_dir: str | None) -> None:
-    import mlflow
-
-    from pipelines.errors import PipelineError
-    from pipelines.promotion import aliases
-
     mlflow.set_tracking_uri(uri)
     _wait_for_go(sync_dir, barrier.wait() == 0)
     t0 = time.time()
@@ -55,12 +55,8 @@ def _worker(uri: str, model: str, step: dict, barrier, out, sync_dir: str | None
 
 
 def main(uri: str, model: str, plan: list[dict], sync_dir: str | None = None) -> list[dict]:
-    # Import before forking so children start fast, but open no store connection in the parent:
-    # a forked SQLAlchemy pool would share sockets between processes.
-    import mlflow  # noqa: F401
-
-    import pipelines.promotion.aliases  # noqa: F401
-
+    # MLflow and aliases are imported (at module top) before forking, so children start fast; the parent
+    # opens no store connection: a forked SQLAlchemy pool would share sockets between processes.
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(len(plan)), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(uri, model, s, barrier, out, sync_dir)) for s in plan]

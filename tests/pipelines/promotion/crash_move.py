@@ -15,10 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
+from mlflow import MlflowClient
+
+from pipelines.promotion import aliases
+
 
 def stop_at(point: str, marker: str) -> None:
-    from mlflow import MlflowClient
-
     real = MlflowClient.set_registered_model_alias
 
     def set_alias_then_stop(self, *args, **kwargs):
@@ -31,10 +34,6 @@ def stop_at(point: str, marker: str) -> None:
 
 
 def main(uri: str, model: str, version: str, op_id: str, point: str, marker: str) -> None:
-    import mlflow
-
-    from pipelines.promotion import aliases
-
     if point not in ("before_alias", "after_alias"):
         raise SystemExit(f"unknown point {point!r}")
     mlflow.set_tracking_uri(uri)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import redis
 from mlflow import MlflowClient
 
 from pipelines.errors import PromotionError
@@ -203,8 +204,6 @@ def redis_lock_url(monkeypatch):
 
 
 def test_a_redis_lock_is_renewed_while_held_and_released_after(redis_lock_url, monkeypatch):
-    import redis
-
     monkeypatch.setattr(lock, "REDIS_TTL_S", 0.6)  # a short lease, to outlive it in the test
     name, client = f"renew-{uuid.uuid4().hex[:8]}", redis.Redis.from_url(redis_lock_url)
     key = f"{lock.REDIS_KEY_PREFIX}{name}"
@@ -229,8 +228,6 @@ def _try_lock(name: str) -> bool:
 
 
 def test_a_redis_lock_lost_while_held_fails_the_block(redis_lock_url):
-    import redis
-
     name = f"lost-{uuid.uuid4().hex[:8]}"
     with pytest.raises(PromotionError, match="was lost while held"):
         with lock.registry_lock(name):

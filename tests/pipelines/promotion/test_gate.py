@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipelines.config import GatePolicy, to_dict
+from pipelines.config import GatePolicy, load_gate_policy, to_dict
+from pipelines.errors import ConfigError
 from pipelines.promotion.gate import decide, decide_base, format_table
 
 POLICY = GatePolicy(
@@ -261,8 +262,6 @@ def test_a_slot_only_one_side_measured_is_unmeasured():
 
 @pytest.mark.parametrize("bad", [("auc_floor",), ("base_compatible",), ("slot_auc[]",), ("latency",)])
 def test_only_checks_that_can_go_unmeasured_can_be_optional(bad):
-    from pipelines.errors import ConfigError
-
     with pytest.raises(ConfigError, match="optional_checks"):
         replace(POLICY, optional_checks=bad)
 
@@ -270,8 +269,6 @@ def test_only_checks_that_can_go_unmeasured_can_be_optional(bad):
 def test_the_shipped_policy_makes_only_per_group_fairness_optional():
     """The demo's holdouts are too small for fairness per group (configs/gate_policy.yaml says why); a
     missing fairness report and a missing latency sample stay required (the cold start lacks both)."""
-    from pipelines.config import load_gate_policy
-
     shipped = load_gate_policy()
     assert shipped.optional_checks == ("fairness_dp", "fairness_eo")
     bare = {
@@ -415,7 +412,5 @@ def test_the_cold_start_student_is_not_bounded_by_its_teachers_alignment():
 
 @pytest.mark.parametrize("bound", [0.0, 1.0, -0.1, True])
 def test_the_interference_bound_must_be_a_cosine_that_can_fail(bound):
-    from pipelines.errors import ConfigError
-
     with pytest.raises(ConfigError, match="max_interference_cos"):
         GatePolicy(max_interference_cos=bound)

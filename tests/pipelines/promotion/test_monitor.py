@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 
@@ -24,9 +25,16 @@ from pipelines.config import BaseTrainConfig, DataConfig, GatePolicy, LoraTrainC
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import SLOTS, SyntheticSpec, write_days
 from pipelines.errors import ConfigError
+from pipelines.flows.base import register_base
 from pipelines.promotion import aliases
+from pipelines.promotion.live_metrics import LiveMetricsError
 from pipelines.promotion.monitor import EXPERIMENT, load_windows, monitor_day, monitor_days
-from tests.conftest import use_store_copy
+from pipelines.registry import pyfunc
+from pipelines.registry.model_input import predict_pctr
+from pipelines.registry.register import register
+from pipelines.training import adapter, base_model
+from pipelines.validation.stage import validate_window
+from tests.conftest import any_base_policy, use_store_copy
 from tests.pipelines.training.helpers import CFG
 
 MODEL = "ctr_lora_feed"
@@ -65,9 +73,6 @@ def write_lake(uri: str, flip_labels: bool = False) -> str:
 
 def register_adapter(cfg: PipelineConfig, lake: str, end_day: str, slot: str = "feed") -> str:
     """Train, register and mark gated (the gate itself is not what is tested here)."""
-    from pipelines.registry.register import register
-    from pipelines.training import adapter
-
     cand = adapter.train(cfg, lake, end_day, slot).to_dict()
     reg = register(cfg, cand, {"candidate": cand["metrics"], "champion": None, "champion_version": None})
     MlflowClient().set_model_version_tag(reg["model"], reg["version"], "gate.passed", "true")
@@ -76,10 +81,6 @@ def register_adapter(cfg: PipelineConfig, lake: str, end_day: str, slot: str = "
 
 def build_world(root: Path, template_db: Path) -> dict:
     """Base + adapters in a store under `root`; returns what tests need (paths, config)."""
-    from pipelines.flows.base import register_base
-    from tests.conftest import any_base_policy
-    from pipelines.training import base_model
-
     lake = write_lake(str(root / "lake"))
     flipped = write_lake(str(root / "flipped"), flip_labels=True)
     with pytest.MonkeyPatch.context() as mp:
@@ -101,11 +102,6 @@ def build_world(root: Path, template_db: Path) -> dict:
 
 def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str = "feed") -> None:
     """Keep the slot's clicks per day but give them to the rows `model` v`version` ranks lowest."""
-    import numpy as np
-
-    from pipelines.registry import pyfunc
-    from pipelines.registry.model_input import predict_pctr
-
     lake = Lake(lake_uri)
     m = pyfunc.load(f"models:/{model}/{version}")
     for d in days:
@@ -120,8 +116,6 @@ def degrade(lake_uri: str, days: list[str], model: str, version: str, slot: str 
 
 
 def validate(cfg: PipelineConfig, lake: str, d: str, days: int = 1) -> None:
-    from pipelines.validation.stage import validate_window
-
     assert validate_window(cfg, lake, d, days)["success"]
 
 
@@ -281,8 +275,6 @@ class CannedLive:
         self.answers = answers
 
     def window_metrics(self, model, version, day):
-        from pipelines.promotion.live_metrics import LiveMetricsError
-
         got = self.answers[(version, day)]
         if got is None:
             raise LiveMetricsError("http://127.0.0.1:1", "ctr", "unreachable")

@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from pipelines.errors import PromotionError
 from pipelines.promotion import aliases
 from pipelines.registry import history
+from pipelines.registry.status import format_status, model_status
 from tests.conftest import kill_at_marker
 from tests.pipelines.promotion.test_aliases import MODEL, add_version
 
@@ -88,7 +89,6 @@ def test_the_next_move_settles_a_killed_move_and_reverts_from_the_right_history(
     aliases.promote(MODEL, "1", reason="first champion", actor="alice")
     kill_during_promote(tracking, "2", "op-2", point, tmp_path)
     assert aliases.current(MODEL) == ("2" if point == "after_alias" else "1")
-    from pipelines.registry.status import format_status, model_status
 
     shown = model_status(MODEL)  # what `python -m pipelines status` shows until the next move
     assert [(e["op_id"], e["to_version"]) for e in shown["pending"]] == [("op-2", "2")]

@@ -23,16 +23,19 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+import boto3
 import mlflow
 import numpy as np
 import pytest
+import yaml
 from mlflow import MlflowClient
 
-from pipelines.config import GatePolicy, RegistryConfig
+from pipelines.config import GatePolicy, RegistryConfig, to_dict
 from pipelines.data.lake import Lake, concat
 from pipelines.evaluation.compare import evaluate
 from pipelines.promotion import aliases, gate_record
-from pipelines.registry import history, mlflow_io, register as reg
+from pipelines.registry import history, mlflow_io
+from pipelines.registry import register as reg
 from pipelines.training import adapter, checkpoint
 from tests.conftest import any_base_policy
 from tests.pipelines.registry.test_trust import END_DAY, _fresh_process_predict
@@ -54,8 +57,6 @@ LENIENT = GatePolicy(
 
 def bucket_keys(server, location: str) -> list[str]:
     """The S3 keys behind an artifact location of the server (mlflow-artifacts:/<path>)."""
-    import boto3
-
     assert location.startswith("mlflow-artifacts:/"), location  # proxied, not a client-side S3 URI
     bucket, root = server.artifacts.removeprefix("s3://").split("/", 1)
     prefix = f"{root}/{location.removeprefix('mlflow-artifacts:/').lstrip('/')}"
@@ -113,9 +114,6 @@ def test_the_issue_reproduction_registers_ctr_base_champion_over_http(on_mlflow_
         env,
         tmp_path,
     )
-    import yaml
-
-    from pipelines.config import to_dict
 
     policy = tmp_path / "any_base.yaml"  # the synthetic base is no better than chance: this test is about HTTP
     policy.write_text(yaml.safe_dump(to_dict(any_base_policy())))

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import uuid
 
+import mlflow
+import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
+from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, MLFLOW_HTTP_REQUEST_MAX_RETRIES
 from mlflow.exceptions import MlflowException
 
 from pipelines.registry import mlflow_io
@@ -19,8 +22,6 @@ from tests.pipelines.data.s3_faults import FaultProxy
 def via(mlflow_server, tmp_path, monkeypatch):
     """`via(proxy)`: point this process's MLflow client at `proxy` (in front of the session's server),
     with the library's retry settings but short waits (backoff factor 1, no jitter: 0, 2, 4 s)."""
-    import mlflow
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
@@ -34,8 +35,6 @@ def via(mlflow_server, tmp_path, monkeypatch):
 
 
 def test_the_library_configures_mlflow_retries(monkeypatch):
-    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, MLFLOW_HTTP_REQUEST_MAX_RETRIES
-
     for key in (*mlflow_io.HTTP_RETRY_SETTINGS, *mlflow_io.S3_RETRY_SETTINGS):
         monkeypatch.delenv(key, raising=False)
     mlflow_io.configure_http_retries()
@@ -75,8 +74,6 @@ def test_beyond_the_retry_budget_an_outage_is_an_error_not_absence(mlflow_server
 def test_an_artifact_download_cut_off_midway_is_run_again(mlflow_server, via, tmp_path):
     """MLflow retries until a response starts, not a body that breaks off: mlflow_io.download_artifacts
     runs the download again."""
-    import mlflow.artifacts
-
     direct = MlflowClient(tracking_uri=mlflow_server.uri)
     exp = direct.create_experiment(f"retry-{uuid.uuid4().hex[:8]}")
     run = direct.create_run(exp).info.run_id

@@ -9,6 +9,7 @@ pytest and CI, so they meet MLflow as a user's worker does."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -86,8 +87,6 @@ def test_with_telemetry_on_the_same_logging_races_the_environment(tmp_path):
 
 
 def test_every_environment_the_product_starts_turns_telemetry_off(tmp_path):
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("stack_script", REPO / "scripts" / "stack.py")
     stack = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stack)

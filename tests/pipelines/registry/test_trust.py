@@ -17,17 +17,19 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from safetensors.torch import load_file, save_file
 
 from pipelines.config import GatePolicy, LoraTrainConfig, to_dict
 from pipelines.data.lake import Lake, concat
 from pipelines.errors import RegistryError
 from pipelines.evaluation.compare import evaluate
-from pipelines.model import features, store
-from pipelines.promotion import gate_record
-from pipelines.registry import integrity, mlflow_io, pyfunc, register as reg
-from pipelines.model import adapters
-from pipelines.training import adapter
+from pipelines.model import adapters, features, store
 from pipelines.model.inference import predict
+from pipelines.promotion import gate_record
+from pipelines.registry import integrity, mlflow_io, pyfunc
+from pipelines.registry import register as reg
+from pipelines.registry.pyfunc import load_base_from_registry
+from pipelines.training import adapter
 from pipelines.training.loop import LoopSettings, fit, seed_everything
 from tests.pipelines.training.helpers import CFG
 
@@ -71,7 +73,6 @@ def test_a_fresh_process_predicts_what_the_training_process_predicted(cfg, lake,
     rows = concat(Lake(lake).read_window(END_DAY, 1)).head(300).reset_index(drop=True)
     seed_everything(3)
     b = mlflow_io.version_by_alias("ctr_base", "champion")
-    from pipelines.registry.pyfunc import load_base_from_registry
 
     model = adapters.attach(load_base_from_registry("ctr_base", b.version, b.tags["fingerprint"]), cfg.lora)
     train_rows = concat(Lake(lake).read_window("2024-01-04", 1))
@@ -198,7 +199,6 @@ def test_an_adapter_whose_base_changed_is_refused(cfg, lake, tmp_path):
     out = reg.register(cfg, cand, evaluate(cfg, lake, cand))
     weights = _stored(tmp_path, store.WEIGHTS)  # the base's weights in the store
     assert weights
-    from safetensors.torch import load_file, save_file
 
     for p in weights:
         w = load_file(str(p))

@@ -15,24 +15,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import mlflow
 import numpy as np
 import pytest
 import torch
 from mlflow import MlflowClient
 
+from pipelines.bench import serving_demo as demo
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import RegistryError
 from pipelines.model import adapters
 from pipelines.model.base import CTRModel
 from pipelines.registry import integrity, mlflow_io, pyfunc
-from pipelines.bench import serving_demo as demo
 from pipelines.serving.router import AdapterServer
+from tests.conftest import free_port, stop_mlflow_server
 from tests.pipelines.serving import fixtures
 
 REPO = Path(__file__).resolve().parents[3]
@@ -56,7 +62,6 @@ class StoredModel:
     def read(self, rel: str) -> bytes:
         if self.server_artifacts is None:
             return (Path(self.location.removeprefix("file://")) / rel).read_bytes()
-        import boto3
 
         bucket, key = self._s3(rel)
         return boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -65,7 +70,6 @@ class StoredModel:
         if self.server_artifacts is None:
             (Path(self.location.removeprefix("file://")) / rel).write_bytes(data)
             return
-        import boto3
 
         bucket, key = self._s3(rel)
         boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data)
@@ -281,13 +285,6 @@ def test_only_registry_uris_are_loaded_with_a_record(small, tmp_path):
 @pytest.mark.slow
 def test_mlflow_models_serve_scores_a_registered_adapter_from_the_installed_package(small, tmp_path):
     """`mlflow models serve` (local env manager: the package is installed, no copy of it ships) still works."""
-    import os
-    import subprocess
-    import time
-    import urllib.request
-
-    from tests.conftest import free_port, stop_mlflow_server
-
     port, uri = free_port(), f"models:/{small.adapter}@champion"
     bin_dir = Path(sys.executable).parent  # mlflow starts `uvicorn` from PATH
     env = {
