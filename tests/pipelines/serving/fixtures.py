@@ -12,14 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mlflow
 import pandas as pd
 import torch
 
+from pipelines.bench import serving_demo as demo
 from pipelines.config import LoraTrainConfig, ModelConfig
 from pipelines.data.synthetic import SLOTS, SyntheticSpec, generate_day
 from pipelines.model.base import CTRModel
 from pipelines.registry import mlflow_io
-from pipelines.bench import serving_demo as demo
 
 CFG = ModelConfig(id_buckets=64, small_buckets=8, embed_dim=8, n_heads=2, n_blocks=1)
 SPEC = SyntheticSpec(n_users=400, n_items=80, n_advertisers=10, new_users_per_day=20, new_items_per_day=5, seed=3)
@@ -113,8 +114,6 @@ def request_in_flight(server, frame: pd.DataFrame, monkeypatch) -> Iterator[dict
 
 def stored_adapter_file(name: str, version: str, file: str = "adapter_model.safetensors") -> Path:
     """The adapter file as the artifact store holds it (not a downloaded copy)."""
-    import mlflow
-
     mv = mlflow_io.get_version(name, version)
     model_id = mv.source.rsplit("/", 1)[-1]
     location = mlflow.get_logged_model(model_id).artifact_location

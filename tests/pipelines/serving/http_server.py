@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlflow
 import pandas as pd
 
 from tests.conftest import free_port
@@ -97,8 +98,6 @@ def serve(
 ) -> Iterator[Served]:
     """The server on a free port, ready (/healthz 200) on entry unless `ready` is False, stopped
     (SIGTERM) on exit."""
-    import mlflow
-
     port = free_port()
     log = tmp / f"serve-{port}.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), "PYTHONPATH": str(REPO), **(env or {})}
@@ -131,8 +130,6 @@ def serve(
 @contextlib.contextmanager
 def mlflow_models_serve(model_uri: str, tmp: Path) -> Iterator[str]:
     """`mlflow models serve -m model_uri --env-manager local` on a free port; yields its URL once /ping is 200."""
-    import mlflow
-
     port = free_port()
     served = Served(f"http://127.0.0.1:{port}", tmp / "models-serve.log")
     # as in an activated environment: MLflow runs `uvicorn` from PATH

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pipelines.serving import base_switch
-from pipelines.serving.loader import VersionRef
+from pipelines.serving.base_store import BaseStore
+from pipelines.serving.loader import RefusedVersion, VersionRef
 from pipelines.serving.router import AdapterServer
 from tests.pipelines.serving import fixtures
 from tests.pipelines.serving.test_router import pyfunc_predict, sample
@@ -166,9 +167,6 @@ def test_a_new_base_that_fails_its_fingerprint_is_refused_and_the_old_pair_keeps
 
 
 def test_a_download_failure_on_the_new_base_waits_and_the_next_refresh_switches(registry, monkeypatch):
-    from pipelines.serving.base_store import BaseStore
-    from pipelines.serving.loader import RefusedVersion
-
     server = AdapterServer(SLOTS)
     new = registry.new_base(seed=13)
     on_new = {s: registry.adapter(s, seed=400 + i, on=new) for i, s in enumerate(SLOTS)}

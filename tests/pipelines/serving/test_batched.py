@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model
 
-from pipelines.config import LoraTrainConfig
-from pipelines.model.base import CTRModel
 from pipelines.bench import serving_demo as demo
+from pipelines.config import LoraTrainConfig, TextConfig
+from pipelines.model import adapters, family
+from pipelines.model.base import CTRModel
 from pipelines.serving import batched
-from pipelines.model import adapters
 from tests.pipelines.serving import fixtures
 
 CONFIGS = (
@@ -47,10 +49,6 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dcn_setup(tmp_path_factory):
-    from dataclasses import replace
-
-    from pipelines.model import family
-
     torch.manual_seed(0)
     base = family.build(replace(fixtures.CFG, family="dcn")).eval().requires_grad_(False)
     return _setup(base, DCN_CONFIGS, tmp_path_factory)
@@ -58,11 +56,6 @@ def dcn_setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_setup(tmp_path_factory, text_source):
-    from dataclasses import replace
-
-    from pipelines.config import TextConfig
-    from pipelines.model import family
-
     torch.manual_seed(0)
     cfg = replace(fixtures.CFG, family="minilm_text", text=TextConfig(source=text_source, max_len=32))
     base = family.build(cfg).eval().requires_grad_(False)
@@ -73,16 +66,12 @@ def _inputs(which: str, base) -> torch.Tensor:
     """Rows of the family's input: 64 of random ids per field, or the words of 600 synthetic impressions (of
     unequal length: the batch is cut to its longest row, a row alone to its own)."""
     if which == "text_setup":
-        from pipelines.model import family
-
         return torch.from_numpy(family.encode(fixtures.rows(600), base.cfg))  # more than any slice of rows
     gen = torch.Generator().manual_seed(1)
     return torch.stack([torch.randint(0, n, (64,), generator=gen) for n in (64, 64, 8, 8, 8, 8, 8, 8, 8)], dim=1)
 
 
 def _setup(base, configs, tmp_path_factory):
-    from peft import PeftModel
-
     store, singles, names = copy.deepcopy(base), [], []
     peft = None
     for i, cfg in enumerate(configs):
@@ -136,8 +125,6 @@ def test_serving_tree_shares_the_base_tensors_and_leaves_the_base_unhooked(setup
 
 
 def test_dora_adapter_is_reported_unsupported(setup):
-    from peft import LoraConfig, get_peft_model
-
     base = setup[0]
     model = get_peft_model(
         copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True), adapter_name="dora"

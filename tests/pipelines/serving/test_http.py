@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import threading
 
+import mlflow
 import numpy as np
 import pytest
 
 from pipelines.registry import pyfunc
-from tests.pipelines.serving import fixtures
 from tests.conftest import use_store_copy
+from tests.pipelines.serving import fixtures
 from tests.pipelines.serving.http_server import Served, mlflow_models_serve, serve, split, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -156,8 +157,6 @@ def test_mlflow_models_serve_scores_one_adapter_as_the_pyfunc(registry, tmp_path
 
 def test_a_server_started_before_the_first_base_waits_for_it(template_db, tmp_path, monkeypatch):
     """A new deployment: the serving process starts on an empty registry and serves once a base is champion."""
-    import mlflow
-
     use_store_copy(template_db, tmp_path, monkeypatch)
     try:
         with serve(tmp_path, ready=False, poll_seconds=1) as http:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
 from pipelines.data.schema import FEATURE_FIELDS
+from pipelines.serving import protocol
 from pipelines.serving.protocol import RequestError, parse
 
 SLOTS = ("feed", "search")
@@ -104,10 +107,6 @@ def test_no_rows_is_an_empty_frame():
 
 def test_nan_is_a_null_as_pandas_writes_missing_values():
     """`json.loads` accepts NaN; a DataFrame's missing values arrive so from `to_dict("records")` clients."""
-    import json
-
-    from pipelines.serving import protocol
-
     row = {
         "user_id": "u1",
         "item_id": "i1",

@@ -6,11 +6,13 @@ import json
 
 import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 
 from pipelines.config import LoraTrainConfig
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.errors import SchemaError
+from pipelines.registry import integrity
 from pipelines.serving import routing
 from pipelines.serving.router import AdapterServer
 from tests.pipelines.serving import fixtures
@@ -77,8 +79,6 @@ def test_canary_share_sends_a_stable_subset_of_users_to_canary(registry):
 
 
 def test_canary_mask_bounds_and_determinism():
-    import pandas as pd
-
     users = pd.Series([f"u{i}" for i in range(5000)])
     assert not routing.canary_mask(users, 0.0).any()
     assert routing.canary_mask(users, 1.0).all()
@@ -214,8 +214,6 @@ def test_adapter_carrying_layernorm_biases_is_refused_as_unsupported(registry):
 
 def test_a_version_without_its_registry_hashes_is_refused_not_checked_against_its_run(registry):
     """The version's adapter.sha256 tag is the record: removed, the training run's copy does not stand in."""
-    from pipelines.registry import integrity
-
     server = AdapterServer(SLOTS)
     frame = fixtures.rows(200, "2024-01-11")
     before = server.score(frame)

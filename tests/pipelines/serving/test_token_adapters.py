@@ -10,12 +10,13 @@ import mlflow
 import numpy as np
 import pytest
 import torch
+from peft import LoraConfig, PeftModel, TrainableTokensConfig, get_peft_model
 
+from pipelines.bench import serving_demo as demo
 from pipelines.data.schema import FEATURE_FIELDS
 from pipelines.model import adapters
 from pipelines.model.base import CTRModel
 from pipelines.model.features import encode, field_sizes
-from pipelines.bench import serving_demo as demo
 from pipelines.serving import batched
 from pipelines.serving.router import AdapterServer
 from tests.pipelines.serving import fixtures
@@ -38,8 +39,6 @@ def lora_configs(wide: bool) -> dict:
     """Tokens only (its q_proj LoRA keeps PEFT's zero B: no LoRA term); q/v LoRA only ("qv"); both. In this
     load order the store already has token wrappers when "qv" (none) and "both" (not on
     wide.item_id) load: the case PEFT 0.21.2 cannot load without `batched.load_adapter`."""
-    from peft import LoraConfig
-
     return {
         "tokens": LoraConfig(
             r=2, target_modules=["q_proj"], trainable_token_indices=token_tables(TOKEN_USERS[0], TOKEN_ITEMS[0], wide)
@@ -78,8 +77,6 @@ def base_model(cfg) -> CTRModel:
 def build(kind: str, tmp_path_factory):
     """(base, store, names, singles): the adapters saved, loaded into one store with
     batched.load_adapter and each into its own PeftModel on a copy of the base."""
-    from peft import get_peft_model
-
     base = base_model(CFGS[kind])
     store, names, singles, peft = copy.deepcopy(base), [], [], None
     for i, (name, cfg) in enumerate(lora_configs(kind == "wide").items()):
@@ -164,8 +161,6 @@ def test_token_stack_layout(setup):
 
 def test_store_of_trainable_tokens_config_adapters(tmp_path):
     """PEFT's own TrainableTokensConfig puts the layer at the table's name (no wrapper): served too."""
-    from peft import PeftModel, TrainableTokensConfig, get_peft_model
-
     base = base_model(CFGS["wide"])
     store, singles, peft = copy.deepcopy(base), [], None
     for i, users in enumerate(TOKEN_USERS):
@@ -185,8 +180,6 @@ def test_store_of_trainable_tokens_config_adapters(tmp_path):
 
 
 def _store_with(base, tmp_path, **configs):
-    from peft import get_peft_model
-
     store, peft = copy.deepcopy(base), None
     for name, cfg in configs.items():
         get_peft_model(copy.deepcopy(base), cfg).save_pretrained(tmp_path / name)
@@ -198,8 +191,6 @@ def test_load_adapter_works_around_peft_token_wrapper_key_error(tmp_path):
     """PEFT 0.21.2 alone cannot load an adapter without tokens on a table another adapter wrapped (also
     after that adapter is deleted); batched.load_adapter can. If PEFT fixes this, the first assertion
     fails: then load_adapter's workaround can go."""
-    from peft import LoraConfig
-
     base = base_model(CFGS["deep"])
     tokens = LoraConfig(r=2, target_modules=["q_proj"], trainable_token_indices={"embeddings.user_id": [1, 2]})
     plain = LoraConfig(r=2, target_modules=["q_proj"])
@@ -215,8 +206,6 @@ def test_load_adapter_works_around_peft_token_wrapper_key_error(tmp_path):
 
 
 def test_modules_to_save_is_refused_and_other_adapters_are_not(tmp_path):
-    from peft import LoraConfig
-
     base = base_model(CFGS["wide"])
     store, _ = _store_with(
         base,
@@ -239,8 +228,6 @@ def test_modules_to_save_is_refused_and_other_adapters_are_not(tmp_path):
 def test_unknown_adapter_state_is_refused(tmp_path):
     """The catch-all: a tensor keyed by the adapter that no stack reads (here one placed by hand, as a
     PEFT feature this module does not know would) makes the adapter unsupported."""
-    from peft import LoraConfig
-
     base = base_model(CFGS["deep"])
     store, _ = _store_with(base, tmp_path, a=LoraConfig(r=2, target_modules=["q_proj"]))
     store.norm.extra = torch.nn.ParameterDict({"a": torch.nn.Parameter(torch.zeros(3))})
@@ -252,8 +239,6 @@ def test_unknown_adapter_state_is_refused(tmp_path):
 def test_lora_and_tokens_on_one_table_never_reach_a_store(tmp_path):
     """Why build_stacks never sees LoRA and tokens on one table: PEFT refuses both, within one adapter
     and across two adapters of a store (the server then refuses the second load as invalid)."""
-    from peft import LoraConfig, get_peft_model
-
     base = base_model(CFGS["deep"])
     with pytest.raises(TypeError, match="trainable_token_indices cannot be applied"):
         get_peft_model(
@@ -277,8 +262,6 @@ def test_adapter_server_serves_a_token_adapter_end_to_end(registry, slot):
     """A q/v + tokens adapter registered as ctr_lora_<slot>@champion next to the plain LoRA ones: nothing
     is refused, and the server's rows == the registered model's own pyfunc (PeftModel) output, users
     inside and outside its token indices."""
-    from peft import LoraConfig, get_peft_model
-
     frame = fixtures.rows(300, "2024-01-11")
     mine = frame["slot"].to_numpy() == slot
     users = np.unique(encode(frame[mine], fixtures.CFG)[:, USER])[::2].tolist()  # half of its users
