@@ -4,7 +4,10 @@ MLflow tracking server (`mlflow_server`, `on_mlflow_server`) whose artifacts it 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +17,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlflow
+import mlflow.tracking.fluent as fluent
 import pytest
+from mlflow import MlflowClient
 
 from pipelines.registry.mlflow_scope import preserved_mlflow, temporary_env
 
@@ -100,10 +106,6 @@ def use_store_copy(template_db, tmp_path, monkeypatch) -> str:
     Creating the schema takes seconds, copying the file does not. Any default ./mlruns artifact root
     lands in tmp_path. The caller resets the tracking URI afterwards.
     """
-    import shutil
-
-    import mlflow
-
     db = tmp_path / "mlflow.db"
     shutil.copy(template_db, db)
     uri = f"sqlite:///{db}"
@@ -114,7 +116,6 @@ def use_store_copy(template_db, tmp_path, monkeypatch) -> str:
     # exist in this one.
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-    import mlflow.tracking.fluent as fluent
 
     monkeypatch.setattr(fluent, "_active_experiment_id", None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -125,8 +126,6 @@ def use_store_copy(template_db, tmp_path, monkeypatch) -> str:
 @pytest.fixture(scope="session")
 def template_db(tmp_path_factory):
     """An initialised, empty MLflow SQLite store to copy with `use_store_copy`."""
-    from mlflow import MlflowClient
-
     d = tmp_path_factory.mktemp("mlflow-template")
     uri = f"sqlite:///{d / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
@@ -227,8 +226,6 @@ def start_mlflow_server(
 
 def stop_mlflow_server(proc: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (CLI + uvicorn), SIGKILL if it is still there after 30 s."""
-    import signal
-
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -288,9 +285,6 @@ def use_mlflow_server(server: MlflowServer, tmp_path: Path, monkeypatch) -> str:
     configured: no CTR_MLFLOW_ARTIFACT_ROOT (experiments get the server's mlflow-artifacts:/ root) and
     CTR_REGISTRY_LOCK_URL = server.lock_url (skips the test when there is none). cwd is tmp_path; the
     caller resets the tracking URI afterwards (monkeypatch restores the environment)."""
-    import mlflow
-    import mlflow.tracking.fluent as fluent
-
     if server.lock_url is None:
         pytest.skip("no cross-machine registry lock: PostgreSQL and Redis are both unreachable")
     monkeypatch.chdir(tmp_path)
@@ -307,8 +301,6 @@ def use_mlflow_server(server: MlflowServer, tmp_path: Path, monkeypatch) -> str:
 def on_mlflow_server(mlflow_server, tmp_path, monkeypatch):
     """This test's process on the session's `mlflow_server` (see use_mlflow_server); yields the server.
     The server is shared: use model names of your own, or assert only on what the test created."""
-    import mlflow
-
     use_mlflow_server(mlflow_server, tmp_path, monkeypatch)
     yield mlflow_server
     mlflow.set_tracking_uri(None)
@@ -320,8 +312,6 @@ def validate_lake(lake_uri: str, cfg=None) -> dict:
     task does before anything trains: training, evaluation and cold start read only partitions whose
     marker says `passed` for their content (pipelines.data.validated). Raises if a day fails.
     `cfg` defaults to the synthetic slots with the default validation settings."""
-    import datetime as dt
-
     from pipelines.config import DataConfig, PipelineConfig
     from pipelines.data.lake import Lake
     from pipelines.data.synthetic import SLOTS
@@ -344,8 +334,6 @@ TEST_BASE_FINGERPRINT = "b" * 64
 def serving_base_fingerprint(base: str = "ctr_base") -> str:
     """The fingerprint of `base@champion` in the current store; a synthetic base version is registered
     and made champion first when there is none (idempotent)."""
-    from mlflow import MlflowClient
-
     from pipelines.registry import mlflow_io
 
     mv = mlflow_io.version_by_alias(base, "champion")
@@ -391,8 +379,6 @@ def kill_at_marker(cmd: list[str], marker: Path, *, what: str, cwd, env: dict, t
     """Start `cmd`, wait until it touches `marker` (the point where the crash workers of the fault tests
     stop and sleep), then SIGKILL it: a real process that really dies there, locks and half-done work
     included. Fails the test when the process ends or times out before it gets there."""
-    import signal
-
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     while not marker.exists():

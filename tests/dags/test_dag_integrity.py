@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import copy
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
@@ -220,8 +222,6 @@ def test_retrain_wiring(dagbag):
 
 def test_retrain_wiring_judged_on_the_holdout(tmp_path):
     """`lora.judged_on: holdout`: train >> evaluate >> register >> gate_and_promote, no judge step."""
-    import yaml
-
     cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
     cfg["lora"]["judged_on"] = "holdout"
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
@@ -309,8 +309,6 @@ print("ok")
 def test_judged_on_next_day_judges_then_releases_then_trains(tmp_path, approval):
     """`lora.judged_on: next_day`: validate >> slots >> judge yesterday's candidates >> train today's >> evaluate >>
     register >> hand_over what the judge let go >> gate (or the approval group); nothing is gated at registration."""
-    import yaml
-
     cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
     cfg["lora"]["judged_on"] = "next_day"
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
@@ -362,7 +360,6 @@ print(json.dumps({{"errors": {{k.rsplit("/", 1)[-1]: v for k, v in bag.import_er
     env = {**os.environ, "CTR_GATE_POLICY": str(policy), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    import json
 
     bag = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(bag["errors"]) == {"ctr_base_model.py", "ctr_lora_retrain.py", "ctr_cold_start.py"}, bag["errors"]

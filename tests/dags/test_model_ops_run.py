@@ -11,7 +11,10 @@ import json
 import pytest
 import yaml
 
+from pipelines.promotion import aliases, release
+from pipelines.registry import mlflow_io
 from tests.e2e.stack import REPO, Stack, make_env, metadata_stores, this_process_on
+from tests.pipelines.promotion.test_aliases import add_version
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +24,6 @@ FP = "f" * 64
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from pipelines.promotion import release
-    from pipelines.registry import mlflow_io
-    from tests.pipelines.promotion.test_aliases import add_version
-
     tmp = tmp_path_factory.mktemp("model-ops")
     policy = tmp / "gate_policy.yaml"
     policy.write_text(yaml.safe_dump({"approval": False}))
@@ -54,8 +53,6 @@ def model_ops(st: Stack, **conf) -> tuple[int, str]:
 
 
 def test_a_numeric_reason_is_recorded_as_text(stack):
-    from pipelines.promotion import aliases
-
     st, _ = stack
     rc, out = model_ops(st, action="promote", version=1, reason="12345")
     assert rc == 0, out[-4000:]
@@ -63,8 +60,6 @@ def test_a_numeric_reason_is_recorded_as_text(stack):
 
 
 def test_a_reason_of_2000_characters_is_refused_before_any_task(stack):
-    from pipelines.promotion import aliases
-
     st, _ = stack
     n = len(aliases.history(MODEL, None))
     rc, out = model_ops(st, action="revert", reason="x" * 2000)
@@ -73,9 +68,6 @@ def test_a_reason_of_2000_characters_is_refused_before_any_task(stack):
 
 
 def test_a_rejected_version_is_refused_by_promote_and_goes_out_by_override(stack):
-    from pipelines.promotion import aliases
-    from pipelines.registry import mlflow_io
-
     st, _ = stack
     before = aliases.current(MODEL)
     rc, out = model_ops(st, action="promote", version=2, reason="bob was wrong")
@@ -90,8 +82,6 @@ def test_a_rejected_version_is_refused_by_promote_and_goes_out_by_override(stack
 
 
 def test_a_promote_is_refused_without_the_approval_the_policy_asks_for(stack):
-    from pipelines.promotion import aliases
-
     st, policy = stack
     before = aliases.current(MODEL)
     policy.write_text(yaml.safe_dump({"approval": True}))  # read by the task when it runs

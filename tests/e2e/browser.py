@@ -44,7 +44,7 @@ def browser(shots: Path):
     """A fresh headless Chromium context (1400x1000). On an exception, each open page is saved as
     shots/<n>.png before the browser closes."""
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import sync_playwright  # noqa: PLC0415 optional: the test skips without Playwright
     except ImportError:
         pytest.skip("Playwright's Python package is not installed (requirements.txt pins it)")
     path = chromium_path()

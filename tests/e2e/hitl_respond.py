@@ -15,15 +15,17 @@ import json
 import sys
 import time
 
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
+from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
+from airflow.models.hitl import HITLDetail
+from airflow.models.taskinstance import TaskInstance as TI
+from airflow.utils.session import create_session
+from sqlalchemy import select
+
 
 def pending(dag_id: str) -> list[tuple[str, str, int, str]]:
     """(run_id, task_id, map_index, body) of unanswered requests of `dag_id`."""
-    from sqlalchemy import select
-
-    from airflow.models.hitl import HITLDetail
-    from airflow.models.taskinstance import TaskInstance as TI
-    from airflow.utils.session import create_session
-
     with create_session() as session:
         rows = session.execute(
             select(TI.run_id, TI.task_id, TI.map_index, HITLDetail.body)
@@ -34,11 +36,6 @@ def pending(dag_id: str) -> list[tuple[str, str, int, str]]:
 
 
 def answer(dag_id: str, run_id: str, task_id: str, map_index: int, option: str, user: str) -> None:
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-    from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
-    from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
-    from airflow.utils.session import create_session
-
     with create_session() as session:
         update_hitl_detail(
             dag_id=dag_id,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from pipelines.promotion import aliases
 from tests.conftest import free_port
 from tests.e2e.airflow_rest import AirflowREST
 from tests.e2e.stack import CANARY, JUDGE_PASSABLE, REPO, movielens_lake, paths_policy, pipeline_config, this_process_on
@@ -129,8 +130,6 @@ def versions(name: str) -> list:
 
 
 def alias_of(name: str, alias: str = "champion") -> str | None:
-    from pipelines.promotion import aliases
-
     return aliases.current(name, alias)
 
 

@@ -15,9 +15,20 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import boto3
 import pytest
+import sqlalchemy as sa
+import yaml
 
+from pipelines.config import to_dict
+from pipelines.data import movielens
+from pipelines.data.lake import Lake
+from pipelines.flows.base import register_base
 from pipelines.registry.mlflow_scope import temporary_mlflow
+from pipelines.training import base_model
+from pipelines.validation.stage import validate_window
+from tests.conftest import any_base_policy
+from tests.pipelines.promotion.test_monitor import make_config, write_lake
 
 REPO = Path(__file__).resolve().parents[2]
 PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3)
@@ -25,7 +36,7 @@ PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", conne
 
 def postgres_available() -> bool:
     try:
-        import psycopg2
+        import psycopg2  # noqa: PLC0415 optional driver: without it there is no PostgreSQL (SQLite instead)
 
         psycopg2.connect(**PG).close()
         return True
@@ -37,7 +48,7 @@ def postgres_available() -> bool:
 def metadata_stores(tmp: Path):
     """Yield (airflow_sql_alchemy_conn, mlflow_tracking_uri, kind)."""
     if postgres_available():
-        import psycopg2
+        import psycopg2  # noqa: PLC0415 optional driver, present when postgres_available()
 
         tag = uuid.uuid4().hex[:10]
         names = [f"ctr_e2e_airflow_{tag}", f"ctr_e2e_mlflow_{tag}"]
@@ -84,8 +95,6 @@ class Stack:
 
     def retried(self, dag_id: str) -> list[tuple]:
         """(task_id, map_index, try_number) of the DAG's newest run's task instances that needed more than one try."""
-        import sqlalchemy as sa
-
         engine = sa.create_engine(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
         try:
             with engine.connect() as conn:
@@ -169,8 +178,6 @@ JUDGE_PASSABLE = {
 
 def paths_policy(path: Path, **overrides) -> Path:
     """The shipped gate policy with `PATH_TOLERANCES` (and `overrides`), written to `path`."""
-    import yaml
-
     policy = {**yaml.safe_load((REPO / "configs" / "gate_policy.yaml").read_text()), **PATH_TOLERANCES, **overrides}
     path.write_text(yaml.safe_dump(policy))
     return path
@@ -179,11 +186,6 @@ def paths_policy(path: Path, **overrides) -> Path:
 def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> tuple[str, Path]:
     """MovieLens partitions 1997-11-01..last_day in s3://<bucket>/clicks (a fresh bucket), and a copy of
     the shipped pipeline config pointing at it (`pipeline_config`). Returns (lake URI, config path)."""
-    import boto3
-
-    from pipelines.data import movielens
-    from pipelines.data.lake import Lake
-
     boto3.client("s3").create_bucket(Bucket=bucket)
     lake = Lake(f"s3://{bucket}/clicks")
     for day, part in movielens.daily_partitions():
@@ -195,8 +197,6 @@ def movielens_lake(tmp: Path, bucket: str, last_day: str, **overrides: dict) -> 
 def pipeline_config(tmp: Path, lake_uri: str, **overrides: dict) -> Path:
     """tmp/pipeline.yaml: the shipped pipeline config on `lake_uri`, smaller only where just the run time
     changes (shorter base window, fewer epochs), plus per-section `overrides`."""
-    import yaml
-
     cfg = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
     cfg["data"]["lake_uri"] = lake_uri
     cfg["base_training"].update(train_start="1997-11-01", epochs=2)
@@ -233,16 +233,6 @@ def synthetic_stack(tmp: Path, bucket: str, policy):
     s3://<bucket>/clicks, its pipeline config and `policy` (a GatePolicy) on disk, fresh metadata
     stores with Airflow initialised, this process pointed at the stack, and the serving base
     (trained up to 2024-01-03) registered. Yields (stack, config, lake URI)."""
-    import boto3
-    import yaml
-
-    from pipelines.config import to_dict
-    from pipelines.flows.base import register_base
-    from tests.conftest import any_base_policy
-    from pipelines.training import base_model
-    from pipelines.validation.stage import validate_window
-    from tests.pipelines.promotion.test_monitor import make_config, write_lake
-
     boto3.client("s3").create_bucket(Bucket=bucket)
     lake = write_lake(f"s3://{bucket}/clicks")
     cfg = make_config(lake)

@@ -16,8 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from mlflow import MlflowClient
 
 from pipelines.config import GatePolicy
+from pipelines.promotion.aliases import current, history
 from tests.e2e.stack import REPO, Stack, synthetic_stack
 
 pytestmark = pytest.mark.slow
@@ -49,8 +52,6 @@ def stack(tmp_path_factory, s3_endpoint):
 
 
 def airflow_rows(stack: Stack, sql: str, **params) -> list:
-    import sqlalchemy as sa
-
     engine = sa.create_engine(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     with engine.connect() as conn:
         rows = conn.execute(sa.text(sql), params).all()
@@ -64,10 +65,6 @@ def task_states(stack: Stack, dag_id: str) -> dict[tuple[str, int], str]:
 
 
 def test_each_release_waits_for_its_own_approval(stack):
-    from mlflow import MlflowClient
-
-    from pipelines.promotion.aliases import current, history
-
     log_path = stack.tmp / "dags_test.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(

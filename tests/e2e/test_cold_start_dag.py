@@ -7,10 +7,23 @@ is the base. Then the DAG run: validate -> detect -> distill -> evaluate -> regi
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
+import mlflow
 import pytest
+from mlflow import MlflowClient
 
+from pipelines.config import load_pipeline_config
+from pipelines.data.lake import Lake
+from pipelines.evaluation.compare import evaluate
+from pipelines.flows.base import register_base
+from pipelines.promotion import aliases
+from pipelines.promotion.aliases import current, history
+from pipelines.registry.register import register
+from pipelines.training import adapter, base_model
+from pipelines.validation.stage import validate_window
+from tests.conftest import any_base_policy
 from tests.e2e.stack import Stack, make_env, metadata_stores, movielens_lake, this_process_on
 
 pytestmark = pytest.mark.slow
@@ -22,10 +35,6 @@ LAKE_URI = f"s3://{BUCKET}/clicks"
 
 def lake_days(lake_uri: str, last: str = DAY, days: int | None = None) -> int:
     """How many committed partitions the `days` days ending at `last` hold (all of the lake without `days`)."""
-    import datetime as dt
-
-    from pipelines.data.lake import Lake
-
     present = Lake(lake_uri).list_partitions()
     if days is None:
         return (dt.date.fromisoformat(last) - dt.date.fromisoformat(present[0])).days + 1
@@ -35,15 +44,6 @@ def lake_days(lake_uri: str, last: str = DAY, days: int | None = None) -> int:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    from pipelines.config import load_pipeline_config
-    from pipelines.evaluation.compare import evaluate
-    from pipelines.promotion import aliases
-    from pipelines.registry.register import register
-    from pipelines.flows.base import register_base
-    from tests.conftest import any_base_policy
-    from pipelines.training import adapter, base_model
-    from pipelines.validation.stage import validate_window
-
     tmp = tmp_path_factory.mktemp("e2e-cold")
     lake_uri, config_path = movielens_lake(tmp, BUCKET, DAY, cold_start={"window_days": 45, "history_days": 60})
     artifact_root = f"s3://{BUCKET}/mlflow"
@@ -69,11 +69,6 @@ def stack(tmp_path_factory, s3_endpoint):
 
 
 def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):
-    import mlflow
-    from mlflow import MlflowClient
-
-    from pipelines.promotion.aliases import current, history
-
     proc = stack.airflow("dags", "test", "ctr_cold_start", DAY)
     out = proc.stdout + proc.stderr
     # the history and the window: detection counts impressions in the history, so all of it is validated
@@ -132,8 +127,6 @@ def test_cold_start_dag_distills_evaluates_registers_and_gates(stack):
 
 def test_ui_trigger_with_params_runs_one_slot(stack):
     """As triggered from the UI form: end_day and a single slot (a model of its own, teacher: that slot's)."""
-    from mlflow import MlflowClient
-
     conf = json.dumps({"end_day": DAY, "slot": "morning"})
     stack.airflow("dags", "test", "ctr_cold_start", "-c", conf)
     (mv,) = MlflowClient().search_model_versions("name = 'ctr_lora_cold_start_morning'")

@@ -16,10 +16,20 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from dataclasses import replace
 
+import boto3
 import pytest
+import sqlalchemy as sa
+import yaml
 
+from pipelines.config import to_dict
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import write_days
 from tests.e2e.stack import Stack, make_env, metadata_stores
+from tests.pipelines.promotion.test_monitor import ROWS, SPEC, make_config
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +42,6 @@ CONSUMERS = {"ctr_lora_retrain", "ctr_cold_start", "ctr_champion_monitor"}
 def lakes(tmp_path_factory, s3_endpoint):
     """The configured lake holds 2024-01-02..03; the lake the arrivals are run on (`lake_uri` param)
     holds 2024-01-02..04. A consumer that ignored the event's lake would not find 2024-01-04."""
-    from dataclasses import replace
-
-    import boto3
-    import yaml
-
-    from pipelines.config import to_dict
-    from pipelines.data.lake import Lake
-    from pipelines.data.synthetic import write_days
-    from tests.pipelines.promotion.test_monitor import ROWS, SPEC, make_config
-
     tmp = tmp_path_factory.mktemp("e2e-arrival")
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     configured, arrivals = f"s3://{BUCKET}/clicks", f"s3://{BUCKET}/arrivals"
@@ -64,8 +64,6 @@ def stack(lakes):
 
 
 def sql(stack, query: str, **params) -> list[tuple]:
-    import sqlalchemy as sa
-
     engine = sa.create_engine(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     try:
         with engine.connect() as conn:
@@ -196,9 +194,6 @@ def test_unpaused_daily_dags_run_for_the_newest_validated_day_on_its_lake(stack,
     """Unpausing queues nothing; the next validated day queues all three daily DAGs. Then the
     scheduler's own step that turns the queue into a run (called in-process: the rest of the scheduler
     loop needs a worker and an api-server), and the run's first task."""
-    import subprocess
-    import sys
-
     arrivals = lakes[3]
     stack.airflow("dags", "unpause", "--treat-dag-id-as-regex", "-y", "^(" + "|".join(sorted(CONSUMERS)) + ")$")
     assert queued(stack) == set()  # unpausing starts nothing: no run for a day that is not there yet

@@ -7,10 +7,18 @@ from __future__ import annotations
 import io
 import json
 
+import boto3
+import mlflow
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
+from mlflow import MlflowClient
 
+from pipelines.data import movielens
+from pipelines.data.commit import PartitionWriter
+from pipelines.data.lake import Lake
+from pipelines.promotion import aliases
 from tests.e2e.stack import CANARY, HOLDOUT_JUDGED, movielens_stack
 
 pytestmark = pytest.mark.slow
@@ -38,8 +46,6 @@ def stack(tmp_path_factory, s3_endpoint):
 
 
 def versions(name: str) -> list:
-    from mlflow import MlflowClient
-
     return sorted(MlflowClient().search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
 
 
@@ -48,21 +54,15 @@ def champion(name: str) -> str | None:
 
 
 def current(name: str, alias: str = "champion") -> str | None:
-    from pipelines.promotion import aliases
-
     return aliases.current(name, alias)
 
 
 def history(name: str, alias: str = "champion") -> list[dict]:
-    from pipelines.promotion import aliases
-
     return aliases.history(name, alias)
 
 
 def asset_events(stack, uri: str) -> int:
     """Asset events Airflow recorded for `uri` (the alias moves that deployment DAGs can react to)."""
-    import sqlalchemy as sa
-
     engine = sa.create_engine(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     with engine.connect() as conn:
         n = conn.execute(
@@ -121,8 +121,6 @@ def test_retrain_two_days_gates_against_the_previous_champion(stack):
 
 
 def test_canary_promotion_and_revert_from_the_ui(stack):
-    from pipelines.promotion.aliases import history
-
     moved = [f"ctr_lora_{s}" for s in SLOTS if current(f"ctr_lora_{s}", "canary") == "2"]
     assert moved, "no candidate passed the gate on day 2; the canary and revert paths would be untested"
     for name in moved:
@@ -155,12 +153,6 @@ def test_canary_promotion_and_revert_from_the_ui(stack):
 
 
 def test_bad_partition_stops_the_run_at_validation(stack):
-    import boto3
-
-    from pipelines.data import movielens
-    from pipelines.data.commit import PartitionWriter
-    from pipelines.data.lake import Lake
-
     frame = next(p for d, p in movielens.daily_partitions() if d == BAD_DAY).drop(columns=["slot"])
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
@@ -180,7 +172,6 @@ def test_bad_partition_stops_the_run_at_validation(stack):
     assert "TaskRefused: DataValidationError" in out and "up_for_retry" not in out.lower()
     after = {s: (len(versions(f"ctr_lora_{s}")), champion(f"ctr_lora_{s}")) for s in SLOTS}
     assert after == before, "a failed validation must register nothing and leave @champion untouched"
-    import mlflow
 
     trained = mlflow.search_runs(experiment_names=["ctr-lora"], filter_string=f"tags.`data.end` = '{BAD_DAY}'")
     assert len(trained) == 0, "no adapter may train on a window with an invalid partition"

@@ -15,10 +15,14 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+import mlflow
 import pytest
 
 from pipelines.data.lake import Lake
 from pipelines.data.synthetic import write_days
+from pipelines.promotion import aliases
+from pipelines.promotion.aliases import current, history
+from pipelines.promotion.monitor import EXPERIMENT, load_windows
 from tests.e2e.stack import REPO, synthetic_stack
 from tests.pipelines.promotion.test_monitor import (
     MODEL,
@@ -42,7 +46,7 @@ E2E_POLICY = replace(POLICY, revert_windows=1)  # one collapsed window is enough
 def dagbag(tmp_path_factory):
     os.environ.setdefault("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow_home")))
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag  # noqa: PLC0415 Airflow reads AIRFLOW_HOME, set above, on import
 
     return DagBag(dag_folder=str(REPO / "dags"))
 
@@ -83,11 +87,6 @@ def stack(tmp_path_factory, s3_endpoint):
 
 @pytest.mark.slow
 def test_four_days_wait_promote_auto_revert_then_withdraw(stack):
-    import mlflow
-
-    from pipelines.promotion.aliases import current, history
-    from pipelines.promotion.monitor import EXPERIMENT, load_windows
-
     out = stack.airflow("dags", "test", "ctr_champion_monitor", DAYS[0]).stdout
     assert "1/2 healthy windows of canary v2 vs champion v1" in out
     assert (current(MODEL), current(MODEL, "canary")) == ("1", "2")
@@ -105,8 +104,6 @@ def test_four_days_wait_promote_auto_revert_then_withdraw(stack):
     assert "airflow:ctr_champion_monitor/" in revert["actor"]  # the revert operator, in this DAG run
     assert revert["reason"].startswith("auto-revert by the monitor: champion v2 auc below")
     assert f"dt={DAYS[2]}" in revert["reason"]
-
-    from pipelines.promotion import aliases
 
     aliases.start_canary(MODEL, "3", 0.1, reason="e2e: a canary that ranks backwards", actor="e2e")
     proc = stack.airflow("dags", "test", "ctr_champion_monitor", DAYS[3])

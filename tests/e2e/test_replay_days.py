@@ -7,8 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import mlflow
 import pytest
+from mlflow import MlflowClient
 
+from pipelines.promotion.aliases import current
+from pipelines.promotion.monitor import EXPERIMENT
 from tests.e2e.stack import CANARY, HOLDOUT_JUDGED, REPO, movielens_stack
 
 pytestmark = pytest.mark.slow
@@ -27,12 +31,6 @@ def stack(tmp_path_factory, s3_endpoint):
 
 
 def test_two_days_are_validated_monitored_and_retrained_in_order(stack):
-    import mlflow
-    from mlflow import MlflowClient
-
-    from pipelines.promotion.aliases import current
-    from pipelines.promotion.monitor import EXPERIMENT
-
     stack.airflow("dags", "test", "ctr_base_model", BASE_DAY)
     proc = subprocess.run(
         [sys.executable, "scripts/replay_days.py", "--from", FIRST, "--to", LAST],

@@ -21,10 +21,15 @@ import json
 import os
 import re
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from mlflow import MlflowClient
 
+from pipelines.evaluation.timeline import day_step, run_of
+from pipelines.promotion import aliases
+from pipelines.promotion.aliases import history
 from tests.e2e.airflow_rest import AirflowREST
 from tests.e2e.browser import AirflowUI, browser, model_page_description
 from tests.e2e.live_stack import DAILY, LAKE_LAST_DAY, alias_of, approve_all, live, versions, worker_prefix  # noqa: F401 (live: the fixture)
@@ -59,7 +64,6 @@ def test_base_model_through_the_rest_api(live):
     assert alias_of("ctr_base") == "1"
     tags = versions("ctr_base")[0].tags
     assert len(tags["fingerprint"]) == 64 and tags["gate.passed"] == "true"
-    from pipelines.promotion import aliases
 
     move = aliases.history("ctr_base")[-1]
     assert move["reason"].startswith("base passed gate (first base) (approved by ")
@@ -212,8 +216,6 @@ def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(liv
         assert "| @champion | v2 |" in page and "| @canary | v3 (" in page and "passed gate" in page
         # how the slot is doing over days: one run, a line per role (day 2: v1 judged as a candidate; day 3: v2
         # judged as the champion it had become)
-        from pipelines.evaluation.timeline import day_step, run_of
-
         line = run_of(name, slot)
         steps = {
             k: [m.step for m in MlflowClient().get_metric_history(line, k)] for k in ("candidate_auc", "champion_auc")
@@ -222,9 +224,6 @@ def test_the_next_day_judges_the_champions_and_releases_canaries_beside_them(liv
 
 
 def serving(live, path: str, body: dict | None = None) -> tuple[int, dict]:
-    import urllib.error
-    import urllib.request
-
     req = urllib.request.Request(
         f"http://127.0.0.1:{live.env['STACK_SERVE_PORT']}{path}",
         method="POST" if body else "GET",
@@ -287,8 +286,6 @@ def test_mapped_tasks_ran_on_both_celery_workers(live):
 
 
 def test_model_ops_forms(live):
-    from pipelines.promotion.aliases import history
-
     rest = live.rest()
     canaries = [f"ctr_lora_{s}" for s in SLOTS if alias_of(f"ctr_lora_{s}", "canary")]
     assert canaries, "no day-3 candidate passed its gate: the canary paths would be untested"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -17,9 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pipelines.__main__ import build_parser
 from pipelines.config import REPO_ROOT
 from pipelines.data.lake import Lake
-from tests.conftest import free_port
+from pipelines.promotion import aliases, release
+from pipelines.registry import mlflow_io
+from tests.conftest import free_port, use_store_copy
+from tests.pipelines.promotion.test_aliases import add_version
 
 STAGES = (
     "generate",
@@ -111,16 +116,12 @@ def test_missing_stage_is_a_usage_error():
     "argv, dest", [(["promote", "--version", "3"], "version"), (["revert", "--to-version", "12"], "to_version")]
 )
 def test_a_version_argument_is_the_registrys_string(argv, dest):
-    from pipelines.__main__ import build_parser
-
     args = build_parser().parse_args([argv[0], "--model", "ctr_lora_feed", "--reason", "why", *argv[1:]])
     assert getattr(args, dest) == argv[-1]
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two"])
 def test_a_version_that_is_not_a_positive_integer_is_a_usage_error(bad, capsys):
-    from pipelines.__main__ import build_parser
-
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["promote", "--model", "ctr_lora_feed", "--reason", "why", "--version", bad])
     assert exit_.value.code == 2 and "positive integer" in capsys.readouterr().err
@@ -285,13 +286,6 @@ def test_an_interrupted_stage_exits_130_with_one_line():
 def registry(template_db, tmp_path, monkeypatch):
     """A SQLite store with a serving base and ctr_lora_feed v1..v3 on it (passed, first runs); v2 was
     rejected by a person. Yields the store's URI for the CLI subprocesses."""
-    import mlflow
-
-    from pipelines.promotion import release
-    from pipelines.registry import mlflow_io
-    from tests.conftest import use_store_copy
-    from tests.pipelines.promotion.test_aliases import add_version
-
     uri = use_store_copy(template_db, tmp_path, monkeypatch)
     base = add_version("ctr_base", gate_passed=None, fingerprint="f" * 64)
     mlflow_io.client().set_registered_model_alias("ctr_base", "champion", base)
@@ -303,8 +297,6 @@ def registry(template_db, tmp_path, monkeypatch):
 
 
 def test_cli_promote_refuses_a_rejected_version_and_override_records_the_rejection(registry):
-    from pipelines.promotion import aliases
-
     env = {"MLFLOW_TRACKING_URI": registry}
     p = cli("promote", "--model", "ctr_lora_feed", "--version", "2", "--reason", "bob was wrong", env=env)
     assert p.returncode == 1 and "v2 was rejected by bob" in p.stderr, p.stderr
@@ -329,8 +321,6 @@ def test_cli_promote_refuses_a_rejected_version_and_override_records_the_rejecti
 
 
 def test_cli_promote_follows_the_policys_approval_and_approve_releases(registry, tmp_path):
-    from pipelines.promotion import aliases
-
     policy = tmp_path / "gate.yaml"
     policy.write_text("approval: true\npromotion: direct\n")
     env = {"MLFLOW_TRACKING_URI": registry}

@@ -13,12 +13,14 @@ from pipelines.config import (
     LoraTrainConfig,
     ModelConfig,
     PipelineConfig,
+    ValidationConfig,
     config_hash,
     load_gate_policy,
     load_pipeline_config,
     to_dict,
 )
 from pipelines.errors import ConfigError
+from pipelines.training import distill
 
 
 @pytest.fixture(autouse=True)
@@ -50,10 +52,6 @@ def test_repo_yaml_agrees_with_dataclass_defaults():
     """The shipped YAML restates the code defaults, except the validation bands that MovieLens needs
     wider and the recipe chosen on the backtest's validation days (a wide LR base, a delta adapter), both
     documented in the YAML; a silent drift between them would be confusing."""
-    import dataclasses
-
-    from pipelines.config import ValidationConfig
-
     cfg = load_pipeline_config()
     recipe = {
         "model": {"wide": True, "wide_id_buckets": 1048576, "small_buckets": 1024},
@@ -292,8 +290,6 @@ def test_both_adapter_configs_share_one_lora_shape_with_flat_yaml_keys():
 
 
 def test_cold_start_loss_weights_come_from_its_flat_keys():
-    from pipelines.training import distill
-
     cs = load_pipeline_config(overrides={"cold_start": {"w_kd": 2.0, "align": "cosine"}}).cold_start
     assert cs.loss_weights == C.LossWeights(
         bce=cs.w_bce, kd=2.0, align=cs.w_align, temperature=cs.temperature, align_kind="cosine"
@@ -302,8 +298,6 @@ def test_cold_start_loss_weights_come_from_its_flat_keys():
 
 
 def test_the_text_familys_gate_policy_is_the_default_with_a_transformers_latency_budget():
-    import dataclasses
-
     text = load_gate_policy("configs/gate_policy_text.yaml")
     assert text.latency_budget_ms == 2000.0
     assert dataclasses.replace(text, latency_budget_ms=load_gate_policy().latency_budget_ms) == load_gate_policy()

@@ -9,6 +9,7 @@ from the compose file's own entrypoint with the generated credentials."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import re
@@ -21,9 +22,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
+from cryptography.fernet import Fernet
+from mlflow.utils.validation import _validate_password
 
+from pipelines.registry import mlflow_io
+from tests.conftest import free_port, fresh_database, stop_mlflow_server
 from tests.e2e.stack import REPO
 
 SHARED = ("AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS", "MLFLOW_CONFIGURE_LOGGING", "CTR_LAKE_AWS_CONN_ID")
@@ -239,9 +245,6 @@ def test_ports_bind_to_localhost_unless_asked(compose):
 
 
 def test_compose_env_generates_once_and_keeps_what_is_there(compose_env, tmp_path):
-    from cryptography.fernet import Fernet
-    from mlflow.utils.validation import _validate_password
-
     path = tmp_path / ".env"
     assert set(compose_env.ensure(path)) == set(compose_env.SECRETS) | set(compose_env.SETTINGS)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -289,8 +292,6 @@ def test_the_example_file_holds_no_secret(compose_env):
 
 # ----------------------------------------------------------------------------- MLflow behind basic auth
 def _status(url: str, auth: tuple[str, str] | None = None) -> int:
-    import base64
-
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
@@ -307,7 +308,6 @@ def test_mlflow_runs_basic_auth_from_the_compose_entrypoint(compose_env, env_fil
     artifact destination are this machine's. Anonymous calls get 401; the library, given the generated
     credentials as compose gives them to Airflow, works."""
     pytest.importorskip("flask_wtf", reason="mlflow[auth] (Flask-WTF) is not installed: requirements.txt")
-    from tests.conftest import free_port, fresh_database, stop_mlflow_server
 
     values = compose_env.parse(env_file.read_text())
     svc = interpolate_doc(COMPOSE_DOC, values)["services"]["mlflow"]
@@ -350,8 +350,6 @@ def test_mlflow_runs_basic_auth_from_the_compose_entrypoint(compose_env, env_fil
 
 
 def _check_basic_auth(uri: str, values: dict, proc, tmp_path: Path, monkeypatch) -> None:
-    import mlflow
-
     deadline = time.monotonic() + 120
     while _safe_status(f"{uri}/health") != 200:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "mlflow.log").read_text()[-4000:]
@@ -363,7 +361,6 @@ def _check_basic_auth(uri: str, values: dict, proc, tmp_path: Path, monkeypatch)
     assert _status(search) == 401
     assert _status(search, (admin[0], "not-the-password")) == 401
     assert _status(search, admin) == 200
-    from pipelines.registry import mlflow_io
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin[0])

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-
 from pathlib import Path
 
 import mlflow
@@ -15,6 +14,7 @@ from pipelines.bench import backtest, backtest_lr, backtest_protocol, backtest_r
 from pipelines.config import load_pipeline_config
 from pipelines.data import movielens
 from pipelines.metrics import auc
+from tests.pipelines.model.user_family import HashedMLP
 
 pytestmark = pytest.mark.slow
 
@@ -148,8 +148,6 @@ def test_the_backtest_runs_on_each_shipped_family_config(config, frame, text_sou
 def test_the_backtest_replays_a_users_own_network_named_in_the_config(frame):
     """A family of the user's (`model.family: package.module:Factory`, nothing of ours underneath) replays
     as the shipped ones do: its base, its daily adapters on its own LoRA targets, the new-item AUC."""
-    from tests.pipelines.model.user_family import HashedMLP
-
     targets = list(HashedMLP.default_targets)
     # a delta needs the default family's wide term: this network has none, so its adapters are LoRA
     cfg = load_pipeline_config(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipelines.__main__ import build_parser
+from pipelines.__main__ import build_parser, main
 from pipelines.bench.backtest_cli import check_mode
 from pipelines.errors import ConfigError
 
@@ -61,7 +61,5 @@ def test_each_mode_takes_the_options_it_reads(argv):
 
 
 def test_the_cli_exits_2_naming_the_option_before_reading_any_data(capsys):
-    from pipelines.__main__ import main
-
     assert main(["backtest", "--cold-items", "5", "--report", "out"]) == 2
     assert "does not read --report" in capsys.readouterr().err

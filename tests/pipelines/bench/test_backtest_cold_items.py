@@ -8,8 +8,10 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
-from pipelines.bench import backtest, backtest_cold_items as ci, backtest_scores
+from pipelines.bench import backtest, backtest_scores
+from pipelines.bench import backtest_cold_items as ci
 from pipelines.bench.backtest_protocol import build
 from pipelines.config import load_pipeline_config
 from pipelines.data import movielens
@@ -145,8 +147,6 @@ def test_a_fold_count_below_two_is_a_usage_error_before_anything_is_fitted(frame
 
 
 def _config(tmp_path, over: dict) -> str:
-    import yaml
-
     with open("configs/pipeline.yaml") as f:
         cfg = yaml.safe_load(f)
     cfg["base_training"].update(over["base_training"])

@@ -4,8 +4,10 @@ import json
 import subprocess
 import sys
 
+import mlflow
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.bench import backtest, backtest_scores
@@ -111,7 +113,6 @@ def test_files_of_other_rows_or_without_the_comparator_are_refused(two_days, tmp
     _, path = two_days
     rows = pd.read_parquet(path)
     shorter = tmp_path / "shorter.parquet"
-    import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     pq.write_table(table.slice(0, len(rows) - 1), shorter)  # the metadata travels with the slice
@@ -138,8 +139,6 @@ def test_a_part_with_one_class_says_why_it_has_no_difference():
 
 @pytest.mark.slow
 def test_a_comparison_logged_to_an_mlflow_server_carries_its_figures_verdicts_and_picture(two_days, on_mlflow_server):
-    import mlflow
-
     _, path = two_days
     r = backtest_scores.compare(f"{path}", f"{path}", "lr_daily", "static", margin=0.01)
     run = mlflow.MlflowClient().get_run(backtest_scores.log_to_mlflow(r))

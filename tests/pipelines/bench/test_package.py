@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import pipelines.bench
+from pipelines.bench.validation import bench_validation
 
 BENCH_DIR = Path(pipelines.bench.__file__).parent
 # (module, what `python -m pipelines bench <name>` and `make bench` call in it)
@@ -65,8 +66,6 @@ def test_make_bench_driver_help():
 
 
 def test_validation_benchmark_on_a_small_lake():
-    from pipelines.bench.validation import bench_validation
-
     r = bench_validation(rows=2000, reference_days=2)
     assert r["rows"] == 2000 and r["reference_rows"] == 4000 and r["valid"] is True
     assert r["expectations"] > 0 and r["drift_checks"] > 0 and r["validate_s"] >= 0

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from pipelines.bench import training as bt
 
@@ -30,8 +31,6 @@ def test_make_tokens_is_deterministic_and_in_range():
 
 
 def test_variants_start_from_the_same_weights():
-    import torch
-
     sd = {v: bt.build(v, BUCKETS)[0].state_dict() for v in bt.VARIANTS}
     w = "embeddings.user_id.weight"
     assert torch.equal(sd["full"][w], sd["sparse_full"][w])

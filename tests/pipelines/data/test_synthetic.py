@@ -8,6 +8,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.preprocessing import OneHotEncoder
 
 from pipelines.data import schema, synthetic
 from pipelines.data.commit import PartitionExistsError
@@ -228,10 +231,6 @@ def test_slot_ctr_targets_follow_the_spec():
 
 def test_clicks_are_learnable(big_day):
     """Side features carry signal: a logistic model on one-hot fields beats chance on the next day."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
-    from sklearn.preprocessing import OneHotEncoder
-
     fields = ["slot", "age_bucket", "gender", "occupation", "category", "hour", "advertiser_id"]
     test = day(SyntheticSpec(seed=3), "2024-01-05", 100_000)
     enc = OneHotEncoder(handle_unknown="ignore").fit(big_day[fields].astype(str))

@@ -18,6 +18,7 @@ from pipelines.data.splits import load_split
 from pipelines.data.synthetic import SLOTS, write_days
 from pipelines.data.validated import MARKER, UnvalidatedPartitionError, read_marker, read_validated_window
 from pipelines.errors import DataValidationError, LakeError
+from pipelines.training import base_model
 from pipelines.validation.stage import validate_window
 from tests.conftest import validate_lake
 from tests.pipelines.training.helpers import CFG, SPEC
@@ -64,8 +65,6 @@ def test_a_validated_window_reads(lake):
 
 
 def test_base_model_training_refuses_an_unvalidated_a_quarantined_and_a_re_written_day(lake):
-    from pipelines.training import base_model
-
     write_days(lake, SPEC, DAYS[3], 1, 2000)  # arrived, not validated
     quarantine(lake, DAYS[1])
     write_days(lake, SPEC, DAYS[0], 1, 2000, chunk_rows=600, overwrite=True)  # same rows, new bytes: new hash

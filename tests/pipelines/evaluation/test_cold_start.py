@@ -22,6 +22,7 @@ from pipelines.config import load_gate_policy
 from pipelines.data.cold import base_of, prepare
 from pipelines.evaluation.cold_start import evaluate_stage
 from pipelines.evaluation.judge import FAIRNESS_MIN_ROWS
+from pipelines.flows.cold_start import register_stage
 from pipelines.promotion import gate
 from pipelines.registry import pyfunc
 from pipelines.registry.model_input import predict_pctr
@@ -131,8 +132,6 @@ def _assert_gated_as_measured(ev: dict) -> None:
 def _assert_judged_against_a_champion(cfg, lake, cand: dict, first: dict) -> None:
     """With a serving champion (here the same student, registered and crowned), DeLong and the per-slot
     report come back for both, and the gate's per-slot checks are measured where a slot has the rows."""
-    from pipelines.flows.cold_start import register_stage
-
     reg = register_stage(cfg, cand, first)
     make_champion(reg["model"], reg["version"])
     ev = evaluate_stage(cfg, lake, cand)

@@ -19,6 +19,7 @@ from pipelines.errors import PipelineError
 from pipelines.evaluation.compare import evaluate, score_holdout
 from pipelines.evaluation.delong import delong_test
 from pipelines.promotion import aliases
+from pipelines.registry import pyfunc
 from pipelines.registry.register import register
 from pipelines.training import adapter
 
@@ -97,8 +98,6 @@ def test_candidate_vs_champion_on_the_same_rows_with_delong(cfg, lake, caplog):
     d = ev["delong"]
     assert d["diff"] == pytest.approx(ev["candidate"]["auc"] - ev["champion"]["auc"])
     assert d["ci95"][0] <= d["diff"] <= d["ci95"][1] and 0.0 <= d["p_value"] <= 1.0
-
-    from pipelines.registry import pyfunc
 
     models = {"cand": pyfunc.load(cand["model_uri"]), "champ": pyfunc.load("models:/ctr_lora_feed/1")}
     rows, preds, cold, sample = score_holdout(cfg, lake, cand, models)

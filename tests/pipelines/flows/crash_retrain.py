@@ -22,6 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from mlflow import MlflowClient
+
+from pipelines.flows import retrain
+
 POINTS = ("after_train", "after_register", "before_gate")
 
 
@@ -31,10 +35,6 @@ def _stop(marker: str) -> None:
 
 
 def stop_at(point: str, marker: str) -> None:
-    from mlflow import MlflowClient
-
-    from pipelines.flows import retrain
-
     if point == "after_train":  # the flow's next step after `adapter.train` returned
         retrain.evaluate = lambda *args, **kwargs: _stop(marker)
     elif point == "after_register":
@@ -57,8 +57,6 @@ def stop_at(point: str, marker: str) -> None:
 
 
 def main(args_pickle: str, point: str, marker: str) -> None:
-    from pipelines.flows import retrain
-
     if point not in POINTS:
         raise SystemExit(f"unknown point {point!r}; expected one of {POINTS}")
     cfg, policy, lake_uri, end_day, slot = pickle.loads(Path(args_pickle).read_bytes())

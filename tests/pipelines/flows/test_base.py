@@ -7,17 +7,22 @@ from __future__ import annotations
 import dataclasses
 
 import mlflow
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from pipelines.config import BaseTrainConfig, DataConfig, PipelineConfig, load_gate_policy
+from pipelines.data.splits import load_split
 from pipelines.data.synthetic import SLOTS
 from pipelines.errors import PromotionError
 from pipelines.flows import base
+from pipelines.model import family, features
+from pipelines.model.base import fingerprint
 from pipelines.promotion import aliases
-from pipelines.registry import lock
-from pipelines.registry import mlflow_io
+from pipelines.registry import lock, mlflow_io
 from pipelines.training import base_model
+from pipelines.training.base_fit import fit_base
+from pipelines.training.loop import seed_everything
 from tests.conftest import any_base_policy
 from tests.pipelines.training.helpers import CFG
 
@@ -134,14 +139,6 @@ def test_with_refit_all_rows_the_holdout_scores_the_recipe_and_the_base_that_shi
 ):
     """The gate's evidence is the run without the holdout; the weights registered are the same recipe,
     from the same seed, fitted on the window's training rows and its holdout together."""
-    import pandas as pd
-
-    from pipelines.data.splits import load_split
-    from pipelines.model import family, features
-    from pipelines.model.base import fingerprint
-    from pipelines.training.base_fit import fit_base
-    from pipelines.training.loop import seed_everything
-
     held = _config(lake)
     refit = dataclasses.replace(held, base_training=dataclasses.replace(held.base_training, refit_all_rows=True))
     without, with_refit = base_model.train(held, lake, "2024-01-03"), base_model.train(refit, lake, "2024-01-03")

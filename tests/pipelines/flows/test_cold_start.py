@@ -4,14 +4,33 @@ gate, twice on the same data, against a real SQLite MLflow store with a serving 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from pipelines.config import load_gate_policy
+from pipelines.data.synthetic import generate_day
+from pipelines.errors import PromotionError
 from pipelines.flows import cold_start as cold_start_flow
-from tests.pipelines.training.cold_start_helpers import BASE_DAY, END_DAY, make_champion, promote_teacher
+from pipelines.flows.base import register_base
+from pipelines.model import family
+from pipelines.promotion import aliases
+from pipelines.registry import integrity, pyfunc
+from pipelines.training import base_model
+from tests.conftest import any_base_policy, use_store_copy
+from tests.pipelines.model.text_source import family_config
+from tests.pipelines.training.cold_start_helpers import (
+    BASE_DAY,
+    END_DAY,
+    make_champion,
+    promote_teacher,
+    serving_base_config,
+    tiny_config,
+)
 from tests.pipelines.training.cold_start_helpers import cold_cfg, cold_lake  # noqa: F401  (fixtures `cfg`, `lake`)
+from tests.pipelines.training.helpers import CFG, SPEC
 
 
 def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
@@ -85,11 +104,6 @@ def test_stage_detects_distills_evaluates_registers_and_gates(cfg, lake):
 def test_the_cli_flow_cannot_release_a_student_past_a_required_approval(cfg, lake):
     """`python -m pipelines cold-start` runs run_all in one process: with `approval: true` the student is
     registered and gated, and its release is refused (issue 13); the champion keeps serving."""
-    from dataclasses import replace
-
-    from pipelines.errors import PromotionError
-    from pipelines.promotion import aliases
-
     # This tiny data's AUC is near 0.5, under any first-run floor and the every-run floor (min_auc): serve a
     # first student, then gate a second one (another config: another version) against it with wide
     # tolerances (per slot too) and no floor. Its
@@ -146,20 +160,6 @@ def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_p
     """The default family runs the whole flow above; the others (and a user's own network, named by dotted
     path) distill a student on their own default targets (default init), evaluated, registered on their base
     and loadable through the registry."""
-    from dataclasses import replace
-
-    import pandas as pd
-
-    from pipelines.data.synthetic import generate_day
-    from pipelines.flows.base import register_base
-    from pipelines.model import family
-    from pipelines.registry import integrity, pyfunc
-    from pipelines.training import base_model
-    from tests.conftest import any_base_policy, use_store_copy
-    from tests.pipelines.model.text_source import family_config
-    from tests.pipelines.training.cold_start_helpers import tiny_config
-    from tests.pipelines.training.helpers import CFG, SPEC
-
     use_store_copy(template_db, tmp_path, monkeypatch)
     monkeypatch.setenv("CTR_CODE_VERSION", "test")
     targets = family.resolve(name).default_targets
@@ -188,8 +188,6 @@ def test_the_cold_start_flow_runs_on_the_other_families(name, template_db, tmp_p
 def test_delta_champions_teach_the_cold_start_student(template_db, tmp_path, monkeypatch, lake):
     """With the shipped recipe's shape (a wide LR base, delta slot adapters), the slot champions that teach the
     cold-start student are delta adapters: they are loaded, scored on the cold rows and distilled from."""
-    from tests.pipelines.training.cold_start_helpers import serving_base_config
-
     for cfg in serving_base_config(template_db, tmp_path, monkeypatch, lake, delta=True):
         assert cfg.lora.kind == "delta"
         promote_teacher(cfg, lake, "feed")

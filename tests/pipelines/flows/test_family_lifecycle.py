@@ -6,18 +6,24 @@ equal to the version's trusted pyfunc. A real SQLite MLflow store and a small sy
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
+import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 
-from pipelines.config import ColdStartConfig
+from pipelines.config import BaseTrainConfig, ColdStartConfig
+from pipelines.data.synthetic import SLOTS, generate_day
 from pipelines.flows import retrain
 from pipelines.model import family
+from pipelines.model.stream import holdout_streams
 from pipelines.registry import integrity, mlflow_io, pyfunc
 from pipelines.serving.router import AdapterServer
 from tests.conftest import any_base_policy
-from tests.pipelines.training.helpers import CFG, registered_base_config
+from tests.pipelines.model.text_source import family_config
+from tests.pipelines.training.helpers import CFG, SPEC, registered_base_config
 
 END_DAY = "2024-01-05"
 
@@ -58,10 +64,6 @@ def served_as_its_pyfunc(cfg, model: str, decision: dict, rows):
 
 @pytest.mark.parametrize("name", [*family.BUILTIN, USERS])
 def test_base_then_adapter_gate_release_and_serving_on_each_family(name, serving_store, lake, text_source):
-    from pipelines.data.synthetic import SLOTS, generate_day
-    from tests.pipelines.model.text_source import family_config
-    from tests.pipelines.training.helpers import SPEC
-
     fam = family.resolve(name)
     cfg = registered_base_config(
         lake,
@@ -78,8 +80,6 @@ def test_base_then_adapter_gate_release_and_serving_on_each_family(name, serving
     champion = mlflow_io.version_by_alias(model, "champion")
     assert str(champion.version) == str(decision["version"])
     assert champion.tags[integrity.FAMILY_TAG] == name  # an adapter version records its base's family
-
-    import pandas as pd
 
     rows = pd.concat(list(generate_day(SPEC, "2024-01-06", 400)), ignore_index=True)
     server, probs, on_adapter, served = served_as_its_pyfunc(cfg, model, decision, rows)
@@ -99,16 +99,6 @@ def test_a_delta_adapter_is_trained_on_every_slots_rows_registered_released_and_
     slot's candidate trains per-id offsets of its wide user and item rows on every slot's window rows, is
     evaluated, registered and released, and the router serves it equal to its trusted pyfunc; its files
     hold the offsets' rows, not tables."""
-    import json
-
-    import mlflow
-    import pandas as pd
-
-    from pipelines.config import BaseTrainConfig
-    from pipelines.data.synthetic import SLOTS, generate_day
-    from pipelines.model.stream import holdout_streams
-    from tests.pipelines.training.helpers import SPEC
-
     cfg = registered_base_config(
         lake,
         model=replace(CFG, wide=True),

@@ -22,13 +22,23 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote
 
+import mlflow
 import pytest
 
-from pipelines.config import load_gate_policy
+from pipelines.config import RegistryConfig, load_gate_policy
+from pipelines.data.lake import Lake
+from pipelines.data.synthetic import write_days
+from pipelines.errors import LakeError
+from pipelines.evaluation.compare import evaluate
 from pipelines.flows import retrain
 from pipelines.promotion import aliases
+from pipelines.promotion.release import gate_and_release
 from pipelines.registry import history, mlflow_io
-from tests.conftest import kill_at_marker
+from pipelines.registry.register import register
+from pipelines.training import adapter, checkpoint
+from tests.conftest import kill_at_marker, use_store_copy, validate_lake
+from tests.pipelines.flows.outage import Outage
+from tests.pipelines.training.helpers import SPEC, registered_base_config
 
 REPO = Path(__file__).resolve().parents[3]
 FIRST_DAY, END_DAY = "2024-01-04", "2024-01-05"  # the champion's window, then the candidate's
@@ -112,10 +122,6 @@ def champion_db(template_db, lake, tmp_path_factory):
     """(a SQLite store with the serving base and v1 of the feed slot serving as @champion, its cfg), made
     once per module: each kill test works on a copy (training the base and v1 again would double its time).
     The copies share this store's artifact directory, where every run writes under its own id."""
-    from pipelines.training import checkpoint
-    from tests.conftest import use_store_copy
-    from tests.pipelines.training.helpers import registered_base_config
-
     d = tmp_path_factory.mktemp("champion-store")
     with pytest.MonkeyPatch.context() as mp:
         use_store_copy(template_db, d, mp)
@@ -123,8 +129,6 @@ def champion_db(template_db, lake, tmp_path_factory):
         mp.setenv("CTR_CODE_VERSION", "test-faults")
         cfg = registered_base_config(lake)
         crowned_first_champion(cfg, lake)
-        import mlflow
-
         mlflow.set_tracking_uri(None)
     return d / "mlflow.db", cfg
 
@@ -132,11 +136,6 @@ def champion_db(template_db, lake, tmp_path_factory):
 @pytest.fixture
 def with_champion(champion_db, tmp_path, monkeypatch):
     """This test's copy of `champion_db`; yields its cfg."""
-    import mlflow
-
-    from pipelines.training import checkpoint
-    from tests.conftest import use_store_copy
-
     use_store_copy(champion_db[0], tmp_path, monkeypatch)
     monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
     yield champion_db[1]
@@ -146,8 +145,6 @@ def with_champion(champion_db, tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_train", "after_register", "before_gate"])
 def test_a_retrain_killed_mid_way_is_finished_by_a_rerun(with_champion, lake, tmp_path, point):
-    import mlflow
-
     cfg, champion = with_champion, "1"
     name = cfg.adapter_model_name("feed")
     kill_retrain_at(cfg, lake, point, tmp_path)
@@ -191,11 +188,6 @@ def lake_read(method: str, path: str) -> bool:
 @pytest.fixture
 def s3_lake(s3_bucket, s3_endpoint) -> str:
     """The `lake` fixture's four validated synthetic days, on moto's S3 server."""
-    from pipelines.data.lake import Lake
-    from pipelines.data.synthetic import write_days
-    from tests.conftest import validate_lake
-    from tests.pipelines.training.helpers import SPEC
-
     uri = f"s3://{s3_bucket}/clicks"
     write_days(Lake(uri), SPEC, "2024-01-02", 4, 2000)
     validate_lake(uri)
@@ -212,10 +204,6 @@ def test_training_rides_out_or_fails_closed_on_a_20s_s3_outage(
     the time (a simulation of those waits). `library`: the training finishes after the outage, or (the
     unlucky few) fails closed like `3`, which always exhausts its budget inside the outage: a LakeError,
     nothing registered, and the re-run after the outage finishes."""
-    from pipelines.errors import LakeError
-    from tests.pipelines.flows.outage import Outage
-    from tests.pipelines.training.helpers import registered_base_config
-
     cfg = registered_base_config(s3_lake)  # the base trains on S3 directly, before any fault
     name = cfg.adapter_model_name("feed")
     if attempts != "library":
@@ -250,9 +238,6 @@ def test_training_rides_out_or_fails_closed_on_a_20s_s3_outage(
 def server_config(lake: str):
     """tests.pipelines.training.helpers.registered_base_config with model and experiment names of this
     test's own (the tracking server is shared by the session), its base registered on the server."""
-    from pipelines.config import RegistryConfig
-    from tests.pipelines.training.helpers import registered_base_config
-
     tag = uuid.uuid4().hex[:8]
     return registered_base_config(
         lake,
@@ -267,14 +252,6 @@ def test_evaluation_rides_out_a_20s_tracking_server_outage(on_mlflow_server, lak
     """MLflow's client retries every request (mlflow_io.HTTP_RETRY_SETTINGS: 7 retries, backoff factor 2:
     waits 0, 4, 8, 16 s ... so ~28 s of retrying is reached within 4 retries): an evaluation whose first
     registry request meets a 20 s outage loads the candidate and @champion after it and finishes."""
-    import mlflow
-
-    from pipelines.evaluation.compare import evaluate
-    from pipelines.promotion.release import gate_and_release
-    from pipelines.registry.register import register
-    from pipelines.training import adapter, checkpoint
-    from tests.pipelines.flows.outage import Outage
-
     monkeypatch.setenv(checkpoint.ROOT_ENV, str(tmp_path / "ckpt"))
     with Outage(on_mlflow_server.uri, OUTAGE_S) as server:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)  # this process reaches the server only through it

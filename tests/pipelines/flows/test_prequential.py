@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from pipelines.evaluation import timeline
 from pipelines.evaluation.next_day import day_step
 from pipelines.flows import retrain
 from pipelines.promotion import aliases, prequential
@@ -55,8 +56,6 @@ def test_a_candidate_trains_on_its_whole_window_waits_and_is_released_on_the_nex
     history = mlflow_io.client().get_metric_history(mv.run_id, "shadow_candidate_auc")
     assert [m.step for m in history] == [day_step("2024-01-05")]  # the candidate's shadow metrics, per day
     # and the slot's timeline: the judged candidate beside the champion, on the day's step
-    from pipelines.evaluation import timeline
-
     line = timeline.run_of(model, "feed")
     figures = mlflow_io.client().get_run(line).data.metrics
     assert figures["candidate_auc"] == judged["candidate_auc"] and figures["champion_auc"] == judged["champion_auc"]

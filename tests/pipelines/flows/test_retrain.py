@@ -3,11 +3,14 @@ and release, against a real SQLite MLflow store with a serving base, on a small 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipelines.config import load_gate_policy
+from pipelines.errors import PromotionError
 from pipelines.flows import retrain
-from pipelines.promotion import aliases
+from pipelines.promotion import aliases, release
 from pipelines.registry import mlflow_io
 
 END_DAY = "2024-01-05"
@@ -38,11 +41,6 @@ def test_the_cli_flow_cannot_release_past_a_required_approval(cfg, lake):
     """`train-adapter --register` runs this flow in one process, where nobody can answer an approval:
     with `approval: true` the version is registered and gated, and the release is refused (issue 13).
     A recorded approval then releases it through the library, as `python -m pipelines approve` does."""
-    from dataclasses import replace
-
-    from pipelines.errors import PromotionError
-    from pipelines.promotion import release
-
     # Lenient thresholds and the tiny lake's unmeasurable checks optional: a pass is what is needed here.
     policy = replace(
         load_gate_policy(),

@@ -13,10 +13,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipelines.config import REPO_ROOT
+from pipelines.config import REPO_ROOT, load_pipeline_config
 from pipelines.data import schema
 from pipelines.data.lake import Lake
-from pipelines.data.synthetic import write_days
+from pipelines.data.synthetic import SyntheticSpec, write_days
 from pipelines.errors import DataValidationError
 from pipelines.validation.stage import REPORT_HTML, read_marker, validate_window
 from tests.pipelines.validation.healthy_window import (
@@ -122,12 +122,8 @@ def test_no_false_alarms_over_a_month_of_small_healthy_days(tmp_path):
     """30 healthy days of 12,000 rows: the small splash slot (1.5% CTR on 10% of traffic) used to trip
     the relative label-rate band on a quarter of the days before the band was widened by its
     binomial standard error."""
-    from pipelines.config import load_pipeline_config
-    from pipelines.data import synthetic
-    from pipelines.validation.stage import validate_window
-
     lake = Lake(str(tmp_path))
-    synthetic.write_days(lake, synthetic.SyntheticSpec(seed=3), "2026-03-01", 30, 12_000)
+    write_days(lake, SyntheticSpec(seed=3), "2026-03-01", 30, 12_000)
     cfg = load_pipeline_config(
         REPO_ROOT / "configs" / "synthetic.yaml", overrides={"data": {"lake_uri": str(tmp_path)}}
     )

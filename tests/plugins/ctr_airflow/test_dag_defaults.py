@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import task
@@ -15,6 +16,7 @@ from ctr_airflow.dag_defaults import (
     MAP_LABEL,
     MAX_RETRY_DELAY,
     OWNER,
+    REASON_MAX_CHARS,
     REGISTRY_POOL,
     RETRIES,
     RETRY_DELAY,
@@ -28,8 +30,12 @@ from ctr_airflow.dag_defaults import (
     fail_fast,
     lake_uri_param,
     map_label,
+    reason_param,
 )
-from pipelines.errors import DataValidationError, PromotionError
+from ctr_airflow.operators import RevertModelVersionOperator
+from pipelines.config import load_pipeline_config
+from pipelines.errors import ConfigError, DataValidationError, PromotionError
+from pipelines.promotion.aliases import REASON_MAX_CHARS as LIBRARY_MAX
 
 
 def build(**kwargs):
@@ -128,9 +134,6 @@ def test_lake_uri_param_takes_only_the_configs_lakes(two_lakes, value, ok):
 
 def test_a_lake_outside_the_list_is_refused_by_the_library_too(two_lakes):
     """A run triggered by an event naming another lake never gets past pipeline_config."""
-    from pipelines.config import load_pipeline_config
-    from pipelines.errors import ConfigError
-
     data = load_pipeline_config().data
     assert data.checked_lake(None) == "s3://ctr-lake/clicks" and data.checked_lake("/data/lake/") == "/data/lake"
     with pytest.raises(ConfigError, match="lake 's3://other/clicks' is not allowed.*data.allowed_lakes"):
@@ -138,8 +141,6 @@ def test_a_lake_outside_the_list_is_refused_by_the_library_too(two_lakes):
 
 
 def test_the_lake_param_refuses_an_invalid_pipeline_config(tmp_path, monkeypatch):
-    from pipelines.errors import ConfigError
-
     (tmp_path / "pipeline.yaml").write_text("data:\n  allowed_lakes: [http://x]\n")
     monkeypatch.setenv("CTR_PIPELINE_CONFIG", str(tmp_path / "pipeline.yaml"))
     with pytest.raises(ConfigError, match="allowed_lakes"):
@@ -218,9 +219,6 @@ def test_every_stack_set_up_creates_the_pool_the_registry_writes_wait_in(setup):
 )
 def test_reason_param_has_the_librarys_limits(value, ok):
     """The form refuses a reason the library would refuse (pipelines.promotion.aliases), before any task."""
-    from ctr_airflow.dag_defaults import REASON_MAX_CHARS, reason_param
-    from pipelines.promotion.aliases import REASON_MAX_CHARS as LIBRARY_MAX
-
     assert REASON_MAX_CHARS == LIBRARY_MAX
     if ok:
         assert reason_param("why").resolve(value) == value
@@ -231,9 +229,6 @@ def test_reason_param_has_the_librarys_limits(value, ok):
 
 def test_a_mapped_instance_is_named_by_its_slot_or_by_the_model_it_moves():
     """The label Airflow shows for a mapped instance (grid, logs, Required actions) instead of its index."""
-    from types import SimpleNamespace
-
-    from ctr_airflow.operators import RevertModelVersionOperator
 
     def taskflow(**op_kwargs):
         return SimpleNamespace(op_kwargs=op_kwargs, template_fields=("op_args", "op_kwargs"))
@@ -246,8 +241,6 @@ def test_a_mapped_instance_is_named_by_its_slot_or_by_the_model_it_moves():
 
 
 def test_a_task_with_nothing_to_name_it_by_gets_no_label_and_never_an_error():
-    from types import SimpleNamespace
-
     class Broken:
         template_fields = ("registered",)
 

@@ -3,7 +3,7 @@ and the links point at the MLflow UI's pages for them, or nowhere when there is 
 
 from __future__ import annotations
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, dag
 
 from ctr_airflow.dag_defaults import CtrTaskOperator, ctr_task, worker_name
 from ctr_airflow.links import LINKS, MlflowModelVersionLink, MlflowRunLink, remember, urls
@@ -48,8 +48,6 @@ def test_the_link_reads_what_the_operator_remembered_and_is_empty_before(monkeyp
 
 
 def test_every_ctr_task_and_registry_operator_carries_the_links():
-    from airflow.sdk import dag
-
     @dag(schedule=None)
     def example():
         @ctr_task

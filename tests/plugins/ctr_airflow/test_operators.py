@@ -8,6 +8,7 @@ import inspect
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+import pipelines.config
 from ctr_airflow import dag_defaults
 from ctr_airflow.operators import (
     MOVES,
@@ -24,7 +25,9 @@ from ctr_airflow.operators import (
     asset_uri,
     registry_write,
 )
-from pipelines.errors import PipelineError
+from pipelines.errors import PipelineError, PromotionError
+from pipelines.promotion import aliases
+from pipelines.promotion import release as library
 
 
 @pytest.mark.parametrize(
@@ -156,16 +159,12 @@ OP_ID = "airflow:ctr_lora_retrain/manual__x/gate_and_promote[2]"
 
 @pytest.fixture
 def policy(monkeypatch):
-    import pipelines.config
-
     monkeypatch.setattr(pipelines.config, "load_gate_policy", lambda path=None: "the policy")
     return "the policy"
 
 
 @pytest.mark.parametrize("release", [True, False])
 def test_gated_promotion_is_one_call_of_gate_and_release(monkeypatch, policy, release):
-    from pipelines.promotion import release as library
-
     calls = []
 
     def gate_and_release(policy, model, version, evaluation, actor, op_id, *, release_on_pass, on_move):
@@ -190,8 +189,6 @@ def test_gated_promotion_is_one_call_of_gate_and_release(monkeypatch, policy, re
 # AirflowFailException: the task instance fails without using its retries (a rejection is not transient)
 @pytest.mark.parametrize("fail_on_reject, raised", [(False, AirflowSkipException), (True, AirflowFailException)])
 def test_a_rejected_candidate_is_pushed_and_ends_the_task(monkeypatch, policy, fail_on_reject, raised):
-    from pipelines.promotion import release as library
-
     decision = {"passed": False, "champion_version": "1", "promoted": False}
     monkeypatch.setattr(library, "gate_and_release", lambda *a, **k: decision)
     ctx = context()
@@ -207,8 +204,6 @@ def test_a_rejected_candidate_is_pushed_and_ends_the_task(monkeypatch, policy, f
 
 @pytest.mark.parametrize("answer", ["Approve", "Reject"])
 def test_release_records_the_answer_through_the_library(monkeypatch, policy, answer):
-    from pipelines.promotion import release as library
-
     recorded, released = [], []
     monkeypatch.setattr(library, "record_approval", lambda *a, **k: recorded.append((a, k)))
     monkeypatch.setattr(library, "release", lambda *a, **k: released.append((a, k)) or move())
@@ -229,8 +224,6 @@ def test_release_records_the_answer_through_the_library(monkeypatch, policy, ans
 
 
 def test_promote_canary_announces_both_moves(monkeypatch):
-    from pipelines.promotion import aliases
-
     calls = []
 
     def promote_canary(model, reason, actor, op_id):
@@ -252,9 +245,6 @@ def test_promote_canary_announces_both_moves(monkeypatch):
 
 
 def test_a_refused_move_is_pushed_and_fails_without_retry(monkeypatch):
-    from pipelines.errors import PromotionError
-    from pipelines.promotion import aliases
-
     def refuse(*a, **k):
         raise PromotionError("ctr_lora_feed has no @canary to promote")
 
@@ -288,8 +278,6 @@ class Log:
 
 def test_an_approved_release_that_is_held_says_so_and_ends_skipped(monkeypatch):
     """Held means told: the task log, the task's state and an Asset event name what is held and why."""
-    from pipelines.promotion import release as library
-
     monkeypatch.setattr(library, "record_approval", lambda *a, **k: None)
     monkeypatch.setattr(library, "release", lambda *a, **k: held_move())
     ctx = context(FakeTI({"chosen_options": ["Approve"], "responded_by_user": {"name": "alice"}}))
@@ -307,8 +295,6 @@ def test_an_approved_release_that_is_held_says_so_and_ends_skipped(monkeypatch):
 
 
 def test_a_gated_release_that_is_held_ends_skipped_with_its_decision(monkeypatch, policy):
-    from pipelines.promotion import release as library
-
     def gate_and_release(*a, on_move, **k):
         on_move(held_move())
         return {

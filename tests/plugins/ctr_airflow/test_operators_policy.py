@@ -10,6 +10,7 @@ import json
 import mlflow
 import pytest
 import yaml
+from airflow.sdk.exceptions import AirflowSkipException
 
 from ctr_airflow.operators import (
     GatedPromotionOperator,
@@ -83,7 +84,6 @@ def test_a_rejected_version_is_refused_by_promote_and_released_by_an_override(st
         policy_path=policy_file(store, approval=True),
         approval_task_id="approval.approve_release",
     )
-    from airflow.sdk.exceptions import AirflowSkipException
 
     with pytest.raises(AirflowSkipException, match="rejected by bob"):
         release.execute(context(ti))

@@ -15,6 +15,7 @@ from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
 
 from ctr_airflow.assets import VALIDATED
 from ctr_airflow.runtime import lake_override, pipeline_config, run_day, run_days, validated_event
+from pipelines.errors import ConfigError
 
 T0 = dt.datetime(2024, 1, 9, 2, 0, tzinfo=dt.timezone.utc)
 
@@ -113,8 +114,6 @@ def test_the_run_reads_the_lake_of_its_event_unless_a_lake_is_given(tmp_path, mo
     assert pipeline_config(ctx).data.lake_uri == "/data/by-hand"
     assert pipeline_config({"params": {}, "ds": "2024-01-08"}).data.lake_uri == "s3://configured/clicks"
     # A lake outside the list, from a param or an event: refused before the task reads anything.
-    from pipelines.errors import ConfigError
-
     for ctx in (
         {"params": {"lake_uri": "/etc"}},
         triggered(event(VALIDATED, {"day": "2024-01-08", "lake_uri": "s3://elsewhere/x"})),
